@@ -1,0 +1,579 @@
+// The validating decoder of spec/FORMAT.md §4 and §6. Rule numbers (R1...) in
+// comments are the numbered reader-validation rules of §6.
+#include "format/index.h"
+
+#include <cstring>
+#include <utility>
+
+#include "format/checksum.h"
+#include "format/reader.h"
+
+namespace tsar::format {
+namespace {
+
+constexpr uint64_t kInt64Max = static_cast<uint64_t>(INT64_MAX);
+
+std::string Dec(uint64_t v) { return std::to_string(v); }
+std::string TensorField(uint32_t i, std::string_view name, const char* field) {
+  return "tensor #" + Dec(i) + (name.empty() ? "" : " " + Quote(name)) + " " + field;
+}
+
+// Finds two equal names with a flat open-addressing hash table: one
+// allocation for the whole set, O(n) expected. Returns {kNone, kNone} if unique.
+std::pair<uint32_t, uint32_t> FindDuplicate(const std::vector<std::string_view>& names) {
+  if (names.size() < 2) return {kNone, kNone};
+  size_t cap = 16;
+  while (cap < names.size() * 2) cap <<= 1;
+  std::vector<uint32_t> slots(cap, kNone);
+  for (uint32_t i = 0; i < names.size(); ++i) {
+    size_t h = Xxh3(names[i].data(), names[i].size()) & (cap - 1);
+    while (slots[h] != kNone) {
+      if (names[slots[h]] == names[i]) return {slots[h], i};
+      h = (h + 1) & (cap - 1);
+    }
+    slots[h] = i;
+  }
+  return {kNone, kNone};
+}
+
+// Reads a (u32 offset, u32 length) reference into the blob at `off` (R15).
+std::string_view BlobString(const ByteReader& r, uint64_t off, uint64_t blob_offset,
+                            uint64_t blob_size, const std::string& field, bool utf8) {
+  const uint64_t o = r.U32(off, field + " offset");
+  const uint64_t n = r.U32(off + 4, field + " length");
+  if (o > blob_size || n > blob_size - o) {
+    r.Fail(ErrorCode::kOutOfBounds, off, field,
+           "a range inside the blob of " + Dec(blob_size) + " bytes",
+           "offset " + Dec(o) + " length " + Dec(n));
+  }
+  if (n == 0) r.Fail(ErrorCode::kInvalidValue, off + 4, field + " length", "at least 1", "0");
+  if (n > kMaxNameLength) {
+    r.Fail(ErrorCode::kInvalidValue, off + 4, field + " length",
+           "at most " + Dec(kMaxNameLength), Dec(n));
+  }
+  std::string_view s(reinterpret_cast<const char*>(r.data() + blob_offset + o), n);
+  if (utf8 && !IsValidUtf8(s)) {
+    r.Fail(ErrorCode::kInvalidValue, off, field, "valid UTF-8", Quote(s));
+  }
+  return s;
+}
+
+void RequireZero(const ByteReader& r, uint64_t off, uint64_t n, const std::string& field) {
+  r.Require(off, n, field);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (r.data()[off + i] != 0) {
+      r.Fail(ErrorCode::kReservedNonZero, off + i, field, "0",
+             "0x" + HexBytes(r.data() + off + i, 1));
+    }
+  }
+}
+
+}  // namespace
+
+Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
+                    const std::string& path) {
+  ByteReader r(data, size < file_size ? size : file_size, path);
+  Header h;
+  // R1: the magic comes first, so any foreign file is named as such.
+  const size_t have = size < sizeof kMagic ? static_cast<size_t>(size) : sizeof kMagic;
+  if (have == 0 || std::memcmp(data, kMagic, have) != 0) {
+    r.Fail(ErrorCode::kBadMagic, 0, "magic", HexBytes(kMagic, sizeof kMagic),
+           have == 0 ? "an empty file" : HexBytes(data, have));
+  }
+  r.Require(0, kHeaderSize, "header");  // R2
+  h.major = r.U16(kOffMajor, "major");
+  h.minor = r.U16(kOffMinor, "minor");
+  if (h.major != kMajorVersion) {  // R3
+    r.Fail(ErrorCode::kUnsupportedVersion, kOffMajor, "major",
+           "major " + Dec(kMajorVersion), Dec(h.major));
+  }
+  h.header_size = r.U32(kOffHeaderSize, "header_size");
+  const bool exact = h.minor <= kMinorVersion;
+  if (exact ? h.header_size != kHeaderSize
+            : (h.header_size < kHeaderSize || h.header_size > kMaxHeaderSize ||
+               h.header_size % 8 != 0)) {  // R4
+    r.Fail(ErrorCode::kInvalidValue, kOffHeaderSize, "header_size",
+           exact ? Dec(kHeaderSize)
+                 : "a multiple of 8 in [" + Dec(kHeaderSize) + ", " + Dec(kMaxHeaderSize) + "]",
+           Dec(h.header_size));
+  }
+  h.file_size = r.U64(kOffFileSize, "file_size");
+  if (file_size < h.file_size) {  // R5
+    r.Fail(ErrorCode::kTruncated, kOffFileSize, "file_size",
+           "a file of " + Dec(h.file_size) + " bytes", Dec(file_size) + " bytes");
+  }
+  if (file_size > h.file_size) {
+    r.Fail(ErrorCode::kInvalidValue, kOffFileSize, "file_size",
+           "the actual file size " + Dec(file_size), Dec(h.file_size));
+  }
+  h.index_offset = r.U64(kOffIndexOffset, "index_offset");
+  if (h.index_offset != h.header_size) {  // R6
+    r.Fail(ErrorCode::kInvalidValue, kOffIndexOffset, "index_offset",
+           "header_size " + Dec(h.header_size), Dec(h.index_offset));
+  }
+  h.index_size = r.U64(kOffIndexSize, "index_size");
+  if (h.index_size < kIndexHeaderSize || h.index_size > kMaxIndexSize) {  // R7
+    r.Fail(ErrorCode::kInvalidValue, kOffIndexSize, "index_size",
+           "a value in [" + Dec(kIndexHeaderSize) + ", " + Dec(kMaxIndexSize) + "]",
+           Dec(h.index_size));
+  }
+  const uint64_t index_end = h.index_offset + h.index_size;  // both bounded: no overflow
+  if (index_end > h.file_size) {
+    r.Fail(ErrorCode::kOutOfBounds, kOffIndexSize, "index_size",
+           "index_offset + index_size <= file_size " + Dec(h.file_size), Dec(h.index_size));
+  }
+  h.data_offset = r.U64(kOffDataOffset, "data_offset");
+  uint64_t want_data = 0;
+  AlignUp(index_end, kMinAlignment, &want_data);
+  if (h.data_offset != want_data) {  // R8
+    r.Fail(ErrorCode::kInvalidValue, kOffDataOffset, "data_offset",
+           Dec(want_data) + " (index end rounded up to 64)", Dec(h.data_offset));
+  }
+  if (h.data_offset > h.file_size) {
+    r.Fail(ErrorCode::kOutOfBounds, kOffDataOffset, "data_offset",
+           "at most file_size " + Dec(h.file_size), Dec(h.data_offset));
+  }
+  h.alignment = r.U32(kOffAlignment, "alignment");
+  if (h.alignment < kMinAlignment || h.alignment > kMaxAlignment ||
+      (h.alignment & (h.alignment - 1)) != 0) {  // R9
+    r.Fail(ErrorCode::kInvalidValue, kOffAlignment, "alignment",
+           "a power of two in [64, 2^30]", Dec(h.alignment));
+  }
+  h.flags = r.U32(kOffFlags, "flags");
+  if (h.flags != 0) {  // R10
+    r.Fail(ErrorCode::kReservedNonZero, kOffFlags, "flags", "0", Dec(h.flags));
+  }
+  h.index_xxh3 = r.U64(kOffIndexXxh3, "index_xxh3");
+  return h;
+}
+
+Index Index::ParseBytes(const uint8_t* data, uint64_t size, const std::string& path) {
+  const Header h = DecodeHeader(data, size, size, path);
+  return Parse(std::vector<uint8_t>(data, data + h.data_offset), size, path);
+}
+
+Index Index::Parse(std::vector<uint8_t> head, uint64_t file_size, const std::string& path) {
+  Index index;
+  index.header_ = DecodeHeader(head.data(), head.size(), file_size, path);
+  if (head.size() < index.header_.data_offset) {
+    ByteReader(head.data(), head.size(), path)
+        .Require(0, index.header_.data_offset, "index");
+  }
+  head.resize(index.header_.data_offset);
+  index.head_ = std::move(head);
+  index.Decode(path);
+  return index;
+}
+
+uint64_t Index::TensorRecordOffset(uint32_t i) const {
+  return table_offset_[2] + uint64_t{i} * kTensorRecordSize;
+}
+uint64_t Index::StorageRecordOffset(uint32_t i) const {
+  return table_offset_[1] + uint64_t{i} * kStorageRecordSize;
+}
+
+void Index::Decode(const std::string& path) {
+  const Header& h = header_;
+  const ByteReader r(head_.data(), head_.size(), path);
+  const uint64_t index_end = h.index_offset + h.index_size;
+
+  // R11: the checksum guards everything below, so it is checked first.
+  const uint64_t sum = IndexChecksum(head_.data(), index_end);
+  if (sum != h.index_xxh3) {
+    char want[32], got[32];
+    std::snprintf(want, sizeof want, "0x%016llx", static_cast<unsigned long long>(sum));
+    std::snprintf(got, sizeof got, "0x%016llx", static_cast<unsigned long long>(h.index_xxh3));
+    r.Fail(ErrorCode::kChecksumMismatch, kOffIndexXxh3, "index_xxh3",
+           std::string(want) + " (XXH3-64 of header and index)", got);
+  }
+  RequireZero(r, index_end, h.data_offset - index_end, "index padding");  // R12
+
+  // §4.2 index header. R13, R14.
+  const uint64_t ih = h.index_offset;
+  const uint32_t entry_count = r.U32(ih + 0, "entry_count");
+  const uint32_t storage_count = r.U32(ih + 4, "storage_count");
+  const uint32_t tensor_count = r.U32(ih + 8, "tensor_count");
+  const uint32_t sparse_count = r.U32(ih + 12, "sparse_count");
+  const uint32_t metadata_count = r.U32(ih + 16, "metadata_count");
+  const uint32_t dims_count = r.U32(ih + 20, "dims_count");
+  const uint64_t blob_size = r.U64(ih + 24, "blob_size");
+  RequireZero(r, ih + 32, 32, "index reserved");
+  const uint64_t counts[6] = {entry_count, storage_count, tensor_count,
+                              sparse_count, metadata_count, dims_count};
+  const uint64_t record_sizes[6] = {kEntryRecordSize,    kStorageRecordSize,
+                                    kTensorRecordSize,   kSparseRecordSize,
+                                    kMetadataRecordSize, kDimSize};
+  static const char* const kCountFields[6] = {"entry_count",    "storage_count",
+                                              "tensor_count",   "sparse_count",
+                                              "metadata_count", "dims_count"};
+  uint64_t pos = ih + kIndexHeaderSize;
+  for (int t = 0; t < 6; ++t) {
+    table_offset_[t] = pos;
+    const uint64_t bytes = counts[t] * record_sizes[t];  // < 2^32 * 48: no overflow
+    if (bytes > index_end - pos) {
+      r.Fail(ErrorCode::kOutOfBounds, ih + 4 * t, kCountFields[t],
+             "a table that fits in index_size " + Dec(h.index_size),
+             Dec(counts[t]) + " records of " + Dec(record_sizes[t]) + " bytes");
+    }
+    pos += bytes;
+  }
+  table_offset_[6] = pos;
+  if (blob_size > index_end - pos) {
+    r.Fail(ErrorCode::kOutOfBounds, ih + 24, "blob_size",
+           "at most " + Dec(index_end - pos) + " (the rest of the index)", Dec(blob_size));
+  }
+  if (h.minor <= kMinorVersion && pos + blob_size != index_end) {
+    r.Fail(ErrorCode::kInvalidValue, kOffIndexSize, "index_size",
+           Dec(pos + blob_size - ih) + " (the sum of the tables)", Dec(h.index_size));
+  }
+  const uint64_t blob = pos;
+
+  // §4.7 metadata has no dependencies beyond entry_count; entries come first.
+  entries_.resize(entry_count);
+  std::vector<std::string_view> names;
+  names.reserve(entry_count);
+  uint64_t next_tensor = 0;
+  for (uint32_t i = 0; i < entry_count; ++i) {  // R15-R17
+    const uint64_t off = table_offset_[0] + uint64_t{i} * kEntryRecordSize;
+    const std::string field = "entry #" + Dec(i);
+    EntryRecord& e = entries_[i];
+    e.name = BlobString(r, off, blob, blob_size, field + " name", true);
+    e.first_tensor = r.U32(off + 8, field + " first_tensor");
+    e.tensor_count = r.U32(off + 12, field + " tensor_count");
+    if (e.first_tensor != next_tensor) {
+      r.Fail(ErrorCode::kInvalidValue, off + 8, field + " first_tensor",
+             Dec(next_tensor) + " (entries partition the tensor table in order)",
+             Dec(e.first_tensor));
+    }
+    next_tensor += e.tensor_count;
+    if (next_tensor > tensor_count) {
+      r.Fail(ErrorCode::kOutOfBounds, off + 12, field + " tensor_count",
+             "at most " + Dec(tensor_count - e.first_tensor), Dec(e.tensor_count));
+    }
+    names.push_back(e.name);
+  }
+  if (next_tensor != tensor_count) {
+    r.Fail(ErrorCode::kInvalidValue, ih + 8, "tensor_count",
+           Dec(next_tensor) + " (the sum of the entries' tensor_count)", Dec(tensor_count));
+  }
+  if (auto d = FindDuplicate(names); d.first != kNone) {
+    r.Fail(ErrorCode::kDuplicateName, table_offset_[0] + uint64_t{d.second} * kEntryRecordSize,
+           "entry #" + Dec(d.second) + " name", "a name unique among entries",
+           Quote(names[d.second]) + ", also entry #" + Dec(d.first));
+  }
+
+  // §4.4 storages. R18, R19.
+  storages_.resize(storage_count);
+  uint64_t prev_end = h.data_offset;
+  for (uint32_t i = 0; i < storage_count; ++i) {
+    const uint64_t off = table_offset_[1] + uint64_t{i} * kStorageRecordSize;
+    const std::string field = "storage #" + Dec(i);
+    StorageRecord& s = storages_[i];
+    s.offset = r.U64(off, field + " offset");
+    s.nbytes = r.U64(off + 8, field + " nbytes");
+    s.xxh3 = r.U64(off + 16, field + " xxh3");
+    RequireZero(r, off + 24, 8, field + " reserved");
+    if (s.offset > h.file_size || s.nbytes > h.file_size - s.offset) {
+      r.Fail(ErrorCode::kOutOfBounds, off + 8, field + " nbytes",
+             "a range inside the file of " + Dec(h.file_size) + " bytes",
+             "offset " + Dec(s.offset) + " nbytes " + Dec(s.nbytes));
+    }
+    const uint64_t align = s.nbytes >= h.alignment ? h.alignment : kMinAlignment;
+    if (s.offset % align != 0) {
+      r.Fail(ErrorCode::kMisaligned, off, field + " offset",
+             "a multiple of " + Dec(align), Dec(s.offset));
+    }
+    if (s.offset < prev_end) {
+      r.Fail(ErrorCode::kOverlap, off, field + " offset",
+             "at least " + Dec(prev_end) + " (the end of the previous storage or index)",
+             Dec(s.offset));
+    }
+    uint64_t want = 0;
+    AlignUp(prev_end, align, &want);  // prev_end <= file_size: no overflow
+    if (s.offset != want) {
+      r.Fail(ErrorCode::kInvalidValue, off, field + " offset",
+             Dec(want) + " (storages are packed in order without holes)", Dec(s.offset));
+    }
+    prev_end = s.offset + s.nbytes;
+  }
+  if (prev_end != h.file_size) {
+    r.Fail(ErrorCode::kInvalidValue, kOffFileSize, "file_size",
+           Dec(prev_end) + " (the end of the last storage)", Dec(h.file_size));
+  }
+
+  // §4.8 dims, needed by tensors and sparse records.
+  dims_.resize(dims_count);
+  for (uint32_t i = 0; i < dims_count; ++i) {
+    dims_[i] = static_cast<int64_t>(LoadU64(head_.data() + table_offset_[5] + uint64_t{i} * 8));
+  }
+
+  // §4.5 tensors. R20-R28.
+  tensors_.resize(tensor_count);
+  uint32_t entry = 0;
+  for (uint32_t i = 0; i < tensor_count; ++i) {
+    while (entry < entry_count &&
+           i >= entries_[entry].first_tensor + uint64_t{entries_[entry].tensor_count}) {
+      ++entry;
+    }
+    const uint64_t off = TensorRecordOffset(i);
+    TensorRecord& t = tensors_[i];
+    t.entry = entry;
+    t.name = BlobString(r, off, blob, blob_size, "tensor #" + Dec(i) + " name", true);
+    auto field = [&](const char* f) { return TensorField(i, t.name, f); };
+    t.storage = r.U32(off + 8, field("storage"));
+    if (t.storage >= storage_count) {
+      r.Fail(ErrorCode::kOutOfBounds, off + 8, field("storage"),
+             "less than storage_count " + Dec(storage_count), Dec(t.storage));
+    }
+    const uint16_t dtype = r.U16(off + 12, field("dtype"));
+    const auto dt = DTypeFromCode(dtype);
+    if (!dt) {
+      r.Fail(ErrorCode::kBadDtype, off + 12, field("dtype"), "a dtype code of §5 (1-18)",
+             Dec(dtype));
+    }
+    t.dtype = *dt;
+    const uint8_t role = r.U8(off + 14, field("role"));
+    if (role > kRoleMax) {
+      r.Fail(ErrorCode::kInvalidValue, off + 14, field("role"), "0-3", Dec(role));
+    }
+    t.role = static_cast<Role>(role);
+    const uint8_t flags = r.U8(off + 15, field("flags"));
+    if (flags & ~kTensorFlagRequiresGrad) {
+      r.Fail(ErrorCode::kReservedNonZero, off + 15, field("flags"), "bits 1-7 zero",
+             "0x" + HexBytes(&flags, 1));
+    }
+    t.requires_grad = flags & kTensorFlagRequiresGrad;
+    t.ndim = r.U32(off + 16, field("ndim"));
+    if (t.ndim > kMaxNdim) {
+      r.Fail(ErrorCode::kBadShape, off + 16, field("ndim"), "at most " + Dec(kMaxNdim),
+             Dec(t.ndim));
+    }
+    t.dims_index = r.U32(off + 20, field("dims_index"));
+    if (t.dims_index > dims_count || 2 * uint64_t{t.ndim} > dims_count - t.dims_index) {
+      r.Fail(ErrorCode::kOutOfBounds, off + 20, field("dims_index"),
+             "2 * ndim dims inside the dims table of " + Dec(dims_count),
+             Dec(t.dims_index) + " with ndim " + Dec(t.ndim));
+    }
+    t.storage_offset = r.U64(off + 24, field("storage_offset"));
+    t.sparse = r.U32(off + 32, field("sparse"));
+    if ((t.role == Role::kSparseComponent) != (t.sparse != kNone)) {
+      r.Fail(ErrorCode::kInvalidValue, off + 32, field("sparse"),
+             t.role == Role::kSparseComponent ? "a sparse record index for role 3"
+                                              : "0xffffffff for roles 0-2",
+             Dec(t.sparse));
+    }
+    if (t.sparse != kNone && t.sparse >= sparse_count) {
+      r.Fail(ErrorCode::kOutOfBounds, off + 32, field("sparse"),
+             "less than sparse_count " + Dec(sparse_count), Dec(t.sparse));
+    }
+    const uint8_t device_type = r.U8(off + 36, field("device_type"));
+    if (device_type > kDeviceTypeMax) {
+      r.Fail(ErrorCode::kInvalidValue, off + 36, field("device_type"), "0-2", Dec(device_type));
+    }
+    t.device_type = static_cast<DeviceType>(device_type);
+    RequireZero(r, off + 37, 1, field("reserved"));
+    t.device_index = r.U16(off + 38, field("device_index"));
+    if (t.device_index != 0 && t.device_type != DeviceType::kCuda) {
+      r.Fail(ErrorCode::kInvalidValue, off + 38, field("device_index"),
+             "0 unless device_type is 2 (cuda)", Dec(t.device_index));
+    }
+    RequireZero(r, off + 40, 8, field("reserved"));
+
+    // R25, R26: the view must stay inside its storage, in checked arithmetic.
+    const int64_t* sizes = dims_.data() + t.dims_index;
+    const int64_t* strides = sizes + t.ndim;
+    const uint64_t dims_off = table_offset_[5] + uint64_t{t.dims_index} * kDimSize;
+    uint64_t numel = 1, last = 0;
+    for (uint32_t d = 0; d < t.ndim; ++d) {
+      const auto size = static_cast<uint64_t>(sizes[d]);
+      const auto stride = static_cast<uint64_t>(strides[d]);
+      if (size > kInt64Max) {
+        r.Fail(ErrorCode::kBadShape, dims_off + d * kDimSize, field("size") + std::string(" ") + Dec(d),
+               "at most 2^63-1", Dec(size));
+      }
+      if (stride > kInt64Max) {
+        r.Fail(ErrorCode::kBadShape, dims_off + (t.ndim + d) * kDimSize,
+               field("stride") + std::string(" ") + Dec(d), "at most 2^63-1", Dec(stride));
+      }
+      uint64_t span = 0;
+      if (!CheckedMul(numel, size, &numel) || numel > kInt64Max ||
+          (size > 0 && (!CheckedMul(size - 1, stride, &span) || !CheckedAdd(last, span, &last)))) {
+        r.Fail(ErrorCode::kOverflow, dims_off, field("shape"),
+               "element count and extent below 2^63", "an overflow at dim " + Dec(d));
+      }
+    }
+    const StorageRecord& s = storages_[t.storage];
+    const uint64_t esize = ElementSize(t.dtype);
+    uint64_t begin = 0, end = 0;
+    if (!CheckedMul(t.storage_offset, esize, &begin)) {
+      r.Fail(ErrorCode::kOverflow, off + 24, field("storage_offset"),
+             "storage_offset * element size below 2^64", Dec(t.storage_offset));
+    }
+    end = begin;
+    if (numel > 0 && (!CheckedAdd(t.storage_offset, last, &end) || !CheckedAdd(end, 1, &end) ||
+                      !CheckedMul(end, esize, &end))) {
+      r.Fail(ErrorCode::kOverflow, off + 24, field("storage_offset"),
+             "a byte extent below 2^64", "an overflow");
+    }
+    if (end > s.nbytes) {
+      r.Fail(ErrorCode::kOutOfBounds, off + 24, field("extent"),
+             "at most storage #" + Dec(t.storage) + " nbytes " + Dec(s.nbytes),
+             Dec(end) + " bytes");
+    }
+    t.numel = numel;
+    t.nbytes_spanned = end - begin;
+  }
+
+  // §4.6 sparse records. R29.
+  sparse_.resize(sparse_count);
+  for (uint32_t i = 0; i < sparse_count; ++i) {
+    const uint64_t off = table_offset_[3] + uint64_t{i} * kSparseRecordSize;
+    const std::string field = "sparse #" + Dec(i);
+    SparseRecord& sp = sparse_[i];
+    sp.name = BlobString(r, off, blob, blob_size, field + " name", true);
+    sp.entry = r.U32(off + 8, field + " entry");
+    if (sp.entry >= entry_count) {
+      r.Fail(ErrorCode::kOutOfBounds, off + 8, field + " entry",
+             "less than entry_count " + Dec(entry_count), Dec(sp.entry));
+    }
+    const uint8_t layout = r.U8(off + 12, field + " layout");
+    if (layout == 0 || layout > kSparseLayoutMax) {
+      r.Fail(ErrorCode::kInvalidValue, off + 12, field + " layout", "1-3", Dec(layout));
+    }
+    sp.layout = static_cast<SparseLayout>(layout);
+    const uint8_t flags = r.U8(off + 13, field + " flags");
+    if (flags & ~kSparseFlagCoalesced) {
+      r.Fail(ErrorCode::kReservedNonZero, off + 13, field + " flags", "bits 1-7 zero",
+             "0x" + HexBytes(&flags, 1));
+    }
+    sp.coalesced = flags & kSparseFlagCoalesced;
+    RequireZero(r, off + 14, 2, field + " reserved");
+    sp.ndim = r.U32(off + 16, field + " ndim");
+    sp.dims_index = r.U32(off + 20, field + " dims_index");
+    if (sp.ndim > kMaxNdim) {
+      r.Fail(ErrorCode::kBadShape, off + 16, field + " ndim", "at most " + Dec(kMaxNdim),
+             Dec(sp.ndim));
+    }
+    if (sp.dims_index > dims_count || sp.ndim > dims_count - sp.dims_index) {
+      r.Fail(ErrorCode::kOutOfBounds, off + 20, field + " dims_index",
+             "ndim dims inside the dims table of " + Dec(dims_count), Dec(sp.dims_index));
+    }
+    for (uint32_t d = 0; d < sp.ndim; ++d) {
+      if (dims_[sp.dims_index + d] < 0) {
+        r.Fail(ErrorCode::kBadShape, table_offset_[5] + (uint64_t{sp.dims_index} + d) * kDimSize,
+               field + " size " + Dec(d), "at most 2^63-1",
+               Dec(static_cast<uint64_t>(dims_[sp.dims_index + d])));
+      }
+    }
+    sp.first_component = r.U32(off + 24, field + " first_component");
+    sp.component_count = r.U32(off + 28, field + " component_count");
+    const uint32_t want = sp.layout == SparseLayout::kCoo ? 2 : 3;
+    if (sp.component_count != want) {
+      r.Fail(ErrorCode::kInvalidValue, off + 28, field + " component_count", Dec(want),
+             Dec(sp.component_count));
+    }
+    const EntryRecord& e = entries_[sp.entry];
+    if (sp.first_component < e.first_tensor ||
+        uint64_t{sp.first_component} + want > uint64_t{e.first_tensor} + e.tensor_count) {
+      r.Fail(ErrorCode::kOutOfBounds, off + 24, field + " first_component",
+             "components inside entry #" + Dec(sp.entry) + "'s tensors",
+             Dec(sp.first_component));
+    }
+    for (uint32_t c = 0; c < want; ++c) {
+      if (tensors_[sp.first_component + c].sparse != i) {
+        r.Fail(ErrorCode::kInvalidValue, TensorRecordOffset(sp.first_component + c) + 32,
+               TensorField(sp.first_component + c, tensors_[sp.first_component + c].name,
+                           "sparse"),
+               Dec(i), Dec(tensors_[sp.first_component + c].sparse));
+      }
+    }
+  }
+  for (uint32_t i = 0; i < tensor_count; ++i) {  // every component is claimed by its record
+    const TensorRecord& t = tensors_[i];
+    if (t.sparse == kNone) continue;
+    const SparseRecord& sp = sparse_[t.sparse];
+    if (i < sp.first_component || i - sp.first_component >= sp.component_count) {
+      r.Fail(ErrorCode::kInvalidValue, TensorRecordOffset(i) + 32,
+             TensorField(i, t.name, "sparse"), "a sparse record whose components include it",
+             Dec(t.sparse));
+    }
+  }
+
+  // R30: names are unique per entry, tensors and sparse records together.
+  for (uint32_t e = 0; e < entry_count; ++e) {
+    names.clear();
+    const EntryRecord& er = entries_[e];
+    for (uint32_t i = 0; i < er.tensor_count; ++i) names.push_back(tensors_[er.first_tensor + i].name);
+    std::vector<uint32_t> sparse_ids;
+    for (uint32_t i = 0; i < sparse_count; ++i) {
+      if (sparse_[i].entry == e) {
+        names.push_back(sparse_[i].name);
+        sparse_ids.push_back(i);
+      }
+    }
+    if (auto d = FindDuplicate(names); d.first != kNone) {
+      const uint32_t second = d.second;
+      const uint64_t off =
+          second < er.tensor_count
+              ? TensorRecordOffset(er.first_tensor + second)
+              : table_offset_[3] + uint64_t{sparse_ids[second - er.tensor_count]} * kSparseRecordSize;
+      r.Fail(ErrorCode::kDuplicateName, off, "name in entry " + Quote(er.name),
+             "a name unique in its entry", Quote(names[second]));
+    }
+  }
+
+  // §4.7 metadata. R31, R32.
+  metadata_.resize(metadata_count);
+  for (uint32_t i = 0; i < metadata_count; ++i) {
+    const uint64_t off = table_offset_[4] + uint64_t{i} * kMetadataRecordSize;
+    const std::string field = "metadata #" + Dec(i);
+    MetadataRecord& m = metadata_[i];
+    m.key = BlobString(r, off, blob, blob_size, field + " key", true);
+    const uint8_t type = r.U8(off + 8, field + " type");
+    if (type == 0 || type > kMetaTypeMax) {
+      r.Fail(ErrorCode::kInvalidValue, off + 8, field + " type", "1-4", Dec(type));
+    }
+    m.type = static_cast<MetaType>(type);
+    RequireZero(r, off + 9, 3, field + " reserved");
+    m.entry = r.U32(off + 12, field + " entry");
+    if (m.entry != kNone && m.entry >= entry_count) {
+      r.Fail(ErrorCode::kOutOfBounds, off + 12, field + " entry",
+             "0xffffffff or less than entry_count " + Dec(entry_count), Dec(m.entry));
+    }
+    const uint64_t value = r.U64(off + 16, field + " value");
+    const uint64_t length = r.U64(off + 24, field + " value_length");
+    if (m.type == MetaType::kInt || m.type == MetaType::kFloat) {
+      if (length != 0) {
+        r.Fail(ErrorCode::kInvalidValue, off + 24, field + " value_length",
+               "0 for integer and float values", Dec(length));
+      }
+      m.int_value = static_cast<int64_t>(value);
+      m.float_value = BitsToDouble(value);
+    } else {
+      if (value > blob_size || length > blob_size - value) {
+        r.Fail(ErrorCode::kOutOfBounds, off + 16, field + " value",
+               "a range inside the blob of " + Dec(blob_size) + " bytes",
+               "offset " + Dec(value) + " length " + Dec(length));
+      }
+      m.bytes = std::string_view(reinterpret_cast<const char*>(head_.data() + blob + value),
+                                 static_cast<size_t>(length));
+      if (m.type == MetaType::kString && !IsValidUtf8(m.bytes)) {
+        r.Fail(ErrorCode::kInvalidValue, off + 16, field + " value", "valid UTF-8",
+               Quote(m.bytes));
+      }
+    }
+    if (i > 0) {
+      const MetadataRecord& p = metadata_[i - 1];
+      if (p.entry == m.entry && p.key == m.key) {
+        r.Fail(ErrorCode::kDuplicateName, off, field + " key",
+               "a key unique in its scope", Quote(m.key));
+      }
+      if (p.entry > m.entry || (p.entry == m.entry && p.key > m.key)) {
+        r.Fail(ErrorCode::kInvalidValue, off, field + " key",
+               "records sorted by (entry, key)", Quote(m.key) + " after " + Quote(p.key));
+      }
+    }
+  }
+}
+
+}  // namespace tsar::format

@@ -1,0 +1,142 @@
+// The decoded header and index of a tsar archive (spec/FORMAT.md §4) and the
+// validating decoder of §6. Pure C++: no LibTorch, no file I/O.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "format/spec.h"
+#include "tsar/dtype.h"
+#include "tsar/error.h"
+
+namespace tsar::format {
+
+// §4.1, decoded.
+struct Header {
+  uint16_t major = 0;
+  uint16_t minor = 0;
+  uint32_t header_size = 0;
+  uint64_t file_size = 0;
+  uint64_t index_offset = 0;
+  uint64_t index_size = 0;
+  uint64_t data_offset = 0;
+  uint32_t alignment = 0;
+  uint32_t flags = 0;
+  uint64_t index_xxh3 = 0;
+};
+
+// §4.3
+struct EntryRecord {
+  std::string_view name;
+  uint32_t first_tensor = 0;
+  uint32_t tensor_count = 0;
+};
+
+// §4.4; `offset` is absolute in the file.
+struct StorageRecord {
+  uint64_t offset = 0;
+  uint64_t nbytes = 0;
+  uint64_t xxh3 = 0;
+};
+
+// §4.5. `sizes_index` indexes Index::dims(): sizes are dims()[sizes_index ..
+// + ndim), strides follow at sizes_index + ndim.
+struct TensorRecord {
+  std::string_view name;
+  uint32_t storage = 0;
+  DType dtype = DType::kFloat32;
+  Role role = Role::kTensor;
+  bool requires_grad = false;
+  uint32_t ndim = 0;
+  uint32_t dims_index = 0;
+  uint64_t storage_offset = 0;  // in elements
+  uint32_t sparse = kNone;
+  DeviceType device_type = DeviceType::kUnspecified;
+  uint16_t device_index = 0;
+  uint32_t entry = 0;           // derived from the entry table
+  uint64_t numel = 0;           // derived: product of sizes
+  uint64_t nbytes_spanned = 0;  // derived: bytes of the storage this view can reach
+};
+
+// §4.6
+struct SparseRecord {
+  std::string_view name;
+  uint32_t entry = 0;
+  SparseLayout layout = SparseLayout::kCoo;
+  bool coalesced = false;
+  uint32_t ndim = 0;
+  uint32_t dims_index = 0;
+  uint32_t first_component = 0;
+  uint32_t component_count = 0;
+};
+
+// §4.7
+struct MetadataRecord {
+  std::string_view key;
+  MetaType type = MetaType::kInt;
+  uint32_t entry = kNone;  // kNone: archive-level
+  int64_t int_value = 0;
+  double float_value = 0;
+  std::string_view bytes;  // kString and kBytes
+};
+
+// Decodes §4.1 from the first bytes of a file, checking rules R1-R9 of §6
+// that need only the header. `file_size` is the actual size of the file.
+// Throws tsar::Error (kTruncated, kBadMagic, kUnsupportedVersion, kInvalidValue,
+// kReservedNonZero, kOutOfBounds, kMisaligned, kOverflow).
+Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
+                    const std::string& path);
+
+// A fully validated index. It owns a private copy of the bytes [0,
+// data_offset) of the file, so nothing it returns changes if the file does.
+// Move-only; immutable after Parse, so const access is thread-safe.
+class Index {
+ public:
+  // Decodes and validates header and index (all of §6 except storage
+  // checksums). `head` holds the file's bytes [0, n) with n >= the header's
+  // data_offset (extra bytes are dropped); `file_size` is the actual size of
+  // the file. Throws tsar::Error naming `path`, the offset and the field.
+  static Index Parse(std::vector<uint8_t> head, uint64_t file_size, const std::string& path);
+
+  // Convenience for in-memory archives: parses the whole byte string.
+  static Index ParseBytes(const uint8_t* data, uint64_t size, const std::string& path);
+
+  Index(Index&&) noexcept = default;
+  Index& operator=(Index&&) noexcept = default;
+  Index(const Index&) = delete;
+  Index& operator=(const Index&) = delete;
+
+  const Header& header() const { return header_; }
+  const std::vector<EntryRecord>& entries() const { return entries_; }
+  const std::vector<StorageRecord>& storages() const { return storages_; }
+  const std::vector<TensorRecord>& tensors() const { return tensors_; }
+  const std::vector<SparseRecord>& sparse() const { return sparse_; }
+  const std::vector<MetadataRecord>& metadata() const { return metadata_; }
+  const std::vector<int64_t>& dims() const { return dims_; }
+
+  const int64_t* sizes(const TensorRecord& t) const { return dims_.data() + t.dims_index; }
+  const int64_t* strides(const TensorRecord& t) const {
+    return dims_.data() + t.dims_index + t.ndim;
+  }
+  // Absolute file offset of tensor record i (for error messages).
+  uint64_t TensorRecordOffset(uint32_t i) const;
+  uint64_t StorageRecordOffset(uint32_t i) const;
+
+ private:
+  Index() = default;
+  void Decode(const std::string& path);
+
+  std::vector<uint8_t> head_;
+  Header header_;
+  uint64_t table_offset_[7] = {};
+  std::vector<EntryRecord> entries_;
+  std::vector<StorageRecord> storages_;
+  std::vector<TensorRecord> tensors_;
+  std::vector<SparseRecord> sparse_;
+  std::vector<MetadataRecord> metadata_;
+  std::vector<int64_t> dims_;
+};
+
+}  // namespace tsar::format

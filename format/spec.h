@@ -1,0 +1,86 @@
+// Constants of the tsar v1 format. Every value cites its section of
+// spec/FORMAT.md; reader (format/index.cc) and writer (format/encode.cc) share them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tsar::format {
+
+// §4.1: 0x89 catches 7-bit transports, "TSAR" names the format, CR LF catches
+// text-mode line-ending conversion, 0x1A stops `type` on DOS (as PNG's magic).
+inline constexpr uint8_t kMagic[8] = {0x89, 'T', 'S', 'A', 'R', 0x0D, 0x0A, 0x1A};
+
+// §7: the version this code reads and writes.
+inline constexpr uint16_t kMajorVersion = 1;
+inline constexpr uint16_t kMinorVersion = 0;
+
+// §4.1: the v1.0 header is 64 bytes; a later minor may grow it up to 4096.
+inline constexpr uint32_t kHeaderSize = 64;
+inline constexpr uint32_t kMaxHeaderSize = 4096;
+
+// §4.1 header field offsets.
+inline constexpr size_t kOffMagic = 0;
+inline constexpr size_t kOffMajor = 8;
+inline constexpr size_t kOffMinor = 10;
+inline constexpr size_t kOffHeaderSize = 12;
+inline constexpr size_t kOffFileSize = 16;
+inline constexpr size_t kOffIndexOffset = 24;
+inline constexpr size_t kOffIndexSize = 32;
+inline constexpr size_t kOffDataOffset = 40;
+inline constexpr size_t kOffAlignment = 48;
+inline constexpr size_t kOffFlags = 52;
+inline constexpr size_t kOffIndexXxh3 = 56;
+
+// §4.2: the index header and the record size of each table, in table order.
+inline constexpr uint64_t kIndexHeaderSize = 64;
+inline constexpr uint64_t kEntryRecordSize = 16;
+inline constexpr uint64_t kStorageRecordSize = 32;
+inline constexpr uint64_t kTensorRecordSize = 48;
+inline constexpr uint64_t kSparseRecordSize = 32;
+inline constexpr uint64_t kMetadataRecordSize = 32;
+inline constexpr uint64_t kDimSize = 8;
+
+// §4.1 / §4.4: storage alignment. Storages of at least `alignment` bytes start
+// on a multiple of `alignment`; all others on a multiple of kMinAlignment.
+inline constexpr uint32_t kMinAlignment = 64;
+inline constexpr uint32_t kDefaultAlignment = 4096;
+inline constexpr uint32_t kMaxAlignment = 1u << 30;
+
+// §6: caps that bound allocations before any is made.
+inline constexpr uint64_t kMaxIndexSize = uint64_t{1} << 31;  // 2 GiB
+inline constexpr uint32_t kMaxNdim = 64;
+inline constexpr uint32_t kMaxNameLength = 65535;
+
+// §4: "no such record" in u32 reference fields.
+inline constexpr uint32_t kNone = 0xFFFFFFFFu;
+
+// §4.5 tensor roles.
+enum class Role : uint8_t { kTensor = 0, kParameter = 1, kBuffer = 2, kSparseComponent = 3 };
+inline constexpr uint8_t kRoleMax = 3;
+
+// §4.5 tensor flags.
+inline constexpr uint8_t kTensorFlagRequiresGrad = 0x01;
+
+// §4.5 device hint.
+enum class DeviceType : uint8_t { kUnspecified = 0, kCpu = 1, kCuda = 2 };
+inline constexpr uint8_t kDeviceTypeMax = 2;
+
+// §4.6 sparse layouts and the number of component tensors each has.
+enum class SparseLayout : uint8_t { kCoo = 1, kCsr = 2, kCsc = 3 };
+inline constexpr uint8_t kSparseLayoutMax = 3;
+inline constexpr uint8_t kSparseFlagCoalesced = 0x01;
+
+// §4.7 metadata value types.
+enum class MetaType : uint8_t { kString = 1, kInt = 2, kFloat = 3, kBytes = 4 };
+inline constexpr uint8_t kMetaTypeMax = 4;
+
+// x rounded up to a multiple of a (a power of two); false on overflow.
+inline bool AlignUp(uint64_t x, uint64_t a, uint64_t* out) {
+  const uint64_t mask = a - 1;
+  if (x > UINT64_MAX - mask) return false;
+  *out = (x + mask) & ~mask;
+  return true;
+}
+
+}  // namespace tsar::format

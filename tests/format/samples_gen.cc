@@ -1,0 +1,497 @@
+// Builds every file of samples/ from scratch with format/encode.h and
+// hand-made mutations. tests/format/samples_test.cc checks the committed files
+// are byte-identical to this output; tsar_gen_samples writes them.
+#include "tests/format/samples_gen.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+
+#include "format/checksum.h"
+#include "format/encode.h"
+#include "format/endian.h"
+#include "format/index.h"
+#include "format/spec.h"
+#include "tsar/error.h"
+
+namespace tsar::testing {
+namespace {
+
+using format::DeviceType;
+using format::IndexBuilder;
+using format::MetadataSpec;
+using format::MetaType;
+using format::Role;
+using format::TensorSpec;
+
+std::string Hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// One archive under construction: the builder plus the bytes of each storage.
+struct Draft {
+  explicit Draft(uint32_t alignment = format::kDefaultAlignment) : b(alignment) {}
+  IndexBuilder b;
+  std::vector<std::string> data;
+  std::vector<TensorSpec> tensors;  // as added, for expected.json
+  std::vector<std::string> entry_of;
+  std::string current_entry;
+  nlohmann::ordered_json meta = nlohmann::ordered_json::array();
+
+  void Entry(const std::string& name) {
+    b.AddEntry(name);
+    current_entry = name;
+  }
+  uint32_t Storage(std::string bytes) {
+    data.push_back(std::move(bytes));
+    return b.AddStorage(data.back().size());
+  }
+  void Tensor(TensorSpec t) {
+    tensors.push_back(t);
+    entry_of.push_back(current_entry);
+    b.AddTensor(std::move(t));
+  }
+  void Meta(MetadataSpec m) { b.AddMetadata(std::move(m)); }
+
+  std::string Bytes() {
+    b.Plan();
+    for (uint32_t i = 0; i < data.size(); ++i) {
+      b.SetStorageChecksum(i, format::Xxh3(data[i].data(), data[i].size()));
+    }
+    const std::vector<uint8_t> head = b.EncodeHead();
+    std::string out(b.file_size(), '\0');
+    std::memcpy(out.data(), head.data(), head.size());
+    for (uint32_t i = 0; i < data.size(); ++i) {
+      std::memcpy(out.data() + b.storage_offset(i), data[i].data(), data[i].size());
+    }
+    return out;
+  }
+
+  // The expected decoding a second implementation must reproduce (§8).
+  std::string Expected(const std::string& file) {
+    nlohmann::ordered_json j;
+    j["file_size"] = file.size();
+    j["format_version"] = "1.0";
+    nlohmann::ordered_json storages = nlohmann::ordered_json::array();
+    for (uint32_t i = 0; i < data.size(); ++i) {
+      storages.push_back({{"id", i},
+                          {"offset", b.storage_offset(i)},
+                          {"nbytes", data[i].size()},
+                          {"xxh3", Hex64(format::Xxh3(data[i].data(), data[i].size()))}});
+    }
+    nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < this->tensors.size(); ++i) {
+      const TensorSpec& t = this->tensors[i];
+      static const char* const kRoles[] = {"tensor", "parameter", "buffer", "sparse_component"};
+      tensors.push_back({{"entry", entry_of[i]},
+                         {"name", t.name},
+                         {"dtype", std::string(DTypeName(t.dtype))},
+                         {"shape", t.sizes},
+                         {"strides", t.strides},
+                         {"storage", t.storage},
+                         {"storage_offset", t.storage_offset},
+                         {"role", kRoles[static_cast<int>(t.role)]},
+                         {"requires_grad", t.requires_grad}});
+    }
+    j["storages"] = storages;
+    j["tensors"] = tensors;
+    j["metadata"] = meta;
+    return j.dump(2) + "\n";
+  }
+};
+
+std::string Floats(std::initializer_list<float> v) {
+  std::string s(v.size() * 4, '\0');
+  size_t i = 0;
+  for (float f : v) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    format::StoreU32(reinterpret_cast<uint8_t*>(s.data()) + 4 * (i++), bits);
+  }
+  return s;
+}
+std::string Pattern(size_t n, uint8_t seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(seed + i * 7);
+  return s;
+}
+
+TensorSpec T(const std::string& name, uint32_t storage, DType dtype, std::vector<int64_t> sizes,
+             std::vector<int64_t> strides, uint64_t offset = 0, Role role = Role::kTensor) {
+  TensorSpec t;
+  t.name = name;
+  t.storage = storage;
+  t.dtype = dtype;
+  t.sizes = std::move(sizes);
+  t.strides = std::move(strides);
+  t.storage_offset = offset;
+  t.role = role;
+  return t;
+}
+
+// valid/minimal: one entry "model", one float32 parameter "w" = [1.0, 2.0].
+Draft Minimal() {
+  Draft d;
+  d.Entry("model");
+  const uint32_t s = d.Storage(Floats({1.0f, 2.0f}));
+  d.Tensor(T("w", s, DType::kFloat32, {2}, {1}, 0, Role::kParameter));
+  return d;
+}
+
+// --- mutation helpers, addressing fields through the index header ---------
+
+uint64_t U64At(const std::string& f, uint64_t off) {
+  return format::LoadU64(reinterpret_cast<const uint8_t*>(f.data()) + off);
+}
+uint32_t U32At(const std::string& f, uint64_t off) {
+  return format::LoadU32(reinterpret_cast<const uint8_t*>(f.data()) + off);
+}
+void Put64(std::string& f, uint64_t off, uint64_t v) {
+  format::StoreU64(reinterpret_cast<uint8_t*>(f.data()) + off, v);
+}
+void Put32(std::string& f, uint64_t off, uint32_t v) {
+  format::StoreU32(reinterpret_cast<uint8_t*>(f.data()) + off, v);
+}
+void Put16(std::string& f, uint64_t off, uint16_t v) {
+  format::StoreU16(reinterpret_cast<uint8_t*>(f.data()) + off, v);
+}
+// Offset of table t (0 entries, 1 storages, 2 tensors, 3 sparse, 4 metadata, 5 dims, 6 blob).
+uint64_t Table(const std::string& f, int t) {
+  static const uint64_t kSizes[6] = {format::kEntryRecordSize,    format::kStorageRecordSize,
+                                     format::kTensorRecordSize,   format::kSparseRecordSize,
+                                     format::kMetadataRecordSize, format::kDimSize};
+  uint64_t pos = format::kHeaderSize + format::kIndexHeaderSize;
+  for (int i = 0; i < t; ++i) pos += U32At(f, format::kHeaderSize + 4 * i) * kSizes[i];
+  return pos;
+}
+// Recomputes index_xxh3 so a mutation reaches the checks behind the checksum.
+void Refix(std::string& f) {
+  const uint64_t end = U64At(f, format::kOffIndexOffset) + U64At(f, format::kOffIndexSize);
+  Put64(f, format::kOffIndexXxh3,
+        format::IndexChecksum(reinterpret_cast<const uint8_t*>(f.data()), end));
+}
+
+struct Invalid {
+  const char* name;
+  std::function<std::string()> make;
+  ErrorCode code;
+  std::function<uint64_t(const std::string&)> offset;
+  const char* what;  // one line for the manifest's readers
+};
+
+std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::string& shared,
+                                      const std::string& meta) {
+  auto fixed = [](uint64_t o) { return [o](const std::string&) { return o; }; };
+  auto tensor0 = [](uint64_t field) {
+    return [field](const std::string& f) { return Table(f, 2) + field; };
+  };
+  auto with = [](std::string base, std::function<void(std::string&)> edit, bool refix) {
+    return [base, edit, refix]() {
+      std::string f = base;
+      edit(f);
+      if (refix) Refix(f);
+      return f;
+    };
+  };
+  const uint64_t ih = format::kHeaderSize;
+  std::vector<Invalid> v = {
+      {"empty_file", [] { return std::string(); }, ErrorCode::kBadMagic, fixed(0), "zero bytes"},
+      {"bad_magic", with(minimal, [](std::string& f) { f[1] = 't'; }, false), ErrorCode::kBadMagic,
+       fixed(0), "magic byte 1 is 't'"},
+      {"text_mode_crlf", with(minimal, [](std::string& f) { f.erase(5, 1); }, false),
+       ErrorCode::kBadMagic, fixed(0), "the CR of the magic was stripped in transit"},
+      {"truncated_header", [minimal] { return minimal.substr(0, 40); }, ErrorCode::kTruncated,
+       fixed(0), "only 40 bytes of the header"},
+      {"truncated_data", [minimal] { return minimal.substr(0, minimal.size() - 1); },
+       ErrorCode::kTruncated, fixed(format::kOffFileSize), "the last data byte is missing"},
+      {"trailing_byte", [minimal] { return minimal + std::string(1, '\0'); },
+       ErrorCode::kInvalidValue, fixed(format::kOffFileSize), "one byte past file_size"},
+      {"major_2", with(minimal, [](std::string& f) { Put16(f, format::kOffMajor, 2); }, false),
+       ErrorCode::kUnsupportedVersion, fixed(format::kOffMajor), "a future major version"},
+      {"header_size_72",
+       with(minimal, [](std::string& f) { Put32(f, format::kOffHeaderSize, 72); }, false),
+       ErrorCode::kInvalidValue, fixed(format::kOffHeaderSize), "minor 0 with a 72-byte header"},
+      {"index_size_huge",
+       with(minimal, [](std::string& f) { Put64(f, format::kOffIndexSize, uint64_t{1} << 40); },
+            false),
+       ErrorCode::kInvalidValue, fixed(format::kOffIndexSize), "index_size of 1 TiB"},
+      {"data_offset_wrong",
+       with(minimal, [](std::string& f) { Put64(f, format::kOffDataOffset, 128); }, false),
+       ErrorCode::kInvalidValue, fixed(format::kOffDataOffset), "data_offset inside the index"},
+      {"alignment_100",
+       with(minimal, [](std::string& f) { Put32(f, format::kOffAlignment, 100); }, false),
+       ErrorCode::kInvalidValue, fixed(format::kOffAlignment), "alignment not a power of two"},
+      {"flags_set", with(minimal, [](std::string& f) { Put32(f, format::kOffFlags, 1); }, false),
+       ErrorCode::kReservedNonZero, fixed(format::kOffFlags), "a reserved header flag"},
+      {"index_checksum",
+       with(minimal, [](std::string& f) { f[Table(f, 6)] ^= 0x20; }, false),
+       ErrorCode::kChecksumMismatch, fixed(format::kOffIndexXxh3),
+       "a name byte changed, checksum not updated"},
+      {"index_padding_nonzero",
+       with(minimal,
+            [](std::string& f) {
+              f[U64At(f, format::kOffDataOffset) - 1] = 1;
+            },
+            true),
+       ErrorCode::kReservedNonZero, [](const std::string& f) { return U64At(f, format::kOffDataOffset) - 1; },
+       "a non-zero byte between index and data"},
+      {"index_reserved", with(minimal, [ih](std::string& f) { f[ih + 40] = 1; }, true),
+       ErrorCode::kReservedNonZero, fixed(ih + 40), "a reserved index header byte"},
+      {"tensor_count_huge",
+       with(minimal, [ih](std::string& f) { Put32(f, ih + 8, 0xFFFFFFFFu); }, true),
+       ErrorCode::kOutOfBounds, fixed(ih + 8), "4 billion tensors in a 246-byte index"},
+      {"blob_size_huge",
+       with(minimal, [ih](std::string& f) { Put64(f, ih + 24, UINT64_MAX); }, true),
+       ErrorCode::kOutOfBounds, fixed(ih + 24), "blob_size near 2^64"},
+      {"entry_partition",
+       with(minimal, [](std::string& f) { Put32(f, Table(f, 0) + 8, 1); }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 0) + 8; },
+       "entry #0 does not start at tensor 0"},
+      {"storage_misaligned",
+       with(minimal,
+            [](std::string& f) {
+              Put64(f, Table(f, 1), U64At(f, Table(f, 1)) + 8);
+              Put64(f, Table(f, 1) + 8, 0);
+            },
+            true),
+       ErrorCode::kMisaligned, [](const std::string& f) { return Table(f, 1); },
+       "storage offset off by 8"},
+      {"storage_hole",
+       with(shared,
+            [](std::string& f) { Put64(f, Table(f, 1) + 32, U64At(f, Table(f, 1) + 32) + 64); },
+            true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 1) + 32; },
+       "a 64-byte hole before storage #1"},
+      {"storage_out_of_bounds",
+       with(minimal, [](std::string& f) { Put64(f, Table(f, 1) + 8, 16); }, true),
+       ErrorCode::kOutOfBounds, [](const std::string& f) { return Table(f, 1) + 8; },
+       "storage nbytes past the end of the file"},
+      {"storage_nbytes_overflow",
+       with(minimal, [](std::string& f) { Put64(f, Table(f, 1) + 8, UINT64_MAX - 100); }, true),
+       ErrorCode::kOutOfBounds, [](const std::string& f) { return Table(f, 1) + 8; },
+       "storage nbytes near 2^64"},
+      {"storage_overlap",
+       with(shared, [](std::string& f) { Put64(f, Table(f, 1) + 32, U64At(f, Table(f, 1))); },
+            true),
+       ErrorCode::kOverlap, [](const std::string& f) { return Table(f, 1) + 32; },
+       "storage #1 starts where storage #0 does"},
+      {"name_out_of_blob",
+       with(minimal, [](std::string& f) { Put32(f, Table(f, 2), 0x7FFFFFF0u); }, true),
+       ErrorCode::kOutOfBounds, tensor0(0), "tensor name offset past the blob"},
+      {"name_empty", with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 4, 0); }, true),
+       ErrorCode::kInvalidValue, tensor0(4), "an empty tensor name"},
+      {"name_not_utf8",
+       with(minimal,
+            [](std::string& f) { f[Table(f, 6) + U32At(f, Table(f, 2))] = '\xff'; }, true),
+       ErrorCode::kInvalidValue, tensor0(0), "tensor name byte 0xff"},
+      {"tensor_storage_index",
+       with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 8, 5); }, true),
+       ErrorCode::kOutOfBounds, tensor0(8), "tensor refers to storage #5 of 1"},
+      {"tensor_bad_dtype",
+       with(minimal, [](std::string& f) { Put16(f, Table(f, 2) + 12, 99); }, true),
+       ErrorCode::kBadDtype, tensor0(12), "dtype code 99"},
+      {"tensor_bad_role", with(minimal, [](std::string& f) { f[Table(f, 2) + 14] = 9; }, true),
+       ErrorCode::kInvalidValue, tensor0(14), "role 9"},
+      {"tensor_flags_reserved",
+       with(minimal, [](std::string& f) { f[Table(f, 2) + 15] = '\x80'; }, true),
+       ErrorCode::kReservedNonZero, tensor0(15), "tensor flag bit 7"},
+      {"tensor_ndim_65",
+       with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 16, 65); }, true),
+       ErrorCode::kBadShape, tensor0(16), "65 dimensions"},
+      {"tensor_dims_out_of_table",
+       with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 20, 1); }, true),
+       ErrorCode::kOutOfBounds, tensor0(20), "sizes and strides past the dims table"},
+      {"tensor_extent",
+       with(minimal, [](std::string& f) { Put64(f, Table(f, 5), 3); }, true),
+       ErrorCode::kOutOfBounds, tensor0(24), "3 floats in an 8-byte storage"},
+      {"tensor_storage_offset",
+       with(minimal, [](std::string& f) { Put64(f, Table(f, 2) + 24, 1); }, true),
+       ErrorCode::kOutOfBounds, tensor0(24), "storage_offset 1 pushes the view past its storage"},
+      {"tensor_size_negative",
+       with(minimal, [](std::string& f) { Put64(f, Table(f, 5), UINT64_MAX); }, true),
+       ErrorCode::kBadShape, [](const std::string& f) { return Table(f, 5); },
+       "size -1 (2^64-1)"},
+      {"tensor_extent_overflow",
+       with(minimal,
+            [](std::string& f) {
+              Put64(f, Table(f, 5), uint64_t{1} << 62);
+              Put64(f, Table(f, 5) + 8, uint64_t{1} << 62);
+            },
+            true),
+       ErrorCode::kOverflow, [](const std::string& f) { return Table(f, 5); },
+       "size and stride 2^62: the extent overflows"},
+      {"tensor_sparse_without_role",
+       with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 32, 0); }, true),
+       ErrorCode::kInvalidValue, tensor0(32), "sparse index on a dense parameter"},
+      {"tensor_device_type",
+       with(minimal, [](std::string& f) { f[Table(f, 2) + 36] = 7; }, true),
+       ErrorCode::kInvalidValue, tensor0(36), "device_type 7"},
+      {"tensor_reserved", with(minimal, [](std::string& f) { f[Table(f, 2) + 44] = 1; }, true),
+       ErrorCode::kReservedNonZero, tensor0(44), "a reserved tensor byte"},
+      {"duplicate_tensor_name",
+       with(shared,
+            [](std::string& f) {
+              const uint64_t t0 = Table(f, 2);
+              Put32(f, t0 + 48, U32At(f, t0));  // tensor #1 takes tensor #0's name
+              Put32(f, t0 + 48 + 4, U32At(f, t0 + 4));
+            },
+            true),
+       ErrorCode::kDuplicateName, [](const std::string& f) { return Table(f, 2) + 48; },
+       "two tensors named alike in one entry"},
+      {"metadata_bad_type",
+       with(meta, [](std::string& f) { f[Table(f, 4) + 8] = 9; }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 4) + 8; },
+       "metadata type 9"},
+      {"metadata_unsorted",
+       with(meta,
+            [](std::string& f) {
+              const uint64_t m = Table(f, 4);
+              std::string a = f.substr(m, 32);
+              f.replace(m, 32, f.substr(m + 32, 32));
+              f.replace(m + 32, 32, a);
+            },
+            true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 4) + 32; },
+       "metadata records out of (entry, key) order"},
+  };
+  return v;
+}
+
+// valid/shared: views of one storage, a tied weight, 0-d and empty tensors.
+Draft Shared() {
+  Draft d;
+  d.Entry("model");
+  const uint32_t full = d.Storage(Floats({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}));
+  const uint32_t emb = d.Storage(Floats({0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f}));
+  const uint32_t scalar = d.Storage(Floats({42.0f}));
+  const uint32_t none = d.Storage(std::string());
+  d.Tensor(T("full", full, DType::kFloat32, {16}, {1}, 0, Role::kBuffer));
+  d.Tensor(T("part", full, DType::kFloat32, {2, 4}, {4, 1}, 4, Role::kBuffer));
+  d.Tensor(T("tr", full, DType::kFloat32, {4, 3}, {1, 4}, 0, Role::kBuffer));
+  d.Tensor(T("emb.weight", emb, DType::kFloat32, {3, 2}, {2, 1}, 0, Role::kParameter));
+  d.Tensor(T("head.weight", emb, DType::kFloat32, {3, 2}, {2, 1}, 0, Role::kParameter));
+  d.Tensor(T("scalar", scalar, DType::kFloat32, {}, {}, 0, Role::kBuffer));
+  d.Tensor(T("empty", none, DType::kFloat32, {0, 3}, {3, 1}, 0, Role::kBuffer));
+  return d;
+}
+
+// valid/dtypes: one 2-element tensor of every dtype code.
+Draft Dtypes() {
+  Draft d;
+  d.Entry("zoo");
+  for (DType dt : kAllDTypes) {
+    const uint32_t s = d.Storage(Pattern(2 * ElementSize(dt), static_cast<uint8_t>(dt)));
+    d.Tensor(T(std::string(DTypeName(dt)), s, dt, {2}, {1}));
+  }
+  return d;
+}
+
+// valid/entries_meta: two entries, metadata of every type at both scopes,
+// requires_grad and a device hint.
+Draft EntriesMeta() {
+  Draft d;
+  d.Entry("model");
+  const uint32_t s = d.Storage(Floats({1, 2, 3, 4}));
+  TensorSpec w = T("w", s, DType::kFloat32, {2, 2}, {2, 1}, 0, Role::kParameter);
+  w.requires_grad = true;
+  w.device_type = DeviceType::kCuda;
+  w.device_index = 1;
+  d.Tensor(w);
+  d.Entry("ema");
+  const uint32_t s2 = d.Storage(Floats({1.5f, 2.5f, 3.5f, 4.5f}));
+  d.Tensor(T("w", s2, DType::kFloat32, {2, 2}, {2, 1}, 0, Role::kParameter));
+  auto meta = [&](uint32_t entry, std::string key, MetaType type, int64_t i, double x,
+                  std::string bytes, nlohmann::ordered_json value) {
+    MetadataSpec m;
+    m.entry = entry;
+    m.key = key;
+    m.type = type;
+    m.int_value = i;
+    m.float_value = x;
+    m.bytes = bytes;
+    d.Meta(m);
+    static const char* const kTypes[] = {"", "string", "int", "float", "bytes"};
+    d.meta.push_back({{"entry", entry == format::kNone ? nlohmann::ordered_json(nullptr)
+                                                        : nlohmann::ordered_json(entry)},
+                      {"key", key},
+                      {"type", kTypes[static_cast<int>(type)]},
+                      {"value", value}});
+  };
+  meta(format::kNone, "step", MetaType::kInt, -10, 0, "", -10);
+  meta(format::kNone, "lr", MetaType::kFloat, 0, 0.25, "", 0.25);
+  meta(format::kNone, "arch", MetaType::kString, 0, 0, "tiny\xc3\xa9", "tiny\xc3\xa9");
+  meta(format::kNone, "blob", MetaType::kBytes, 0, 0, std::string("\x00\xff\x10", 3), "00ff10");
+  meta(1, "decay", MetaType::kFloat, 0, 0.999, "", 0.999);
+  return d;
+}
+
+// valid/aligned: alignment 128, so a 128-byte storage takes the large-storage
+// rule of §4.4 and a 64-byte one the small rule, in a file under 4 KiB.
+Draft Aligned() {
+  Draft d(128);
+  d.Entry("model");
+  const uint32_t small = d.Storage(Pattern(8, 1));
+  const uint32_t big = d.Storage(Pattern(128, 2));
+  const uint32_t small2 = d.Storage(Pattern(64, 3));
+  d.Tensor(T("a", small, DType::kInt64, {1}, {1}));
+  d.Tensor(T("b", big, DType::kFloat64, {4, 4}, {4, 1}));
+  d.Tensor(T("c", small2, DType::kUInt8, {64}, {1}));
+  return d;
+}
+
+std::string Tsv(std::string s) {
+  for (char& c : s) {
+    if (c == '\t' || c == '\n') c = ' ';
+  }
+  return s;
+}
+
+}  // namespace
+
+std::vector<SampleFile> GenerateSamples() {
+  std::vector<SampleFile> out;
+  std::string minimal, shared, meta;
+  struct Named {
+    const char* name;
+    Draft (*make)();
+  };
+  const Named valid[] = {{"empty", [] { return Draft(); }}, {"minimal", Minimal},
+                         {"shared", Shared},                {"dtypes", Dtypes},
+                         {"entries_meta", EntriesMeta},     {"aligned", Aligned}};
+  for (const Named& n : valid) {
+    Draft d = n.make();
+    const std::string bytes = d.Bytes();
+    out.push_back({std::string("valid/") + n.name + ".tsar", bytes});
+    out.push_back({std::string("valid/") + n.name + ".expected.json", d.Expected(bytes)});
+    if (std::string(n.name) == "minimal") minimal = bytes;
+    if (std::string(n.name) == "shared") shared = bytes;
+    if (std::string(n.name) == "entries_meta") meta = bytes;
+  }
+  std::string manifest = "file\tcode\toffset\tmessage\n";
+  for (const Invalid& inv : InvalidCatalogue(minimal, shared, meta)) {
+    const std::string bytes = inv.make();
+    const std::string file = std::string(inv.name) + ".tsar";
+    try {
+      format::Index::ParseBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), file);
+      throw std::logic_error(file + ": parsed, but it was built to fail");
+    } catch (const Error& e) {
+      const uint64_t want = inv.offset(bytes);
+      if (e.code() != inv.code || e.offset().value_or(UINT64_MAX) != want) {
+        throw std::logic_error(file + ": expected " + ErrorCodeName(inv.code) + " at " +
+                               std::to_string(want) + ", got " + e.what());
+      }
+      manifest += file + "\t" + ErrorCodeName(e.code()) + "\t" + std::to_string(want) + "\t" +
+                  Tsv(e.what()) + "\n";
+    }
+    out.push_back({"invalid/" + file, bytes});
+  }
+  out.push_back({"invalid/MANIFEST.tsv", manifest});
+  return out;
+}
+
+}  // namespace tsar::testing

@@ -1,0 +1,163 @@
+// samples/ (spec §8): the generator reproduces every file byte for byte, valid
+// samples decode to their expected.json, invalid ones fail as MANIFEST.tsv says,
+// and every truncation and every header/index byte flip is rejected.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "format/checksum.h"
+#include "format/endian.h"
+#include "tests/format/samples_gen.h"
+#include "tests/format/test_util.h"
+
+namespace tsar::testing {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+const std::vector<SampleFile>& Samples() {
+  static const std::vector<SampleFile> samples = GenerateSamples();
+  return samples;
+}
+
+std::vector<std::string> ValidArchives() {
+  std::vector<std::string> out;
+  for (const auto& s : Samples()) {
+    if (s.path.rfind("valid/", 0) == 0 && s.path.size() > 5 &&
+        s.path.compare(s.path.size() - 5, 5, ".tsar") == 0) {
+      out.push_back(s.bytes);
+    }
+  }
+  return out;
+}
+
+TEST(Samples, GeneratorReproducesTheCommittedFiles) {
+  ASSERT_GT(Samples().size(), 20u);
+  for (const auto& s : Samples()) {
+    const std::string committed = ReadFile(std::string(TSAR_SAMPLES_DIR) + "/" + s.path);
+    EXPECT_TRUE(committed == s.bytes)
+        << s.path << " differs from the generator's output; run tsar_gen_samples samples/";
+    if (s.path.find(".tsar") != std::string::npos) EXPECT_LT(s.bytes.size(), 4096u) << s.path;
+  }
+}
+
+TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
+  int checked = 0;
+  for (const auto& s : Samples()) {
+    if (s.path.find(".expected.json") == std::string::npos) continue;
+    const std::string tsar_path = s.path.substr(0, s.path.size() - 14) + ".tsar";
+    const std::string bytes = ReadFile(std::string(TSAR_SAMPLES_DIR) + "/" + tsar_path);
+    const auto j = nlohmann::json::parse(s.bytes);
+    const format::Index idx = ParseString(bytes, tsar_path);
+    ASSERT_EQ(j["file_size"], bytes.size());
+    ASSERT_EQ(j["tensors"].size(), idx.tensors().size()) << tsar_path;
+    for (size_t i = 0; i < idx.tensors().size(); ++i) {
+      const auto& t = idx.tensors()[i];
+      const auto& e = j["tensors"][i];
+      EXPECT_EQ(e["name"], std::string(t.name));
+      EXPECT_EQ(e["entry"], std::string(idx.entries()[t.entry].name));
+      EXPECT_EQ(e["dtype"], std::string(DTypeName(t.dtype)));
+      EXPECT_EQ(e["storage"], t.storage);
+      EXPECT_EQ(e["storage_offset"], t.storage_offset);
+      EXPECT_EQ(e["requires_grad"], t.requires_grad);
+      ASSERT_EQ(e["shape"].size(), t.ndim);
+      for (uint32_t d = 0; d < t.ndim; ++d) {
+        EXPECT_EQ(e["shape"][d], idx.sizes(t)[d]);
+        EXPECT_EQ(e["strides"][d], idx.strides(t)[d]);
+      }
+    }
+    ASSERT_EQ(j["storages"].size(), idx.storages().size());
+    for (size_t i = 0; i < idx.storages().size(); ++i) {
+      const auto& st = idx.storages()[i];
+      EXPECT_EQ(j["storages"][i]["offset"], st.offset);
+      EXPECT_EQ(j["storages"][i]["nbytes"], st.nbytes);
+      char hex[24];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(st.xxh3));
+      EXPECT_EQ(j["storages"][i]["xxh3"], hex);
+      EXPECT_EQ(format::Xxh3(bytes.data() + st.offset, st.nbytes), st.xxh3) << tsar_path;
+    }
+    EXPECT_EQ(j["metadata"].size(), idx.metadata().size());
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6);
+}
+
+TEST(Samples, InvalidOnesFailAsTheManifestSays) {
+  const std::string manifest = ReadFile(std::string(TSAR_SAMPLES_DIR) + "/invalid/MANIFEST.tsv");
+  std::istringstream lines(manifest);
+  std::string line;
+  std::getline(lines, line);  // header
+  int checked = 0;
+  while (std::getline(lines, line)) {
+    std::istringstream cols(line);
+    std::string file, code, offset, message;
+    std::getline(cols, file, '\t');
+    std::getline(cols, code, '\t');
+    std::getline(cols, offset, '\t');
+    std::getline(cols, message, '\t');
+    const std::string bytes = ReadFile(std::string(TSAR_SAMPLES_DIR) + "/invalid/" + file);
+    try {
+      ParseString(bytes, file);
+      ADD_FAILURE() << file << " parsed";
+    } catch (const Error& e) {
+      EXPECT_EQ(ErrorCodeName(e.code()), code) << file;
+      EXPECT_EQ(std::to_string(e.offset().value_or(UINT64_MAX)), offset) << file;
+      EXPECT_EQ(e.what(), message) << file;
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 40);
+}
+
+TEST(Samples, EveryTruncationIsRejected) {
+  for (const std::string& f : ValidArchives()) {
+    for (size_t n = 0; n < f.size(); ++n) {
+      try {
+        ParseString(f.substr(0, n));
+        ADD_FAILURE() << "a " << n << "-byte prefix of a " << f.size() << "-byte sample parsed";
+      } catch (const Error& e) {
+        EXPECT_TRUE(e.code() == ErrorCode::kTruncated || e.code() == ErrorCode::kBadMagic)
+            << e.what();
+      }
+    }
+  }
+}
+
+TEST(Samples, EveryHeaderAndIndexByteFlipIsRejected) {
+  for (const std::string& f : ValidArchives()) {
+    const auto* p = reinterpret_cast<const uint8_t*>(f.data());
+    const uint64_t data_offset = format::LoadU64(p + format::kOffDataOffset);
+    for (uint64_t i = 0; i < data_offset; ++i) {
+      for (uint8_t mask : {uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xFF}}) {
+        std::string g = f;
+        g[i] = static_cast<char>(g[i] ^ mask);
+        EXPECT_THROW(ParseString(g), Error) << "flip 0x" << std::hex << int(mask) << " at " << std::dec << i;
+      }
+    }
+  }
+}
+
+TEST(Samples, DataByteFlipsParseButChangeTheStorageChecksum) {
+  for (const std::string& f : ValidArchives()) {
+    const format::Index idx = ParseString(f);
+    for (const auto& s : idx.storages()) {
+      for (uint64_t i = s.offset; i < s.offset + s.nbytes; ++i) {
+        std::string g = f;
+        g[i] = static_cast<char>(g[i] ^ 0x10);
+        const format::Index again = ParseString(g);
+        EXPECT_NE(format::Xxh3(g.data() + s.offset, s.nbytes), s.xxh3);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tsar::testing
