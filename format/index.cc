@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "format/checksum.h"
+#include "format/name_table.h"
 #include "format/reader.h"
 
 namespace tsar::format {
@@ -16,24 +17,6 @@ constexpr uint64_t kInt64Max = static_cast<uint64_t>(INT64_MAX);
 std::string Dec(uint64_t v) { return std::to_string(v); }
 std::string TensorField(uint32_t i, std::string_view name, const char* field) {
   return "tensor #" + Dec(i) + (name.empty() ? "" : " " + Quote(name)) + " " + field;
-}
-
-// Finds two equal names with a flat open-addressing hash table: one
-// allocation for the whole set, O(n) expected. Returns {kNone, kNone} if unique.
-std::pair<uint32_t, uint32_t> FindDuplicate(const std::vector<std::string_view>& names) {
-  if (names.size() < 2) return {kNone, kNone};
-  size_t cap = 16;
-  while (cap < names.size() * 2) cap <<= 1;
-  std::vector<uint32_t> slots(cap, kNone);
-  for (uint32_t i = 0; i < names.size(); ++i) {
-    size_t h = Xxh3(names[i].data(), names[i].size()) & (cap - 1);
-    while (slots[h] != kNone) {
-      if (names[slots[h]] == names[i]) return {slots[h], i};
-      h = (h + 1) & (cap - 1);
-    }
-    slots[h] = i;
-  }
-  return {kNone, kNone};
 }
 
 // Reads a (u32 offset, u32 length) reference into the blob at `off` (R15).
@@ -256,7 +239,7 @@ void Index::Decode(const std::string& path) {
     r.Fail(ErrorCode::kInvalidValue, ih + 8, "tensor_count",
            Dec(next_tensor) + " (the sum of the entries' tensor_count)", Dec(tensor_count));
   }
-  if (auto d = FindDuplicate(names); d.first != kNone) {
+  if (auto d = entry_names_.Build(names); d.first != kNone) {
     r.Fail(ErrorCode::kDuplicateName, table_offset_[0] + uint64_t{d.second} * kEntryRecordSize,
            "entry #" + Dec(d.second) + " name", "a name unique among entries",
            Quote(names[d.second]) + ", also entry #" + Dec(d.first));
@@ -500,6 +483,8 @@ void Index::Decode(const std::string& path) {
   }
 
   // R30: names are unique per entry, tensors and sparse records together.
+  // The tables built here serve lookups after open.
+  tensor_names_.resize(entry_count);
   for (uint32_t e = 0; e < entry_count; ++e) {
     names.clear();
     const EntryRecord& er = entries_[e];
@@ -511,7 +496,7 @@ void Index::Decode(const std::string& path) {
         sparse_ids.push_back(i);
       }
     }
-    if (auto d = FindDuplicate(names); d.first != kNone) {
+    if (auto d = tensor_names_[e].Build(names); d.first != kNone) {
       const uint32_t second = d.second;
       const uint64_t off =
           second < er.tensor_count

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "format/name_table.h"
 #include "format/spec.h"
 #include "tsar/dtype.h"
 #include "tsar/error.h"
@@ -120,6 +121,14 @@ class Index {
   const int64_t* strides(const TensorRecord& t) const {
     return dims_.data() + t.dims_index + t.ndim;
   }
+  // Index of the entry named `name`, or kNone.
+  uint32_t FindEntry(std::string_view name) const { return entry_names_.Find(name); }
+  // Tensor-table index of tensor `name` in entry `entry`, or kNone. (A name
+  // that belongs to a sparse record is not a tensor: kNone.)
+  uint32_t FindTensor(uint32_t entry, std::string_view name) const {
+    const uint32_t i = tensor_names_[entry].Find(name);
+    return i < entries_[entry].tensor_count ? entries_[entry].first_tensor + i : kNone;
+  }
   // Absolute file offset of tensor record i (for error messages).
   uint64_t TensorRecordOffset(uint32_t i) const;
   uint64_t StorageRecordOffset(uint32_t i) const;
@@ -137,6 +146,8 @@ class Index {
   std::vector<SparseRecord> sparse_;
   std::vector<MetadataRecord> metadata_;
   std::vector<int64_t> dims_;
+  NameTable entry_names_;
+  std::vector<NameTable> tensor_names_;  // per entry: tensors then sparse records
 };
 
 }  // namespace tsar::format

@@ -1,0 +1,45 @@
+// tsar::bind: points a module's parameters and buffers at an archive's
+// tensors in place, zero copy (the module object and its TensorImpls stay).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tsar/archive.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::jit {
+struct Module;
+}
+
+namespace tsar {
+
+struct BindOptions {
+  std::string entry;    // "" = the archive's first entry
+  bool strict = true;   // throw on any missing, unexpected or mismatched name
+  // Allow a module in training mode over a kShared archive. Training-mode
+  // layers (BatchNorm's running stats) write their buffers: SIGSEGV.
+  bool allow_training = false;
+};
+
+struct BindReport {
+  std::vector<std::string> bound;       // names now pointing into the archive
+  std::vector<std::string> missing;     // in the module, not in the archive
+  std::vector<std::string> unexpected;  // in the archive, not in the module
+  std::vector<std::string> mismatched;  // "name: shape [2, 3] vs archive [3, 2]" ...
+};
+
+// Rebinds every parameter and buffer (named as state_dict() names them) to
+// the archive's tensor of the same name. Afterwards each one's data_ptr()
+// lies inside the archive's mapping; tied parameters share storage again;
+// requires_grad of parameters is kept. Strict mode throws kBindMismatch
+// listing every mismatch before changing anything; non-strict binds what
+// matches and reports the rest. kInvalidArgument for a training-mode module
+// over a kShared archive. Not thread-safe for one module; different modules
+// may be bound concurrently from one Archive.
+BindReport bind(torch::nn::Module& module, const Archive& archive, const BindOptions& options = {});
+BindReport bind(torch::jit::Module& module, const Archive& archive, const BindOptions& options = {});
+
+}  // namespace tsar

@@ -1,0 +1,81 @@
+// tsar::pack and tsar::Writer: write a .tsar archive (spec/FORMAT.md) from
+// LibTorch tensors, deterministically and atomically.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/ordered_dict.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tsar/archive.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::jit {
+struct Module;
+}
+
+namespace tsar {
+
+struct PackOptions {
+  // Storages of at least this many bytes start on a multiple of it; smaller
+  // ones on 64 bytes. A power of two in [64, 2^30].
+  uint32_t alignment = 4096;
+  // Entry that tensors go to when no add_entry() was called.
+  std::string entry = "model";
+  // Called as bytes are written: (bytes done, bytes total).
+  std::function<void(uint64_t, uint64_t)> progress;
+  // fsync the file and its directory before returning (off only in tests).
+  bool durable = true;
+};
+
+// Collects tensors and metadata, then writes the archive in finish():
+// to an unnamed temporary file in the destination directory, flushed, then
+// renamed into place and the directory flushed. Nothing is visible at `path`
+// until finish() succeeds; an existing file there is replaced atomically or
+// left untouched. Tensors are read where they are at finish() (no copy of
+// the model in RAM; CUDA tensors are copied to the host storage by storage).
+// Tensors sharing a storage are written once, only the byte span they cover.
+// Errors: kInvalidArgument / kDuplicateName (misuse, naming the tensor),
+// kUnsupported (sparse, quantized, meta tensors), kIo (writing).
+// Not thread-safe.
+class Writer {
+ public:
+  explicit Writer(std::string path, PackOptions options = {});
+  ~Writer();
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+
+  // Starts a new named entry (a state_dict); later add() calls go to it.
+  void add_entry(const std::string& name);
+  void add(const std::string& name, const at::Tensor& tensor, Role role = Role::kTensor);
+  void add(const torch::OrderedDict<std::string, at::Tensor>& tensors, Role role = Role::kTensor);
+  // Parameters (role parameter) and buffers (role buffer) of a module, named
+  // as state_dict() names them.
+  void add_module(const torch::nn::Module& module);
+  void add_module(const torch::jit::Module& module);
+
+  // Metadata; entry "" = archive-level, else an entry added before.
+  void add_metadata(const std::string& key, MetadataValue value, const std::string& entry = "");
+
+  // Writes and publishes the archive. Call once.
+  void finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// One-call forms. The OrderedDict is what Module::named_parameters() returns.
+void pack(const std::string& path, const torch::OrderedDict<std::string, at::Tensor>& tensors,
+          const PackOptions& options = {});
+void pack(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+          const PackOptions& options = {});
+
+}  // namespace tsar

@@ -1,0 +1,303 @@
+// tsar::Archive: open, validate, map, and wrap storages as c10::Storage views
+// of the mapping (spec/FORMAT.md §4, §6).
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "format/checksum.h"
+#include "format/reader.h"
+#include "loader/archive_impl.h"
+#include "loader/scalar_type.h"
+
+namespace tsar {
+namespace {
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+void PreadAll(int fd, uint8_t* out, uint64_t n, const std::string& path) {
+  uint64_t done = 0;
+  while (done < n) {
+    const ssize_t got = pread(fd, out + done, static_cast<size_t>(n - done), static_cast<off_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw Error(ErrorCode::kIo, path, done, std::string("cannot read: ") + std::strerror(errno));
+    if (got == 0) throw Error(ErrorCode::kTruncated, path, done, "file shrank while being read");
+    done += static_cast<uint64_t>(got);
+  }
+}
+
+void DeleteCoreRef(void* ctx) { delete static_cast<std::shared_ptr<const ArchiveCore>*>(ctx); }
+
+c10::Storage MakeStorage(const std::shared_ptr<const ArchiveCore>& core, const format::StorageRecord& s) {
+  uint8_t* p = core->mapping->data() + s.offset;
+  c10::DataPtr dp(p, new std::shared_ptr<const ArchiveCore>(core), &DeleteCoreRef,
+                  c10::Device(c10::kCPU));
+  // Not resizable: an out-of-range set_ then throws instead of reallocating (a copy).
+  return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(s.nbytes),
+                      std::move(dp), /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+std::string QuoteName(const std::string& s) { return format::Quote(s); }
+
+}  // namespace
+
+ArchiveCore::ArchiveCore(std::string p, format::Index i, std::unique_ptr<Mapping> m)
+    : path(std::move(p)), index(std::move(i)), mapping(std::move(m)) {
+  RegisterMapping(this);
+}
+ArchiveCore::~ArchiveCore() { UnregisterMapping(this); }
+
+Archive Archive::open(const std::string& path, const OpenOptions& options) {
+  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (raw < 0) {
+    const int err = errno;
+    throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, path, std::nullopt,
+                std::string("cannot open: ") + std::strerror(err));
+  }
+  Fd fd(raw);
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) {
+    throw Error(ErrorCode::kIo, path, std::nullopt, std::string("cannot stat: ") + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw Error(ErrorCode::kInvalidArgument, path, std::nullopt, "not a regular file");
+  }
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+
+  // Header first, then exactly [0, data_offset) into private memory: the
+  // index is validated on bytes no other process can change afterwards.
+  uint8_t first[format::kHeaderSize];
+  const uint64_t first_n = std::min<uint64_t>(file_size, sizeof first);
+  PreadAll(fd.get(), first, first_n, path);
+  const format::Header h = format::DecodeHeader(first, first_n, file_size, path);
+  std::vector<uint8_t> head(h.data_offset);
+  PreadAll(fd.get(), head.data(), head.size(), path);
+  format::Index index = format::Index::Parse(std::move(head), file_size, path);
+
+  bool refused = false;
+  std::unique_ptr<Mapping> mapping =
+      Mapping::Create(fd.get(), file_size, options.mode, options.prefetch, path, &refused);
+  if (refused) {
+    if (!options.fallback_to_read) {
+      throw Error(ErrorCode::kIo, path, std::nullopt, std::string("cannot mmap: ") + std::strerror(errno));
+    }
+    std::fprintf(stderr, "tsar: warning: %s: mmap refused (%s); reading into private memory instead\n",
+                 path.c_str(), std::strerror(errno));
+    mapping = Mapping::Create(fd.get(), file_size, MapMode::kRead, options.prefetch, path, &refused);
+  }
+
+  auto impl = std::make_shared<Impl>();
+  impl->core = std::make_shared<const ArchiveCore>(path, std::move(index), std::move(mapping));
+  const auto& storages = impl->core->index.storages();
+  impl->storages.reserve(storages.size());
+  for (const auto& s : storages) impl->storages.push_back(MakeStorage(impl->core, s));
+  Archive archive(std::move(impl));
+  if (options.verify == VerifyMode::kFull) archive.verify();
+  return archive;
+}
+
+uint32_t Archive::Impl::Entry(const std::string& entry) const {
+  const auto& entries = index().entries();
+  if (entry.empty()) {
+    if (entries.empty()) throw Error(ErrorCode::kNotFound, core->path, std::nullopt, "the archive has no entries");
+    return 0;
+  }
+  const uint32_t e = index().FindEntry(entry);
+  if (e == format::kNone) {
+    std::string have;
+    for (const auto& x : entries) have += (have.empty() ? "" : ", ") + QuoteName(std::string(x.name));
+    throw Error(ErrorCode::kNotFound, core->path, std::nullopt,
+                "entry " + QuoteName(entry) + ": expected one of " + have);
+  }
+  return e;
+}
+
+uint32_t Archive::Impl::Find(const std::string& name, const std::string& entry) const {
+  const uint32_t e = Entry(entry);
+  const uint32_t t = index().FindTensor(e, name);
+  if (t == format::kNone) {
+    throw Error(ErrorCode::kNotFound, core->path, std::nullopt,
+                "tensor " + QuoteName(name) + ": not in entry " +
+                    QuoteName(std::string(index().entries()[e].name)));
+  }
+  return t;
+}
+
+std::string Archive::Impl::QualifiedName(uint32_t tensor) const {
+  const auto& t = index().tensors()[tensor];
+  return std::string(index().entries()[t.entry].name) + "/" + std::string(t.name);
+}
+
+at::Tensor Archive::Impl::Make(uint32_t i) const {
+  const format::TensorRecord& t = index().tensors()[i];
+  const c10::ScalarType type = ToScalarType(t.dtype, "tensor " + QuoteName(std::string(t.name)));
+  // make_tensor skips the dispatcher (as LibTorch's own unpickler does);
+  // the index validation (§6 R26) already proved the view in bounds.
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(storages[t.storage]), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::scalarTypeToTypeMeta(type));
+  c10::TensorImpl* impl = out.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(c10::IntArrayRef(index().sizes(t), t.ndim),
+                              c10::IntArrayRef(index().strides(t), t.ndim));
+  impl->set_storage_offset(static_cast<int64_t>(t.storage_offset));
+  if (t.requires_grad) out.set_requires_grad(true);
+  return out;
+}
+
+const std::string& Archive::path() const { return impl_->core->path; }
+MapMode Archive::mode() const { return impl_->core->mapping->mode(); }
+uint16_t Archive::format_major() const { return impl_->index().header().major; }
+uint16_t Archive::format_minor() const { return impl_->index().header().minor; }
+uint32_t Archive::alignment() const { return impl_->index().header().alignment; }
+uint64_t Archive::file_size() const { return impl_->index().header().file_size; }
+const void* Archive::data() const { return impl_->core->mapping->data(); }
+uint64_t Archive::mapped_size() const { return impl_->core->mapping->size(); }
+
+std::vector<std::string> Archive::entries() const {
+  std::vector<std::string> out;
+  for (const auto& e : impl_->index().entries()) out.emplace_back(e.name);
+  return out;
+}
+
+std::vector<std::string> Archive::names(const std::string& entry) const {
+  const auto& e = impl_->index().entries()[impl_->Entry(entry)];
+  std::vector<std::string> out;
+  out.reserve(e.tensor_count);
+  for (uint32_t i = 0; i < e.tensor_count; ++i) {
+    out.emplace_back(impl_->index().tensors()[e.first_tensor + i].name);
+  }
+  return out;
+}
+
+bool Archive::contains(const std::string& name, const std::string& entry) const {
+  return impl_->index().FindTensor(impl_->Entry(entry), name) != format::kNone;
+}
+
+namespace {
+TensorInfo MakeInfo(const format::Index& index, uint32_t i) {
+  const auto& t = index.tensors()[i];
+  TensorInfo info;
+  info.name = std::string(t.name);
+  info.entry = std::string(index.entries()[t.entry].name);
+  info.dtype = t.dtype;
+  info.sizes.assign(index.sizes(t), index.sizes(t) + t.ndim);
+  info.strides.assign(index.strides(t), index.strides(t) + t.ndim);
+  info.storage_offset = t.storage_offset;
+  info.storage = t.storage;
+  info.role = static_cast<Role>(t.role);
+  info.requires_grad = t.requires_grad;
+  return info;
+}
+}  // namespace
+
+TensorInfo Archive::info(const std::string& name, const std::string& entry) const {
+  return MakeInfo(impl_->index(), impl_->Find(name, entry));
+}
+
+std::vector<TensorInfo> Archive::infos() const {
+  std::vector<TensorInfo> out;
+  for (uint32_t i = 0; i < impl_->index().tensors().size(); ++i) out.push_back(MakeInfo(impl_->index(), i));
+  return out;
+}
+
+std::vector<StorageInfo> Archive::storages() const {
+  std::vector<StorageInfo> out;
+  const auto& s = impl_->index().storages();
+  for (uint32_t i = 0; i < s.size(); ++i) out.push_back({i, s[i].offset, s[i].nbytes, s[i].xxh3});
+  return out;
+}
+
+at::Tensor Archive::tensor(const std::string& name, const std::string& entry) const {
+  return impl_->Make(impl_->Find(name, entry));
+}
+
+torch::OrderedDict<std::string, at::Tensor> Archive::state_dict(const std::string& entry) const {
+  const auto& e = impl_->index().entries()[impl_->Entry(entry)];
+  torch::OrderedDict<std::string, at::Tensor> out;
+  out.reserve(e.tensor_count);
+  for (uint32_t i = 0; i < e.tensor_count; ++i) {
+    const uint32_t t = e.first_tensor + i;
+    if (impl_->index().tensors()[t].role == format::Role::kSparseComponent) continue;
+    out.insert(std::string(impl_->index().tensors()[t].name), impl_->Make(t));
+  }
+  return out;
+}
+
+namespace {
+MetadataValue ToValue(const format::MetadataRecord& m) {
+  switch (m.type) {
+    case format::MetaType::kString: return std::string(m.bytes);
+    case format::MetaType::kInt: return m.int_value;
+    case format::MetaType::kFloat: return m.float_value;
+    case format::MetaType::kBytes: return Bytes{std::string(m.bytes)};
+  }
+  return int64_t{0};
+}
+}  // namespace
+
+std::optional<MetadataValue> Archive::metadata(const std::string& key, const std::string& entry) const {
+  const uint32_t e = entry.empty() ? format::kNone : impl_->Entry(entry);
+  for (const auto& m : impl_->index().metadata()) {
+    if (m.entry == e && m.key == key) return ToValue(m);
+  }
+  return std::nullopt;
+}
+
+std::vector<std::pair<std::string, MetadataValue>> Archive::metadata_items(const std::string& entry) const {
+  const uint32_t e = entry.empty() ? format::kNone : impl_->Entry(entry);
+  std::vector<std::pair<std::string, MetadataValue>> out;
+  for (const auto& m : impl_->index().metadata()) {
+    if (m.entry == e) out.emplace_back(std::string(m.key), ToValue(m));
+  }
+  return out;
+}
+
+std::vector<std::string> Archive::damaged() const {
+  const auto& index = impl_->index();
+  std::vector<bool> bad(index.storages().size());
+  for (uint32_t i = 0; i < index.storages().size(); ++i) {
+    const auto& s = index.storages()[i];
+    bad[i] = format::Xxh3(impl_->core->mapping->data() + s.offset, s.nbytes) != s.xxh3;
+  }
+  std::vector<std::string> out;
+  for (uint32_t t = 0; t < index.tensors().size(); ++t) {
+    if (bad[index.tensors()[t].storage]) out.push_back(impl_->QualifiedName(t));
+  }
+  return out;
+}
+
+void Archive::verify() const {
+  const auto& index = impl_->index();
+  for (uint32_t i = 0; i < index.storages().size(); ++i) {
+    const auto& s = index.storages()[i];
+    const uint64_t got = format::Xxh3(impl_->core->mapping->data() + s.offset, s.nbytes);
+    if (got == s.xxh3) continue;
+    std::string tensors;
+    for (uint32_t t = 0; t < index.tensors().size(); ++t) {
+      if (index.tensors()[t].storage == i) tensors += (tensors.empty() ? "" : ", ") + QuoteName(impl_->QualifiedName(t));
+    }
+    char want[24], found[24];
+    std::snprintf(want, sizeof want, "0x%016llx", static_cast<unsigned long long>(s.xxh3));
+    std::snprintf(found, sizeof found, "0x%016llx", static_cast<unsigned long long>(got));
+    throw Error(ErrorCode::kChecksumMismatch, path(), s.offset,
+                "storage #" + std::to_string(i) + " (tensors " + tensors + "): xxh3: expected " +
+                    want + ", found " + found);
+  }
+}
+
+}  // namespace tsar

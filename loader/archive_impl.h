@@ -1,0 +1,43 @@
+// Internals of tsar::Archive shared by the loader's translation units.
+#pragma once
+
+#include <c10/core/Storage.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/index.h"
+#include "loader/mapping.h"
+#include "tsar/archive.h"
+
+namespace tsar {
+
+// What every tensor of an archive keeps alive: the bytes and the index that
+// describes them. Registered with the fault handler while it lives.
+struct ArchiveCore {
+  ArchiveCore(std::string path, format::Index index, std::unique_ptr<Mapping> mapping);
+  ~ArchiveCore();
+  std::string path;
+  format::Index index;
+  std::unique_ptr<Mapping> mapping;
+};
+
+struct Archive::Impl {
+  std::shared_ptr<const ArchiveCore> core;
+  std::vector<c10::Storage> storages;  // one per archive storage, never resized
+
+  const format::Index& index() const { return core->index; }
+  // Entry index for a user-given entry name ("" = first); throws kNotFound.
+  uint32_t Entry(const std::string& entry) const;
+  // Tensor-table index; throws kNotFound naming what exists.
+  uint32_t Find(const std::string& name, const std::string& entry) const;
+  at::Tensor Make(uint32_t tensor) const;
+  std::string QualifiedName(uint32_t tensor) const;
+};
+
+// Fault handler registry (loader/fault_handler.cc).
+void RegisterMapping(const ArchiveCore* core);
+void UnregisterMapping(const ArchiveCore* core);
+
+}  // namespace tsar

@@ -1,0 +1,103 @@
+// Matching and in-place rebinding for tsar::bind (include/tsar/bind.h).
+#include "loader/bind_common.h"
+
+#include <ATen/ops/set.h>
+#include <c10/core/GradMode.h>
+
+#include <sstream>
+#include <unordered_set>
+
+#include "format/reader.h"
+#include "loader/archive_impl.h"
+#include "loader/scalar_type.h"
+
+namespace tsar {
+namespace {
+
+std::string Shape(c10::IntArrayRef s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+std::string Shape(const int64_t* s, uint32_t n) { return Shape(c10::IntArrayRef(s, n)); }
+
+std::string List(const std::vector<std::string>& v, size_t max = 20) {
+  std::string out;
+  for (size_t i = 0; i < v.size() && i < max; ++i) out += (i ? ", " : "") + v[i];
+  if (v.size() > max) out += ", ... (" + std::to_string(v.size() - max) + " more)";
+  return out;
+}
+
+}  // namespace
+
+BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive& archive,
+                     const BindOptions& options) {
+  const Archive::Impl& impl = archive.impl();
+  const format::Index& index = impl.index();
+  const uint32_t entry = impl.Entry(options.entry);
+  const std::string entry_name(index.entries()[entry].name);
+  if (training && archive.mode() == MapMode::kShared && !options.allow_training) {
+    throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
+                "bind: the module is in training mode, whose layers (BatchNorm running stats) "
+                "write their buffers, and this archive is mapped read-only: call module.eval() "
+                "before bind, or open the archive with MapMode::kCopyOnWrite");
+  }
+
+  BindReport report;
+  std::vector<uint32_t> match(slots.size(), format::kNone);
+  std::unordered_set<uint32_t> used;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const uint32_t t = index.FindTensor(entry, slots[i].name);
+    if (t == format::kNone) {
+      report.missing.push_back(slots[i].name);
+      continue;
+    }
+    used.insert(t);
+    const format::TensorRecord& rec = index.tensors()[t];
+    const at::Tensor& mine = slots[i].tensor;
+    const auto want = FromScalarType(mine.scalar_type());
+    std::string why;
+    if (!want || *want != rec.dtype) {
+      why = "dtype " + std::string(c10::toString(mine.scalar_type())) + " vs archive " +
+            std::string(DTypeName(rec.dtype));
+    }
+    if (!mine.sizes().equals(c10::IntArrayRef(index.sizes(rec), rec.ndim))) {
+      why += std::string(why.empty() ? "" : ", ") + "shape " + Shape(mine.sizes()) +
+             " vs archive " + Shape(index.sizes(rec), rec.ndim);
+    }
+    if (!why.empty()) {
+      report.mismatched.push_back(slots[i].name + ": " + why);
+      continue;
+    }
+    match[i] = t;
+  }
+  const auto& e = index.entries()[entry];
+  for (uint32_t i = 0; i < e.tensor_count; ++i) {
+    const uint32_t t = e.first_tensor + i;
+    if (!used.count(t) && index.tensors()[t].role != format::Role::kSparseComponent) {
+      report.unexpected.push_back(std::string(index.tensors()[t].name));
+    }
+  }
+  if (options.strict &&
+      (!report.missing.empty() || !report.unexpected.empty() || !report.mismatched.empty())) {
+    std::string msg = "bind: module and entry " + format::Quote(entry_name) + " do not match:";
+    if (!report.missing.empty()) msg += " missing in archive: " + List(report.missing) + ";";
+    if (!report.unexpected.empty()) msg += " not in module: " + List(report.unexpected) + ";";
+    if (!report.mismatched.empty()) msg += " mismatched: " + List(report.mismatched) + ";";
+    msg.pop_back();
+    throw Error(ErrorCode::kBindMismatch, archive.path(), std::nullopt, msg);
+  }
+
+  // set_ on a leaf that requires grad is only allowed with grad mode off.
+  c10::AutoGradMode no_grad(false);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (match[i] == format::kNone) continue;
+    slots[i].tensor.set_(impl.Make(match[i]));
+    report.bound.push_back(slots[i].name);
+  }
+  return report;
+}
+
+}  // namespace tsar

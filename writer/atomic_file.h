@@ -1,0 +1,35 @@
+// A file that becomes visible at its destination only when published:
+// written unnamed (O_TMPFILE) or under a temporary name in the destination
+// directory, fsync'd, renamed into place, and the directory fsync'd.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tsar {
+
+class AtomicFile {
+ public:
+  // Creates the temporary file next to `path`. Throws kIo (naming the
+  // directory) when it cannot.
+  explicit AtomicFile(std::string path);
+  // Without Publish(), the temporary file is removed; `path` is untouched.
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void Resize(uint64_t size);
+  void WriteAt(uint64_t offset, const void* data, uint64_t size);
+  // Flushes (when durable), then atomically replaces `path`.
+  void Publish(bool durable);
+
+ private:
+  [[noreturn]] void Fail(const std::string& what, int err) const;
+  std::string path_;
+  std::string dir_;
+  std::string temp_name_;  // empty when O_TMPFILE is used
+  int fd_ = -1;
+  bool published_ = false;
+};
+
+}  // namespace tsar

@@ -1,0 +1,631 @@
+// A small pickle virtual machine for torch.save's data.pkl that never executes
+// anything: globals come from a fixed allow-list and are interpreted here.
+#include "writer/pickle.h"
+
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <unordered_map>
+
+#include "format/endian.h"
+#include "format/reader.h"
+#include "tsar/error.h"
+
+namespace tsar::pickle {
+namespace {
+
+using format::CheckedAdd;
+using format::CheckedMul;
+using format::Quote;
+
+// Opcodes, named as in CPython's Lib/pickletools.py.
+namespace op {
+constexpr uint8_t kMark = '(', kStop = '.', kPop = '0', kPopMark = '1', kBinInt = 'J',
+    kBinInt1 = 'K', kBinInt2 = 'M', kNone = 'N', kBinPersId = 'Q', kReduce = 'R',
+    kBinString = 'T', kShortBinString = 'U', kBinUnicode = 'X', kAppend = 'a', kBuild = 'b',
+    kGlobal = 'c', kDict = 'd', kEmptyDict = '}', kAppends = 'e', kBinGet = 'h',
+    kLongBinGet = 'j', kList = 'l', kEmptyList = ']', kBinPut = 'q', kLongBinPut = 'r',
+    kSetItem = 's', kTuple = 't', kEmptyTuple = ')', kSetItems = 'u', kBinFloat = 'G',
+    kBinBytes = 'B', kShortBinBytes = 'C', kProto = 0x80, kNewObj = 0x81, kTuple1 = 0x85,
+    kTuple2 = 0x86, kTuple3 = 0x87, kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a,
+    kLong4 = 0x8b, kShortBinUnicode = 0x8c, kBinUnicode8 = 0x8d, kBinBytes8 = 0x8e,
+    kStackGlobal = 0x93, kMemoize = 0x94, kFrame = 0x95;
+}  // namespace op
+
+// Objects of the VM. Besides the public kinds there are the two things a
+// torch pickle builds on the way: an allow-listed global and a storage.
+enum class NodeKind : uint8_t {
+  kNone, kBool, kInt, kFloat, kString, kBytes, kList, kTuple, kDict, kTensor, kGlobal, kStorage
+};
+
+const char* KindName(NodeKind k) {
+  static constexpr const char* kNames[] = {"None", "bool",  "int",    "float",  "str",   "bytes",
+                                           "list", "tuple", "dict",   "tensor", "global", "storage"};
+  return kNames[static_cast<int>(k)];
+}
+
+struct Node {
+  NodeKind kind;
+  int64_t i = 0;  // kBool, kInt; kTensor: index into tensors_; kStorage: into storages;
+                  // kGlobal: index into kAllowed
+  double f = 0;
+  std::string s;                // kString (UTF-8), kBytes
+  std::vector<uint32_t> items;  // kList/kTuple elements; kDict: key, value, key, value...
+  int64_t attrs = -1;           // kDict: the node BUILD set as its attributes
+};
+
+// The only globals a pickle may name. Everything else is refused: resolving a
+// global is how a pickle runs code (os.system, builtins.eval, ...).
+enum class What { kOrderedDict, kRebuildTensor, kRebuildParameter, kRebuildParameterState,
+                  kCodecsEncode, kBytes, kStorageType };
+struct Allowed {
+  const char* module;
+  const char* name;
+  What what;
+  const char* dtype;  // kStorageType: the PyTorch dtype name of its elements
+};
+constexpr Allowed kAllowed[] = {
+    {"collections", "OrderedDict", What::kOrderedDict, nullptr},
+    {"torch._utils", "_rebuild_tensor_v2", What::kRebuildTensor, nullptr},
+    {"torch._utils", "_rebuild_parameter", What::kRebuildParameter, nullptr},
+    {"torch._utils", "_rebuild_parameter_with_state", What::kRebuildParameterState, nullptr},
+    // Protocol 2 spells a bytes object b as _codecs.encode(str(b, 'latin1'), 'latin1'),
+    // or as bytes() when it is empty ("__builtin__" after Python 3's fix_imports).
+    {"_codecs", "encode", What::kCodecsEncode, nullptr},
+    {"__builtin__", "bytes", What::kBytes, nullptr},
+    {"builtins", "bytes", What::kBytes, nullptr},
+    // torch/storage.py _dtype_to_storage_type_map(), plus the names newer torch
+    // uses for float8 and wide unsigned types; UntypedStorage counts bytes.
+    {"torch", "DoubleStorage", What::kStorageType, "float64"},
+    {"torch", "FloatStorage", What::kStorageType, "float32"},
+    {"torch", "HalfStorage", What::kStorageType, "float16"},
+    {"torch", "BFloat16Storage", What::kStorageType, "bfloat16"},
+    {"torch", "LongStorage", What::kStorageType, "int64"},
+    {"torch", "IntStorage", What::kStorageType, "int32"},
+    {"torch", "ShortStorage", What::kStorageType, "int16"},
+    {"torch", "CharStorage", What::kStorageType, "int8"},
+    {"torch", "ByteStorage", What::kStorageType, "uint8"},
+    {"torch", "BoolStorage", What::kStorageType, "bool"},
+    {"torch", "ComplexFloatStorage", What::kStorageType, "complex64"},
+    {"torch", "ComplexDoubleStorage", What::kStorageType, "complex128"},
+    {"torch", "Float8_e5m2Storage", What::kStorageType, "float8_e5m2"},
+    {"torch", "Float8_e4m3fnStorage", What::kStorageType, "float8_e4m3fn"},
+    {"torch", "UInt16Storage", What::kStorageType, "uint16"},
+    {"torch", "UInt32Storage", What::kStorageType, "uint32"},
+    {"torch", "UInt64Storage", What::kStorageType, "uint64"},
+    {"torch", "UntypedStorage", What::kStorageType, "uint8"},
+};
+
+constexpr size_t kMaxGlobalLine = 256;  // bytes of a GLOBAL module or name line
+constexpr size_t kMaxKeyLength = 64;    // storage keys are decimal counters in practice
+
+class Machine {
+ public:
+  Machine(const uint8_t* data, size_t size, const std::string& path)
+      : data_(data), size_(size), path_(path) {
+    // Immutable singletons, so None/True/False cost no object each time.
+    New(NodeKind::kNone);
+    New(NodeKind::kBool);
+    At(New(NodeKind::kBool)).i = 1;
+  }
+
+  Result Run();
+
+ private:
+  static constexpr uint32_t kNoneId = 0, kFalseId = 1, kTrueId = 2;
+
+  [[noreturn]] void Fail(const std::string& message) const {
+    throw Error(ErrorCode::kBadInput, path_, op_offset_, "pickle: " + message);
+  }
+  // The next n bytes; fails unless they are all there.
+  const uint8_t* Take(uint64_t n) {
+    if (n > size_ - pos_) {
+      char label[32];
+      std::snprintf(label, sizeof label, "opcode 0x%02x", op_);
+      Fail(std::string(label) + ": expected " + std::to_string(n) + " more bytes, found " +
+           std::to_string(size_ - pos_) + " (truncated or corrupt)");
+    }
+    pos_ += n;
+    return data_ + pos_ - n;
+  }
+  Node& At(uint32_t id) { return nodes_[id]; }  // deque: references stay valid
+  uint32_t New(NodeKind kind) {
+    if (nodes_.size() >= kMaxObjects) {
+      Fail("more than " + std::to_string(kMaxObjects) + " objects");
+    }
+    nodes_.push_back(Node{kind});
+    return static_cast<uint32_t>(nodes_.size() - 1);
+  }
+  // Python moves the stack aside at MARK, so nothing below the mark is reachable.
+  size_t Floor() const { return marks_.empty() ? 0 : marks_.back(); }
+  uint32_t Top() {
+    if (stack_.size() <= Floor()) Fail("stack underflow");
+    return stack_.back();
+  }
+  uint32_t Pop() {
+    uint32_t id = Top();
+    stack_.pop_back();
+    return id;
+  }
+  std::vector<uint32_t> PopMark() {
+    if (marks_.empty()) Fail("no MARK to pop to");
+    std::vector<uint32_t> items(stack_.begin() + marks_.back(), stack_.end());
+    stack_.resize(marks_.back());
+    marks_.pop_back();
+    return items;
+  }
+  uint32_t NewSeq(NodeKind kind, std::vector<uint32_t> items) {
+    uint32_t id = New(kind);
+    At(id).items = std::move(items);
+    return id;
+  }
+  const Node& Expect(uint32_t id, NodeKind kind, const std::string& what) {
+    const Node& n = At(id);
+    if (n.kind != kind) Fail(what + ": expected " + KindName(kind) + ", found " + KindName(n.kind));
+    return n;
+  }
+  int64_t ExpectInt(uint32_t id, const std::string& what) {
+    int64_t v = Expect(id, NodeKind::kInt, what).i;
+    if (v < 0) Fail(what + ": expected >= 0, found " + std::to_string(v));
+    return v;
+  }
+  uint32_t ReadString(NodeKind kind, uint64_t n);
+  std::string ReadLine();
+  uint32_t LookupGlobal(const std::string& module, const std::string& name);
+  void AddItems(uint32_t target, const std::vector<uint32_t>& items, bool dict);
+  uint32_t Call(uint32_t fn, uint32_t args, bool newobj);
+  uint32_t RebuildTensor(const std::vector<uint32_t>& a);
+  uint32_t LoadStorage(uint32_t pid);
+  void Charge(uint64_t bytes);
+  Value Convert(uint32_t id, size_t depth);
+
+  const uint8_t* data_;
+  size_t size_;
+  const std::string& path_;
+  size_t pos_ = 0;
+  size_t op_offset_ = 0;  // offset of the opcode being run; every error names it
+  uint8_t op_ = 0;
+  std::deque<Node> nodes_;
+  std::vector<uint32_t> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<uint32_t, uint32_t> memo_;  // sparse: LONG_BINPUT may use any u32
+  std::vector<TensorRef> tensors_;
+  std::vector<StorageRef> storages_;
+  std::unordered_map<std::string, uint32_t> storage_index_;
+  uint64_t tree_bytes_ = 0;
+};
+
+uint32_t Machine::ReadString(NodeKind kind, uint64_t n) {
+  const uint8_t* p = Take(n);
+  uint32_t id = New(kind);
+  At(id).s.assign(reinterpret_cast<const char*>(p), n);
+  // torch.load decodes protocol-0/1 strings as UTF-8 too, so one check covers all.
+  if (kind == NodeKind::kString && !format::IsValidUtf8(At(id).s)) {
+    Fail("string " + Quote(At(id).s) + ": expected valid UTF-8");
+  }
+  return id;
+}
+
+std::string Machine::ReadLine() {
+  size_t avail = std::min(size_ - pos_, kMaxGlobalLine + 1);
+  const void* nl = std::memchr(data_ + pos_, '\n', avail);
+  if (nl == nullptr) {
+    Fail("GLOBAL: expected a newline-terminated name of at most " +
+         std::to_string(kMaxGlobalLine) + " bytes");
+  }
+  size_t n = static_cast<const uint8_t*>(nl) - (data_ + pos_);
+  std::string line(reinterpret_cast<const char*>(Take(n + 1)), n);
+  return line;
+}
+
+uint32_t Machine::LookupGlobal(const std::string& module, const std::string& name) {
+  for (size_t k = 0; k < std::size(kAllowed); ++k) {
+    if (module == kAllowed[k].module && name == kAllowed[k].name) {
+      uint32_t id = New(NodeKind::kGlobal);
+      At(id).i = static_cast<int64_t>(k);
+      return id;
+    }
+  }
+  Fail("global " + Quote(module + "." + name) +
+       " is not allowed (tsar never executes code from its input)");
+}
+
+void Machine::AddItems(uint32_t target, const std::vector<uint32_t>& items, bool dict) {
+  Node& n = Expect(target, dict ? NodeKind::kDict : NodeKind::kList,
+                   dict ? "SETITEM(S) target" : "APPEND(S) target");
+  if (dict) {
+    if (items.size() % 2 != 0) Fail("SETITEMS: expected key/value pairs, found an odd count");
+    for (size_t k = 0; k < items.size(); k += 2) {
+      NodeKind key = At(items[k]).kind;
+      if (key != NodeKind::kString && key != NodeKind::kInt) {
+        Fail(std::string("dict key: expected str or int, found ") + KindName(key));
+      }
+    }
+  }
+  // `n` may be among `items` (a list appended to itself); Convert rejects the cycle.
+  const_cast<Node&>(n).items.insert(n.items.end(), items.begin(), items.end());
+}
+
+uint32_t Machine::Call(uint32_t fn_id, uint32_t args_id, bool newobj) {
+  const Node& fn = Expect(fn_id, NodeKind::kGlobal, "callable");
+  const std::vector<uint32_t>& a = Expect(args_id, NodeKind::kTuple, "arguments").items;
+  const Allowed& g = kAllowed[fn.i];
+  const std::string name = std::string(g.module) + "." + g.name;
+  const auto arity = [&](size_t lo, size_t hi) {
+    if (a.size() < lo || a.size() > hi) {
+      Fail(name + ": expected " + std::to_string(lo) + (lo == hi ? "" : "-" + std::to_string(hi)) +
+           " arguments, found " + std::to_string(a.size()));
+    }
+  };
+  if (newobj && g.what != What::kOrderedDict) Fail("NEWOBJ of " + name + " is not supported");
+  switch (g.what) {
+    case What::kOrderedDict:
+      arity(0, 0);  // items follow through SETITEMS
+      return New(NodeKind::kDict);
+    case What::kBytes:
+      arity(0, 0);
+      return New(NodeKind::kBytes);
+    case What::kCodecsEncode: {
+      arity(2, 2);
+      const std::string& text = Expect(a[0], NodeKind::kString, name + " text").s;
+      const std::string& codec = Expect(a[1], NodeKind::kString, name + " encoding").s;
+      if (codec != "latin1" && codec != "latin-1") Fail(name + ": expected latin1, found " + Quote(codec));
+      // The text is valid UTF-8 already; code points <= 0xFF use lead byte 0xC2 or 0xC3.
+      std::string bytes;
+      for (size_t k = 0; k < text.size(); ++k) {
+        auto c = static_cast<uint8_t>(text[k]);
+        if (c >= 0x80 && c != 0xC2 && c != 0xC3) Fail(name + ": text is not latin-1");
+        bytes += static_cast<char>(c < 0x80 ? c : ((c & 0x03) << 6) | (text[++k] & 0x3F));
+      }
+      uint32_t id = New(NodeKind::kBytes);
+      At(id).s = std::move(bytes);
+      return id;
+    }
+    case What::kRebuildTensor:
+      return RebuildTensor(a);
+    case What::kRebuildParameter:
+    case What::kRebuildParameterState: {
+      // (data, requires_grad, backward_hooks[, state]); state holds Python
+      // attributes of the Parameter, which tsar has no use for.
+      g.what == What::kRebuildParameter ? arity(3, 3) : arity(4, 4);
+      TensorRef t = tensors_[Expect(a[0], NodeKind::kTensor, name + " data").i];
+      t.requires_grad = Expect(a[1], NodeKind::kBool, name + " requires_grad").i != 0;
+      if (!Expect(a[2], NodeKind::kDict, name + " backward_hooks").items.empty()) {
+        Fail(name + " backward_hooks: expected an empty dict");
+      }
+      t.is_parameter = true;
+      tensors_.push_back(std::move(t));
+      uint32_t id = New(NodeKind::kTensor);
+      At(id).i = static_cast<int64_t>(tensors_.size() - 1);
+      return id;
+    }
+    case What::kStorageType:
+      break;
+  }
+  Fail(name + " cannot be called");
+}
+
+uint32_t Machine::RebuildTensor(const std::vector<uint32_t>& a) {
+  // _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad,
+  // backward_hooks[, metadata]); torch 2.x adds metadata for conj/neg views.
+  const std::string name = "torch._utils._rebuild_tensor_v2";
+  if (a.size() != 6 && a.size() != 7) {
+    Fail(name + ": expected 6 or 7 arguments, found " + std::to_string(a.size()));
+  }
+  TensorRef t;
+  t.storage = static_cast<uint32_t>(Expect(a[0], NodeKind::kStorage, name + " storage").i);
+  t.storage_offset = static_cast<uint64_t>(ExpectInt(a[1], name + " storage_offset"));
+  const std::vector<uint32_t>& size = Expect(a[2], NodeKind::kTuple, name + " size").items;
+  const std::vector<uint32_t>& stride = Expect(a[3], NodeKind::kTuple, name + " stride").items;
+  if (size.size() != stride.size() || size.size() > kMaxRank) {
+    Fail(name + ": expected size and stride of equal rank <= " + std::to_string(kMaxRank) +
+         ", found " + std::to_string(size.size()) + " and " + std::to_string(stride.size()));
+  }
+  for (size_t k = 0; k < size.size(); ++k) {
+    t.sizes.push_back(ExpectInt(size[k], name + " size"));
+    t.strides.push_back(ExpectInt(stride[k], name + " stride"));
+  }
+  t.requires_grad = Expect(a[4], NodeKind::kBool, name + " requires_grad").i != 0;
+  if (!Expect(a[5], NodeKind::kDict, name + " backward_hooks").items.empty()) {
+    Fail(name + " backward_hooks: expected an empty dict");
+  }
+  if (a.size() == 7) {
+    const std::vector<uint32_t>& meta = Expect(a[6], NodeKind::kDict, name + " metadata").items;
+    for (size_t k = 1; k < meta.size(); k += 2) {
+      if (At(meta[k]).kind != NodeKind::kBool || At(meta[k]).i != 0) {
+        throw Error(ErrorCode::kUnsupported, path_, op_offset_,
+                    "pickle: tensor metadata " + Quote(At(meta[k - 1]).s) +
+                        " is set (conj/neg views are not supported)");
+      }
+    }
+  }
+  // Every addressable element must lie in the storage; an empty view addresses none.
+  uint64_t last = t.storage_offset;
+  bool empty = false;
+  for (size_t k = 0; k < t.sizes.size(); ++k) {
+    uint64_t span;
+    if (t.sizes[k] == 0) {
+      empty = true;
+    } else if (!CheckedMul(static_cast<uint64_t>(t.sizes[k] - 1), static_cast<uint64_t>(t.strides[k]), &span) ||
+               !CheckedAdd(last, span, &last)) {
+      throw Error(ErrorCode::kOverflow, path_, op_offset_, "pickle: tensor extent overflows 64 bits");
+    }
+  }
+  const StorageRef& st = storages_[t.storage];
+  if (!empty && last >= st.numel) {
+    Fail("tensor: expected its last element inside storage " + Quote(st.key) + " of " +
+         std::to_string(st.numel) + " elements, found element " + std::to_string(last));
+  }
+  tensors_.push_back(std::move(t));
+  uint32_t id = New(NodeKind::kTensor);
+  At(id).i = static_cast<int64_t>(tensors_.size() - 1);
+  return id;
+}
+
+uint32_t Machine::LoadStorage(uint32_t pid) {
+  const std::vector<uint32_t>& p = Expect(pid, NodeKind::kTuple, "persistent id").items;
+  if (p.size() != 5 || At(p[0]).kind != NodeKind::kString || At(p[0]).s != "storage") {
+    Fail("persistent id: expected ('storage', type, key, location, numel)");
+  }
+  const Node& type = At(p[1]);
+  if (type.kind != NodeKind::kGlobal || kAllowed[type.i].what != What::kStorageType) {
+    Fail("persistent id type: expected a torch storage class");
+  }
+  StorageRef ref{Expect(p[2], NodeKind::kString, "storage key").s, kAllowed[type.i].dtype,
+                 Expect(p[3], NodeKind::kString, "storage location").s,
+                 static_cast<uint64_t>(ExpectInt(p[4], "storage numel"))};
+  // Keys become zip record names, so only the characters torch uses get through.
+  bool key_ok = !ref.key.empty() && ref.key.size() <= kMaxKeyLength;
+  for (char c : ref.key) key_ok = key_ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+  if (!key_ok) Fail("storage key " + Quote(ref.key) + ": expected 1-64 of [0-9A-Za-z_]");
+  if (ref.location.empty() || ref.location.size() > kMaxKeyLength) {
+    Fail("storage location " + Quote(ref.location) + ": expected 1-64 bytes");
+  }
+  auto [it, inserted] = storage_index_.emplace(ref.key, static_cast<uint32_t>(storages_.size()));
+  if (inserted) {
+    storages_.push_back(ref);
+  } else {
+    const StorageRef& old = storages_[it->second];
+    if (old.dtype != ref.dtype || old.numel != ref.numel || old.location != ref.location) {
+      Fail("storage " + Quote(ref.key) + ": expected the same dtype, numel and location at "
+           "every reference, found " + old.dtype + "[" + std::to_string(old.numel) + "] and " +
+           ref.dtype + "[" + std::to_string(ref.numel) + "]");
+    }
+  }
+  uint32_t id = New(NodeKind::kStorage);
+  At(id).i = it->second;
+  return id;
+}
+
+Result Machine::Run() {
+  for (;;) {
+    op_offset_ = pos_;
+    op_ = *Take(1);
+    switch (op_) {
+      case op::kProto: {
+        uint8_t version = *Take(1);
+        if (version > 5) Fail("PROTO: expected protocol <= 5, found " + std::to_string(version));
+        break;
+      }
+      case op::kFrame: Take(8); break;  // frames only group bytes; the opcodes inside count
+      case op::kMark: marks_.push_back(stack_.size()); break;
+      case op::kPop: Pop(); break;
+      case op::kPopMark: PopMark(); break;
+      case op::kNone: stack_.push_back(kNoneId); break;
+      case op::kNewTrue: stack_.push_back(kTrueId); break;
+      case op::kNewFalse: stack_.push_back(kFalseId); break;
+      case op::kBinInt1:
+      case op::kBinInt2:
+      case op::kBinInt: {
+        uint32_t id = New(NodeKind::kInt);
+        At(id).i = op_ == op::kBinInt1 ? *Take(1)
+                   : op_ == op::kBinInt2 ? format::LoadU16(Take(2))
+                                         : static_cast<int32_t>(format::LoadU32(Take(4)));
+        stack_.push_back(id);
+        break;
+      }
+      case op::kLong1:
+      case op::kLong4: {
+        // Little-endian two's complement of n bytes; tsar keeps only int64.
+        uint64_t n = op_ == op::kLong1 ? *Take(1) : format::LoadU32(Take(4));
+        if (n > 8) Fail("integer: expected at most 8 bytes (int64), found " + std::to_string(n));
+        const uint8_t* p = Take(n);
+        uint64_t v = 0;
+        for (uint64_t k = 0; k < n; ++k) v |= uint64_t{p[k]} << (8 * k);
+        if (n > 0 && n < 8 && (p[n - 1] & 0x80)) v |= ~uint64_t{0} << (8 * n);
+        uint32_t id = New(NodeKind::kInt);
+        At(id).i = static_cast<int64_t>(v);
+        stack_.push_back(id);
+        break;
+      }
+      case op::kBinFloat: {  // the one big-endian field of the pickle format
+        const uint8_t* p = Take(8);
+        uint64_t bits = 0;
+        for (int k = 0; k < 8; ++k) bits = (bits << 8) | p[k];
+        uint32_t id = New(NodeKind::kFloat);
+        At(id).f = format::BitsToDouble(bits);
+        stack_.push_back(id);
+        break;
+      }
+      case op::kShortBinUnicode:
+      case op::kShortBinString: stack_.push_back(ReadString(NodeKind::kString, *Take(1))); break;
+      case op::kBinUnicode:
+      case op::kBinString:  // its i32 length read as u32: a negative one fails in Take
+        stack_.push_back(ReadString(NodeKind::kString, format::LoadU32(Take(4))));
+        break;
+      case op::kBinUnicode8: stack_.push_back(ReadString(NodeKind::kString, format::LoadU64(Take(8)))); break;
+      case op::kShortBinBytes: stack_.push_back(ReadString(NodeKind::kBytes, *Take(1))); break;
+      case op::kBinBytes: stack_.push_back(ReadString(NodeKind::kBytes, format::LoadU32(Take(4)))); break;
+      case op::kBinBytes8: stack_.push_back(ReadString(NodeKind::kBytes, format::LoadU64(Take(8)))); break;
+      case op::kEmptyList: stack_.push_back(New(NodeKind::kList)); break;
+      case op::kEmptyDict: stack_.push_back(New(NodeKind::kDict)); break;
+      case op::kEmptyTuple: stack_.push_back(New(NodeKind::kTuple)); break;
+      case op::kList: stack_.push_back(NewSeq(NodeKind::kList, PopMark())); break;
+      case op::kTuple: stack_.push_back(NewSeq(NodeKind::kTuple, PopMark())); break;
+      case op::kDict: {
+        uint32_t id = New(NodeKind::kDict);
+        AddItems(id, PopMark(), true);
+        stack_.push_back(id);
+        break;
+      }
+      case op::kTuple1:
+      case op::kTuple2:
+      case op::kTuple3: {
+        std::vector<uint32_t> items(op_ - op::kTuple1 + 1);
+        for (size_t k = items.size(); k-- > 0;) items[k] = Pop();
+        stack_.push_back(NewSeq(NodeKind::kTuple, std::move(items)));
+        break;
+      }
+      case op::kAppend: {
+        uint32_t v = Pop();
+        AddItems(Top(), {v}, false);
+        break;
+      }
+      case op::kSetItem: {
+        uint32_t v = Pop(), k = Pop();
+        AddItems(Top(), {k, v}, true);
+        break;
+      }
+      case op::kAppends:
+      case op::kSetItems: {
+        std::vector<uint32_t> items = PopMark();
+        AddItems(Top(), items, op_ == op::kSetItems);
+        break;
+      }
+      case op::kBinPut: memo_[*Take(1)] = Top(); break;
+      case op::kLongBinPut: memo_[format::LoadU32(Take(4))] = Top(); break;
+      case op::kMemoize: memo_[static_cast<uint32_t>(memo_.size())] = Top(); break;
+      case op::kBinGet:
+      case op::kLongBinGet: {
+        uint32_t index = op_ == op::kBinGet ? *Take(1) : format::LoadU32(Take(4));
+        auto it = memo_.find(index);
+        if (it == memo_.end()) Fail("memo key " + std::to_string(index) + " was never stored");
+        stack_.push_back(it->second);
+        break;
+      }
+      case op::kGlobal: {
+        std::string module = ReadLine();
+        std::string name = ReadLine();
+        stack_.push_back(LookupGlobal(module, name));
+        break;
+      }
+      case op::kStackGlobal: {
+        uint32_t name = Pop(), module = Pop();
+        stack_.push_back(LookupGlobal(Expect(module, NodeKind::kString, "STACK_GLOBAL module").s,
+                                      Expect(name, NodeKind::kString, "STACK_GLOBAL name").s));
+        break;
+      }
+      case op::kReduce:
+      case op::kNewObj: {
+        uint32_t args = Pop(), fn = Pop();
+        stack_.push_back(Call(fn, args, op_ == op::kNewObj));
+        break;
+      }
+      case op::kBuild: {
+        // Sets attributes (an OrderedDict state_dict's _metadata) on a dict.
+        uint32_t state = Pop();
+        Node& target = At(Top());
+        Expect(state, NodeKind::kDict, "BUILD state");
+        if (target.kind != NodeKind::kDict || target.attrs >= 0) {
+          Fail(std::string("BUILD: expected a dict without attributes, found ") + KindName(target.kind));
+        }
+        target.attrs = state;
+        break;
+      }
+      case op::kBinPersId: stack_.push_back(LoadStorage(Pop())); break;
+      case op::kStop: {
+        if (stack_.size() != 1 || !marks_.empty()) {
+          Fail("STOP: expected exactly one object on the stack, found " + std::to_string(stack_.size()));
+        }
+        if (pos_ != size_) Fail("STOP: expected the end of data, found " + std::to_string(size_ - pos_) + " more bytes");
+        Result result;
+        result.root = Convert(stack_[0], 0);
+        result.storages = std::move(storages_);
+        return result;
+      }
+      default: {
+        char label[48];
+        std::snprintf(label, sizeof label, "unknown opcode 0x%02x", op_);
+        Fail(label);
+      }
+    }
+  }
+}
+
+void Machine::Charge(uint64_t bytes) {
+  tree_bytes_ += bytes;
+  if (tree_bytes_ > kMaxTreeBytes) {
+    Fail("result tree: expected at most " + std::to_string(kMaxTreeBytes) +
+         " bytes, found more (objects shared too often)");
+  }
+}
+
+// Copies the object graph into a tree. Shared objects are copied at each use,
+// so the budget and the depth cap stop exponential sharing and cycles.
+Value Machine::Convert(uint32_t id, size_t depth) {
+  const Node& n = At(id);
+  if (depth > kMaxDepth) Fail("nesting: expected at most " + std::to_string(kMaxDepth) + " levels (or a cycle)");
+  Charge(sizeof(Value) + n.s.size());
+  Value v;
+  switch (n.kind) {
+    case NodeKind::kNone: v.kind = Value::Kind::kNone; break;
+    case NodeKind::kBool: v.kind = Value::Kind::kBool; v.b = n.i != 0; break;
+    case NodeKind::kInt: v.kind = Value::Kind::kInt; v.i = n.i; break;
+    case NodeKind::kFloat: v.kind = Value::Kind::kFloat; v.f = n.f; break;
+    case NodeKind::kString: v.kind = Value::Kind::kString; v.str = n.s; break;
+    case NodeKind::kBytes: v.kind = Value::Kind::kBytes; v.str = n.s; break;
+    case NodeKind::kTensor:
+      v.kind = Value::Kind::kTensor;
+      v.tensor = tensors_[n.i];
+      Charge(16 * v.tensor.sizes.size());
+      break;
+    case NodeKind::kList:
+    case NodeKind::kTuple:
+      v.kind = n.kind == NodeKind::kList ? Value::Kind::kList : Value::Kind::kTuple;
+      for (uint32_t item : n.items) v.items.push_back(Convert(item, depth + 1));
+      break;
+    case NodeKind::kDict: {
+      v.kind = Value::Kind::kDict;
+      std::unordered_map<std::string, size_t> position;
+      for (size_t k = 0; k + 1 < n.items.size(); k += 2) {
+        const Node& key = At(n.items[k]);
+        std::string text = key.kind == NodeKind::kInt ? std::to_string(key.i) : key.s;
+        Charge(text.size());
+        auto [it, inserted] = position.emplace(text, v.items.size());
+        Value item = Convert(n.items[k + 1], depth + 1);
+        if (inserted) {
+          v.keys.push_back(std::move(text));
+          v.items.push_back(std::move(item));
+        } else {
+          v.items[it->second] = std::move(item);  // Python keeps the first position
+        }
+      }
+      if (n.attrs >= 0) v.attributes = std::make_shared<Value>(Convert(static_cast<uint32_t>(n.attrs), depth + 1));
+      break;
+    }
+    case NodeKind::kGlobal:
+    case NodeKind::kStorage:
+      Fail(std::string("result: a bare ") + KindName(n.kind) + " cannot be returned");
+  }
+  return v;
+}
+
+}  // namespace
+
+const Value* Value::Find(std::string_view key) const {
+  for (size_t k = 0; k < keys.size(); ++k) {
+    if (keys[k] == key) return &items[k];
+  }
+  return nullptr;
+}
+
+const Value* Value::Attribute(std::string_view name) const {
+  return attributes ? attributes->Find(name) : nullptr;
+}
+
+Result Parse(const uint8_t* data, size_t size, const std::string& path) {
+  Machine machine(data, size, path);
+  return machine.Run();
+}
+
+}  // namespace tsar::pickle

@@ -1,0 +1,84 @@
+// A restricted, non-executing reader of the data.pkl pickle inside a torch.save
+// zip archive: turns it into a value tree whose tensors refer to storage records.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tsar::pickle {
+
+// One storage named by a persistent id ('storage', <torch.XStorage>, key,
+// location, numel). Its bytes are the zip record "<archive>/data/<key>".
+struct StorageRef {
+  std::string key;       // [0-9A-Za-z_]+, unique within a Result
+  std::string dtype;     // PyTorch name, as tsar::DTypeName: "float32", "bool", ...
+  std::string location;  // device the storage was saved from: "cpu", "cuda:0"
+  uint64_t numel = 0;    // elements of `dtype` (bytes for torch.UntypedStorage)
+};
+
+// A tensor view onto a storage. Offsets, sizes and strides count elements.
+// Parse guarantees: sizes.size() == strides.size() <= kMaxRank, all sizes and
+// strides >= 0, and every element the view can address lies inside the storage.
+struct TensorRef {
+  uint32_t storage = 0;  // index into Result::storages
+  uint64_t storage_offset = 0;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  bool requires_grad = false;
+  bool is_parameter = false;  // rebuilt through torch._utils._rebuild_parameter*
+};
+
+// A node of the unpickled object tree. Copyable; children are owned by value.
+struct Value {
+  enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kTensor, kList, kTuple, kDict };
+
+  Kind kind = Kind::kNone;
+  bool b = false;          // kBool
+  int64_t i = 0;           // kInt
+  double f = 0;            // kFloat
+  std::string str;         // kString (UTF-8) and kBytes
+  TensorRef tensor;        // kTensor
+  std::vector<Value> items;       // kList and kTuple elements; kDict values
+  std::vector<std::string> keys;  // kDict: keys[n] is the key of items[n]
+  // Attributes a BUILD opcode set on a dict object (an OrderedDict state_dict's
+  // "_metadata" lives here), as a kDict; null when there were none.
+  std::shared_ptr<const Value> attributes;
+
+  // The value stored under `key` in a kDict, or nullptr (also for other kinds).
+  const Value* Find(std::string_view key) const;
+  // The attribute `name` set by BUILD, or nullptr.
+  const Value* Attribute(std::string_view name) const;
+};
+
+struct Result {
+  Value root;
+  std::vector<StorageRef> storages;  // in order of first reference; one per key
+};
+
+// Hard limits that keep hostile input from exhausting memory or stack.
+inline constexpr size_t kMaxRank = 64;
+inline constexpr size_t kMaxDepth = 200;         // nesting of the result tree
+inline constexpr size_t kMaxObjects = 1u << 22;  // objects the VM may create
+// Budget for the result tree; bounds the blow-up of shared (memoized) objects
+// that the tree copies. Roughly bytes: each value costs its size plus payload.
+inline constexpr uint64_t kMaxTreeBytes = uint64_t{1} << 30;
+
+// Unpickles `data` (the bytes of data.pkl; `path` names it in errors) without
+// executing anything: globals are accepted only from a fixed allow-list
+// (collections.OrderedDict, torch._utils._rebuild_tensor_v2 / _rebuild_parameter
+// / _rebuild_parameter_with_state, torch.<X>Storage types, and _codecs.encode /
+// builtins.bytes for protocol-2 bytes) and are interpreted by this reader.
+// Supports pickle protocols up to 5 as torch.save writes them (it uses 2).
+// Dict keys must be str or int; int keys are kept as their decimal text, and a
+// repeated key keeps its first position and takes the last value, as in Python.
+// Throws tsar::Error: kBadInput for malformed or refused input (the offset is
+// that of the offending opcode), kOverflow when a tensor's extent overflows,
+// kUnsupported for valid but unsupported tensors (conj/neg bits). Pure function
+// of its input; thread-safe; `data` is only read during the call.
+Result Parse(const uint8_t* data, size_t size, const std::string& path);
+
+}  // namespace tsar::pickle

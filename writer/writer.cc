@@ -1,0 +1,248 @@
+// tsar::Writer (include/tsar/writer.h): dedupes storages, writes only the
+// byte span each storage's tensors cover, hashes while writing, publishes
+// atomically. Layout and encoding are format/encode.cc's.
+#include "tsar/writer.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/core/Storage.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "format/checksum.h"
+#include "format/encode.h"
+#include "format/reader.h"
+#include "loader/scalar_type.h"
+#include "writer/atomic_file.h"
+
+namespace tsar {
+
+struct Writer::State {
+  struct Item {
+    std::string name;
+    at::Tensor tensor;
+    Role role;
+  };
+  struct Entry {
+    std::string name;
+    std::vector<Item> items;
+  };
+  std::string path;
+  PackOptions options;
+  std::vector<Entry> entries;
+  std::vector<std::pair<std::string, std::pair<std::string, MetadataValue>>> metadata;  // entry, key, value
+  bool finished = false;
+};
+
+namespace {
+
+[[noreturn]] void Refuse(ErrorCode code, const std::string& tensor, const std::string& what) {
+  throw Error(code, "", std::nullopt, "tensor " + format::Quote(tensor) + ": " + what);
+}
+
+// The bytes [begin, end) of its storage that a strided view can reach.
+void ByteSpan(const at::Tensor& t, uint64_t* begin, uint64_t* end) {
+  const uint64_t esize = t.element_size();
+  *begin = static_cast<uint64_t>(t.storage_offset()) * esize;
+  if (t.numel() == 0) {
+    *end = *begin;
+    return;
+  }
+  uint64_t last = static_cast<uint64_t>(t.storage_offset());
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    last += static_cast<uint64_t>(t.size(d) - 1) * static_cast<uint64_t>(t.stride(d));
+  }
+  *end = (last + 1) * esize;
+}
+
+}  // namespace
+
+Writer::Writer(std::string path, PackOptions options) : state_(std::make_unique<State>()) {
+  state_->path = std::move(path);
+  state_->options = std::move(options);
+  format::IndexBuilder check(state_->options.alignment);  // validates alignment now
+}
+
+Writer::~Writer() = default;
+
+void Writer::add_entry(const std::string& name) {
+  for (const auto& e : state_->entries) {
+    if (e.name == name) {
+      throw Error(ErrorCode::kDuplicateName, state_->path, std::nullopt,
+                  "entry " + format::Quote(name) + ": expected a unique entry name, found it twice");
+    }
+  }
+  state_->entries.push_back({name, {}});
+}
+
+void Writer::add(const std::string& name, const at::Tensor& tensor, Role role) {
+  if (state_->entries.empty()) add_entry(state_->options.entry);
+  if (!tensor.defined()) Refuse(ErrorCode::kInvalidArgument, name, "undefined tensor");
+  if (tensor.layout() != c10::kStrided) {
+    Refuse(ErrorCode::kUnsupported, name,
+           "sparse tensors are not supported yet; call .to_dense() before packing");
+  }
+  if (tensor.is_quantized()) {
+    Refuse(ErrorCode::kUnsupported, name, "quantized tensors are not supported; dequantize() first");
+  }
+  if (!tensor.device().is_cpu() && !tensor.device().is_cuda()) {
+    Refuse(ErrorCode::kUnsupported, name, "tensors on " + tensor.device().str() + " cannot be packed");
+  }
+  if (!FromScalarType(tensor.scalar_type())) {
+    Refuse(ErrorCode::kUnsupported, name, std::string("dtype ") + c10::toString(tensor.scalar_type()) + " has no tsar code");
+  }
+  state_->entries.back().items.push_back({name, tensor, role});
+}
+
+void Writer::add(const torch::OrderedDict<std::string, at::Tensor>& tensors, Role role) {
+  for (const auto& item : tensors) add(item.key(), item.value(), role);
+}
+
+void Writer::add_metadata(const std::string& key, MetadataValue value, const std::string& entry) {
+  if (!entry.empty()) {
+    const bool known = std::any_of(state_->entries.begin(), state_->entries.end(),
+                                   [&](const State::Entry& e) { return e.name == entry; });
+    if (!known) {
+      throw Error(ErrorCode::kNotFound, state_->path, std::nullopt,
+                  "metadata " + format::Quote(key) + ": no entry " + format::Quote(entry));
+    }
+  }
+  state_->metadata.push_back({entry, {key, std::move(value)}});
+}
+
+void Writer::finish() {
+  State& st = *state_;
+  if (st.finished) throw Error(ErrorCode::kInvalidArgument, st.path, std::nullopt, "finish() called twice");
+  st.finished = true;
+  format::IndexBuilder b(st.options.alignment);
+
+  // Storages in order of first use; each keeps the span its tensors cover.
+  struct Span {
+    at::Tensor any;  // a tensor on this storage, to reach its bytes
+    uint64_t begin = UINT64_MAX, end = 0;
+  };
+  std::unordered_map<const c10::StorageImpl*, uint32_t> storage_ids;
+  std::vector<Span> spans;
+  for (const auto& e : st.entries) {
+    for (const auto& item : e.items) {
+      const c10::StorageImpl* key = item.tensor.storage().unsafeGetStorageImpl();
+      auto [it, inserted] = storage_ids.emplace(key, static_cast<uint32_t>(spans.size()));
+      if (inserted) spans.push_back({item.tensor});
+      uint64_t begin, end;
+      ByteSpan(item.tensor, &begin, &end);
+      Span& s = spans[it->second];
+      s.begin = std::min(s.begin, begin);
+      s.end = std::max(s.end, end);
+    }
+  }
+  // A span starts on a multiple of 16 (the largest element size), so every
+  // tensor's offset within it stays a whole number of its own elements.
+  for (Span& s : spans) {
+    s.begin &= ~uint64_t{15};
+    b.AddStorage(s.end - s.begin);
+  }
+  for (const auto& e : st.entries) {
+    b.AddEntry(e.name);
+    for (const auto& item : e.items) {
+      const at::Tensor& t = item.tensor;
+      const uint32_t sid = storage_ids.at(t.storage().unsafeGetStorageImpl());
+      uint64_t begin, end;
+      ByteSpan(t, &begin, &end);
+      format::TensorSpec spec;
+      spec.name = item.name;
+      spec.storage = sid;
+      spec.dtype = *FromScalarType(t.scalar_type());
+      spec.role = static_cast<format::Role>(item.role);
+      spec.requires_grad = t.requires_grad();
+      spec.sizes.assign(t.sizes().begin(), t.sizes().end());
+      spec.strides.assign(t.strides().begin(), t.strides().end());
+      spec.storage_offset = (begin - spans[sid].begin) / t.element_size();
+      if (t.device().is_cuda()) {
+        spec.device_type = format::DeviceType::kCuda;
+        spec.device_index = static_cast<uint16_t>(t.device().index());
+      }
+      try {
+        b.AddTensor(std::move(spec));
+      } catch (const Error& err) {
+        throw Error(err.code(), st.path, std::nullopt, err.what());
+      }
+    }
+  }
+  const uint32_t none = format::kNone;
+  for (const auto& [entry, kv] : st.metadata) {
+    format::MetadataSpec m;
+    m.key = kv.first;
+    m.entry = none;
+    for (uint32_t i = 0; i < st.entries.size() && !entry.empty(); ++i) {
+      if (st.entries[i].name == entry) m.entry = i;
+    }
+    if (const auto* s = std::get_if<std::string>(&kv.second)) {
+      m.type = format::MetaType::kString;
+      m.bytes = *s;
+    } else if (const auto* i = std::get_if<int64_t>(&kv.second)) {
+      m.type = format::MetaType::kInt;
+      m.int_value = *i;
+    } else if (const auto* d = std::get_if<double>(&kv.second)) {
+      m.type = format::MetaType::kFloat;
+      m.float_value = *d;
+    } else {
+      m.type = format::MetaType::kBytes;
+      m.bytes = std::get<Bytes>(kv.second).data;
+    }
+    b.AddMetadata(std::move(m));
+  }
+  try {
+    b.Plan();
+  } catch (const Error& err) {
+    throw Error(err.code(), st.path, std::nullopt, err.what());
+  }
+
+  AtomicFile out(st.path);
+  out.Resize(b.file_size());
+  uint64_t total = 0, done = 0;
+  for (const Span& s : spans) total += s.end - s.begin;
+  // Hash and write in cache-sized chunks: each chunk is read from RAM once.
+  constexpr uint64_t kChunk = 4u << 20;
+  for (uint32_t i = 0; i < spans.size(); ++i) {
+    const Span& s = spans[i];
+    const uint64_t n = s.end - s.begin;
+    at::Tensor host;  // for CUDA storages: this span, copied to the host
+    const uint8_t* src;
+    if (s.any.device().is_cuda()) {
+      host = at::empty({0}, s.any.options().dtype(at::kByte))
+                 .set_(s.any.storage(), static_cast<int64_t>(s.begin), {static_cast<int64_t>(n)}, {1})
+                 .to(at::kCPU);
+      src = static_cast<const uint8_t*>(host.data_ptr());
+    } else {
+      src = static_cast<const uint8_t*>(s.any.storage().data()) + s.begin;
+    }
+    format::Xxh3Stream hash;
+    for (uint64_t off = 0; off < n; off += kChunk) {
+      const uint64_t len = std::min(kChunk, n - off);
+      hash.Update(src + off, static_cast<size_t>(len));
+      out.WriteAt(b.storage_offset(i) + off, src + off, len);
+      done += len;
+      if (st.options.progress) st.options.progress(done, total);
+    }
+    b.SetStorageChecksum(i, hash.Digest());
+  }
+  const std::vector<uint8_t> head = b.EncodeHead();
+  out.WriteAt(0, head.data(), head.size());
+  out.Publish(st.options.durable);
+}
+
+void pack(const std::string& path, const torch::OrderedDict<std::string, at::Tensor>& tensors,
+          const PackOptions& options) {
+  Writer w(path, options);
+  w.add(tensors);
+  w.finish();
+}
+
+void pack(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+          const PackOptions& options) {
+  Writer w(path, options);
+  for (const auto& [name, t] : tensors) w.add(name, t);
+  w.finish();
+}
+
+}  // namespace tsar
