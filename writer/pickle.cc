@@ -2,9 +2,11 @@
 // anything: globals come from a fixed allow-list and are interpreted here.
 #include "writer/pickle.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <unordered_map>
 
 #include "format/endian.h"
@@ -21,31 +23,43 @@ using format::Quote;
 // Opcodes, named as in CPython's Lib/pickletools.py.
 namespace op {
 constexpr uint8_t kMark = '(', kStop = '.', kPop = '0', kPopMark = '1', kBinInt = 'J',
-    kBinInt1 = 'K', kBinInt2 = 'M', kNone = 'N', kBinPersId = 'Q', kReduce = 'R',
-    kBinString = 'T', kShortBinString = 'U', kBinUnicode = 'X', kAppend = 'a', kBuild = 'b',
-    kGlobal = 'c', kDict = 'd', kEmptyDict = '}', kAppends = 'e', kBinGet = 'h',
-    kLongBinGet = 'j', kList = 'l', kEmptyList = ']', kBinPut = 'q', kLongBinPut = 'r',
-    kSetItem = 's', kTuple = 't', kEmptyTuple = ')', kSetItems = 'u', kBinFloat = 'G',
-    kBinBytes = 'B', kShortBinBytes = 'C', kProto = 0x80, kNewObj = 0x81, kTuple1 = 0x85,
-    kTuple2 = 0x86, kTuple3 = 0x87, kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a,
-    kLong4 = 0x8b, kShortBinUnicode = 0x8c, kBinUnicode8 = 0x8d, kBinBytes8 = 0x8e,
-    kStackGlobal = 0x93, kMemoize = 0x94, kFrame = 0x95;
+                  kBinInt1 = 'K', kBinInt2 = 'M', kNone = 'N', kBinPersId = 'Q', kReduce = 'R',
+                  kBinString = 'T', kShortBinString = 'U', kBinUnicode = 'X', kAppend = 'a',
+                  kBuild = 'b', kGlobal = 'c', kDict = 'd', kEmptyDict = '}', kAppends = 'e',
+                  kBinGet = 'h', kLongBinGet = 'j', kList = 'l', kEmptyList = ']', kBinPut = 'q',
+                  kLongBinPut = 'r', kSetItem = 's', kTuple = 't', kEmptyTuple = ')',
+                  kSetItems = 'u', kBinFloat = 'G', kBinBytes = 'B', kShortBinBytes = 'C',
+                  kProto = 0x80, kNewObj = 0x81, kTuple1 = 0x85, kTuple2 = 0x86, kTuple3 = 0x87,
+                  kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a, kLong4 = 0x8b,
+                  kShortBinUnicode = 0x8c, kBinUnicode8 = 0x8d, kBinBytes8 = 0x8e,
+                  kStackGlobal = 0x93, kMemoize = 0x94, kFrame = 0x95;
 }  // namespace op
 
 // Objects of the VM. Besides the public kinds there are the two things a
 // torch pickle builds on the way: an allow-listed global and a storage.
 enum class NodeKind : uint8_t {
-  kNone, kBool, kInt, kFloat, kString, kBytes, kList, kTuple, kDict, kTensor, kGlobal, kStorage
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kBytes,
+  kList,
+  kTuple,
+  kDict,
+  kTensor,
+  kGlobal,
+  kStorage
 };
 
 const char* KindName(NodeKind k) {
-  static constexpr const char* kNames[] = {"None", "bool",  "int",    "float",  "str",   "bytes",
-                                           "list", "tuple", "dict",   "tensor", "global", "storage"};
+  static constexpr const char* kNames[] = {"None", "bool",  "int",  "float",  "str",    "bytes",
+                                           "list", "tuple", "dict", "tensor", "global", "storage"};
   return kNames[static_cast<int>(k)];
 }
 
 struct Node {
-  NodeKind kind;
+  NodeKind kind = NodeKind::kNone;
   int64_t i = 0;  // kBool, kInt; kTensor: index into tensors_; kStorage: into storages;
                   // kGlobal: index into kAllowed
   double f = 0;
@@ -56,8 +70,15 @@ struct Node {
 
 // The only globals a pickle may name. Everything else is refused: resolving a
 // global is how a pickle runs code (os.system, builtins.eval, ...).
-enum class What { kOrderedDict, kRebuildTensor, kRebuildParameter, kRebuildParameterState,
-                  kCodecsEncode, kBytes, kStorageType };
+enum class What {
+  kOrderedDict,
+  kRebuildTensor,
+  kRebuildParameter,
+  kRebuildParameterState,
+  kCodecsEncode,
+  kBytes,
+  kStorageType
+};
 struct Allowed {
   const char* module;
   const char* name;
@@ -130,10 +151,10 @@ class Machine {
   }
   Node& At(uint32_t id) { return nodes_[id]; }  // deque: references stay valid
   uint32_t New(NodeKind kind) {
-    if (nodes_.size() >= kMaxObjects) {
-      Fail("more than " + std::to_string(kMaxObjects) + " objects");
-    }
-    nodes_.push_back(Node{kind});
+    if (object_budget_ == 0) Fail("more than " + std::to_string(kMaxObjects) + " objects");
+    --object_budget_;
+    nodes_.emplace_back();
+    nodes_.back().kind = kind;
     return static_cast<uint32_t>(nodes_.size() - 1);
   }
   // Python moves the stack aside at MARK, so nothing below the mark is reachable.
@@ -154,13 +175,27 @@ class Machine {
     marks_.pop_back();
     return items;
   }
+  // Dimensions count as objects: a memoized size tuple reused by many tensors
+  // would otherwise turn a few input bytes into up to kMaxRank copies each.
+  uint32_t NewTensor(TensorRef t) {
+    object_budget_ -= std::min(object_budget_, 2 * t.sizes.size());
+    tensors_.push_back(std::move(t));
+    uint32_t id = New(NodeKind::kTensor);
+    At(id).i = static_cast<int64_t>(tensors_.size() - 1);
+    return id;
+  }
+  uint32_t NewInt(int64_t v) {
+    uint32_t id = New(NodeKind::kInt);
+    At(id).i = v;
+    return id;
+  }
   uint32_t NewSeq(NodeKind kind, std::vector<uint32_t> items) {
     uint32_t id = New(kind);
     At(id).items = std::move(items);
     return id;
   }
-  const Node& Expect(uint32_t id, NodeKind kind, const std::string& what) {
-    const Node& n = At(id);
+  Node& Expect(uint32_t id, NodeKind kind, const std::string& what) {
+    Node& n = At(id);
     if (n.kind != kind) Fail(what + ": expected " + KindName(kind) + ", found " + KindName(n.kind));
     return n;
   }
@@ -169,7 +204,8 @@ class Machine {
     if (v < 0) Fail(what + ": expected >= 0, found " + std::to_string(v));
     return v;
   }
-  uint32_t ReadString(NodeKind kind, uint64_t n);
+  // A str or bytes object of n bytes, for the string opcode op_.
+  uint32_t ReadString(uint64_t n);
   std::string ReadLine();
   uint32_t LookupGlobal(const std::string& module, const std::string& name);
   void AddItems(uint32_t target, const std::vector<uint32_t>& items, bool dict);
@@ -185,6 +221,7 @@ class Machine {
   size_t pos_ = 0;
   size_t op_offset_ = 0;  // offset of the opcode being run; every error names it
   uint8_t op_ = 0;
+  size_t object_budget_ = kMaxObjects;
   std::deque<Node> nodes_;
   std::vector<uint32_t> stack_;
   std::vector<size_t> marks_;
@@ -192,10 +229,13 @@ class Machine {
   std::vector<TensorRef> tensors_;
   std::vector<StorageRef> storages_;
   std::unordered_map<std::string, uint32_t> storage_index_;
-  uint64_t tree_bytes_ = 0;
+  std::vector<bool> converted_;  // by node id: copied into the tree already
+  uint64_t shared_bytes_ = 0;
 };
 
-uint32_t Machine::ReadString(NodeKind kind, uint64_t n) {
+uint32_t Machine::ReadString(uint64_t n) {
+  const bool bytes = op_ == op::kShortBinBytes || op_ == op::kBinBytes || op_ == op::kBinBytes8;
+  const NodeKind kind = bytes ? NodeKind::kBytes : NodeKind::kString;
   const uint8_t* p = Take(n);
   uint32_t id = New(kind);
   At(id).s.assign(reinterpret_cast<const char*>(p), n);
@@ -210,8 +250,8 @@ std::string Machine::ReadLine() {
   size_t avail = std::min(size_ - pos_, kMaxGlobalLine + 1);
   const void* nl = std::memchr(data_ + pos_, '\n', avail);
   if (nl == nullptr) {
-    Fail("GLOBAL: expected a newline-terminated name of at most " +
-         std::to_string(kMaxGlobalLine) + " bytes");
+    Fail("GLOBAL: expected a newline-terminated name of at most " + std::to_string(kMaxGlobalLine) +
+         " bytes");
   }
   size_t n = static_cast<const uint8_t*>(nl) - (data_ + pos_);
   std::string line(reinterpret_cast<const char*>(Take(n + 1)), n);
@@ -243,7 +283,7 @@ void Machine::AddItems(uint32_t target, const std::vector<uint32_t>& items, bool
     }
   }
   // `n` may be among `items` (a list appended to itself); Convert rejects the cycle.
-  const_cast<Node&>(n).items.insert(n.items.end(), items.begin(), items.end());
+  n.items.insert(n.items.end(), items.begin(), items.end());
 }
 
 uint32_t Machine::Call(uint32_t fn_id, uint32_t args_id, bool newobj) {
@@ -269,7 +309,8 @@ uint32_t Machine::Call(uint32_t fn_id, uint32_t args_id, bool newobj) {
       arity(2, 2);
       const std::string& text = Expect(a[0], NodeKind::kString, name + " text").s;
       const std::string& codec = Expect(a[1], NodeKind::kString, name + " encoding").s;
-      if (codec != "latin1" && codec != "latin-1") Fail(name + ": expected latin1, found " + Quote(codec));
+      if (codec != "latin1" && codec != "latin-1")
+        Fail(name + ": expected latin1, found " + Quote(codec));
       // The text is valid UTF-8 already; code points <= 0xFF use lead byte 0xC2 or 0xC3.
       std::string bytes;
       for (size_t k = 0; k < text.size(); ++k) {
@@ -294,10 +335,7 @@ uint32_t Machine::Call(uint32_t fn_id, uint32_t args_id, bool newobj) {
         Fail(name + " backward_hooks: expected an empty dict");
       }
       t.is_parameter = true;
-      tensors_.push_back(std::move(t));
-      uint32_t id = New(NodeKind::kTensor);
-      At(id).i = static_cast<int64_t>(tensors_.size() - 1);
-      return id;
+      return NewTensor(std::move(t));
     }
     case What::kStorageType:
       break;
@@ -346,9 +384,11 @@ uint32_t Machine::RebuildTensor(const std::vector<uint32_t>& a) {
     uint64_t span;
     if (t.sizes[k] == 0) {
       empty = true;
-    } else if (!CheckedMul(static_cast<uint64_t>(t.sizes[k] - 1), static_cast<uint64_t>(t.strides[k]), &span) ||
+    } else if (!CheckedMul(static_cast<uint64_t>(t.sizes[k] - 1),
+                           static_cast<uint64_t>(t.strides[k]), &span) ||
                !CheckedAdd(last, span, &last)) {
-      throw Error(ErrorCode::kOverflow, path_, op_offset_, "pickle: tensor extent overflows 64 bits");
+      throw Error(ErrorCode::kOverflow, path_, op_offset_,
+                  "pickle: tensor extent overflows 64 bits");
     }
   }
   const StorageRef& st = storages_[t.storage];
@@ -356,10 +396,7 @@ uint32_t Machine::RebuildTensor(const std::vector<uint32_t>& a) {
     Fail("tensor: expected its last element inside storage " + Quote(st.key) + " of " +
          std::to_string(st.numel) + " elements, found element " + std::to_string(last));
   }
-  tensors_.push_back(std::move(t));
-  uint32_t id = New(NodeKind::kTensor);
-  At(id).i = static_cast<int64_t>(tensors_.size() - 1);
-  return id;
+  return NewTensor(std::move(t));
 }
 
 uint32_t Machine::LoadStorage(uint32_t pid) {
@@ -376,7 +413,10 @@ uint32_t Machine::LoadStorage(uint32_t pid) {
                  static_cast<uint64_t>(ExpectInt(p[4], "storage numel"))};
   // Keys become zip record names, so only the characters torch uses get through.
   bool key_ok = !ref.key.empty() && ref.key.size() <= kMaxKeyLength;
-  for (char c : ref.key) key_ok = key_ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+  for (char c : ref.key) {
+    key_ok = key_ok && ((c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') ||
+                        (c >= 'a' && c <= 'z') || c == '_');
+  }
   if (!key_ok) Fail("storage key " + Quote(ref.key) + ": expected 1-64 of [0-9A-Za-z_]");
   if (ref.location.empty() || ref.location.size() > kMaxKeyLength) {
     Fail("storage location " + Quote(ref.location) + ": expected 1-64 bytes");
@@ -387,9 +427,11 @@ uint32_t Machine::LoadStorage(uint32_t pid) {
   } else {
     const StorageRef& old = storages_[it->second];
     if (old.dtype != ref.dtype || old.numel != ref.numel || old.location != ref.location) {
-      Fail("storage " + Quote(ref.key) + ": expected the same dtype, numel and location at "
-           "every reference, found " + old.dtype + "[" + std::to_string(old.numel) + "] and " +
-           ref.dtype + "[" + std::to_string(ref.numel) + "]");
+      Fail("storage " + Quote(ref.key) +
+           ": expected the same dtype, numel and location at "
+           "every reference, found " +
+           old.dtype + "[" + std::to_string(old.numel) + "] and " + ref.dtype + "[" +
+           std::to_string(ref.numel) + "]");
     }
   }
   uint32_t id = New(NodeKind::kStorage);
@@ -400,6 +442,7 @@ uint32_t Machine::LoadStorage(uint32_t pid) {
 Result Machine::Run() {
   for (;;) {
     op_offset_ = pos_;
+    if (pos_ == size_) Fail("expected an opcode, found the end of data (no STOP)");
     op_ = *Take(1);
     switch (op_) {
       case op::kProto: {
@@ -407,23 +450,32 @@ Result Machine::Run() {
         if (version > 5) Fail("PROTO: expected protocol <= 5, found " + std::to_string(version));
         break;
       }
-      case op::kFrame: Take(8); break;  // frames only group bytes; the opcodes inside count
-      case op::kMark: marks_.push_back(stack_.size()); break;
-      case op::kPop: Pop(); break;
-      case op::kPopMark: PopMark(); break;
-      case op::kNone: stack_.push_back(kNoneId); break;
-      case op::kNewTrue: stack_.push_back(kTrueId); break;
-      case op::kNewFalse: stack_.push_back(kFalseId); break;
-      case op::kBinInt1:
-      case op::kBinInt2:
-      case op::kBinInt: {
-        uint32_t id = New(NodeKind::kInt);
-        At(id).i = op_ == op::kBinInt1 ? *Take(1)
-                   : op_ == op::kBinInt2 ? format::LoadU16(Take(2))
-                                         : static_cast<int32_t>(format::LoadU32(Take(4)));
-        stack_.push_back(id);
+      case op::kFrame:
+        Take(8);
+        break;  // frames only group bytes; the opcodes inside count
+      case op::kMark:
+        marks_.push_back(stack_.size());
         break;
-      }
+      case op::kPop:
+        Pop();
+        break;
+      case op::kPopMark:
+        PopMark();
+        break;
+      case op::kNone:
+      case op::kNewTrue:
+      case op::kNewFalse:
+        stack_.push_back(op_ == op::kNone ? kNoneId : op_ == op::kNewTrue ? kTrueId : kFalseId);
+        break;
+      case op::kBinInt1:
+        stack_.push_back(NewInt(*Take(1)));
+        break;
+      case op::kBinInt2:
+        stack_.push_back(NewInt(format::LoadU16(Take(2))));
+        break;
+      case op::kBinInt:
+        stack_.push_back(NewInt(static_cast<int32_t>(format::LoadU32(Take(4)))));
+        break;
       case op::kLong1:
       case op::kLong4: {
         // Little-endian two's complement of n bytes; tsar keeps only int64.
@@ -433,9 +485,7 @@ Result Machine::Run() {
         uint64_t v = 0;
         for (uint64_t k = 0; k < n; ++k) v |= uint64_t{p[k]} << (8 * k);
         if (n > 0 && n < 8 && (p[n - 1] & 0x80)) v |= ~uint64_t{0} << (8 * n);
-        uint32_t id = New(NodeKind::kInt);
-        At(id).i = static_cast<int64_t>(v);
-        stack_.push_back(id);
+        stack_.push_back(NewInt(static_cast<int64_t>(v)));
         break;
       }
       case op::kBinFloat: {  // the one big-endian field of the pickle format
@@ -448,20 +498,32 @@ Result Machine::Run() {
         break;
       }
       case op::kShortBinUnicode:
-      case op::kShortBinString: stack_.push_back(ReadString(NodeKind::kString, *Take(1))); break;
+      case op::kShortBinString:
+      case op::kShortBinBytes:
+        stack_.push_back(ReadString(*Take(1)));
+        break;
       case op::kBinUnicode:
       case op::kBinString:  // its i32 length read as u32: a negative one fails in Take
-        stack_.push_back(ReadString(NodeKind::kString, format::LoadU32(Take(4))));
+      case op::kBinBytes:
+        stack_.push_back(ReadString(format::LoadU32(Take(4))));
         break;
-      case op::kBinUnicode8: stack_.push_back(ReadString(NodeKind::kString, format::LoadU64(Take(8)))); break;
-      case op::kShortBinBytes: stack_.push_back(ReadString(NodeKind::kBytes, *Take(1))); break;
-      case op::kBinBytes: stack_.push_back(ReadString(NodeKind::kBytes, format::LoadU32(Take(4)))); break;
-      case op::kBinBytes8: stack_.push_back(ReadString(NodeKind::kBytes, format::LoadU64(Take(8)))); break;
-      case op::kEmptyList: stack_.push_back(New(NodeKind::kList)); break;
-      case op::kEmptyDict: stack_.push_back(New(NodeKind::kDict)); break;
-      case op::kEmptyTuple: stack_.push_back(New(NodeKind::kTuple)); break;
-      case op::kList: stack_.push_back(NewSeq(NodeKind::kList, PopMark())); break;
-      case op::kTuple: stack_.push_back(NewSeq(NodeKind::kTuple, PopMark())); break;
+      case op::kBinUnicode8:
+      case op::kBinBytes8:
+        stack_.push_back(ReadString(format::LoadU64(Take(8))));
+        break;
+      case op::kEmptyList:
+      case op::kEmptyDict:
+      case op::kEmptyTuple:
+        stack_.push_back(New(op_ == op::kEmptyList   ? NodeKind::kList
+                             : op_ == op::kEmptyDict ? NodeKind::kDict
+                                                     : NodeKind::kTuple));
+        break;
+      case op::kList:
+        stack_.push_back(NewSeq(NodeKind::kList, PopMark()));
+        break;
+      case op::kTuple:
+        stack_.push_back(NewSeq(NodeKind::kTuple, PopMark()));
+        break;
       case op::kDict: {
         uint32_t id = New(NodeKind::kDict);
         AddItems(id, PopMark(), true);
@@ -492,9 +554,15 @@ Result Machine::Run() {
         AddItems(Top(), items, op_ == op::kSetItems);
         break;
       }
-      case op::kBinPut: memo_[*Take(1)] = Top(); break;
-      case op::kLongBinPut: memo_[format::LoadU32(Take(4))] = Top(); break;
-      case op::kMemoize: memo_[static_cast<uint32_t>(memo_.size())] = Top(); break;
+      case op::kBinPut:
+      case op::kLongBinPut:
+      case op::kMemoize: {
+        uint32_t index = op_ == op::kBinPut       ? *Take(1)
+                         : op_ == op::kLongBinPut ? format::LoadU32(Take(4))
+                                                  : static_cast<uint32_t>(memo_.size());
+        memo_[index] = Top();
+        break;
+      }
       case op::kBinGet:
       case op::kLongBinGet: {
         uint32_t index = op_ == op::kBinGet ? *Take(1) : format::LoadU32(Take(4));
@@ -527,18 +595,26 @@ Result Machine::Run() {
         Node& target = At(Top());
         Expect(state, NodeKind::kDict, "BUILD state");
         if (target.kind != NodeKind::kDict || target.attrs >= 0) {
-          Fail(std::string("BUILD: expected a dict without attributes, found ") + KindName(target.kind));
+          Fail(std::string("BUILD: expected a dict without attributes, found ") +
+               KindName(target.kind));
         }
         target.attrs = state;
         break;
       }
-      case op::kBinPersId: stack_.push_back(LoadStorage(Pop())); break;
+      case op::kBinPersId:
+        stack_.push_back(LoadStorage(Pop()));
+        break;
       case op::kStop: {
         if (stack_.size() != 1 || !marks_.empty()) {
-          Fail("STOP: expected exactly one object on the stack, found " + std::to_string(stack_.size()));
+          Fail("STOP: expected one object and no open MARK, found " +
+               std::to_string(stack_.size()) + " objects and " + std::to_string(marks_.size()) +
+               " marks");
         }
-        if (pos_ != size_) Fail("STOP: expected the end of data, found " + std::to_string(size_ - pos_) + " more bytes");
+        if (pos_ != size_)
+          Fail("STOP: expected the end of data, found " + std::to_string(size_ - pos_) +
+               " more bytes");
         Result result;
+        converted_.assign(nodes_.size(), false);
         result.root = Convert(stack_[0], 0);
         result.storages = std::move(storages_);
         return result;
@@ -553,10 +629,10 @@ Result Machine::Run() {
 }
 
 void Machine::Charge(uint64_t bytes) {
-  tree_bytes_ += bytes;
-  if (tree_bytes_ > kMaxTreeBytes) {
-    Fail("result tree: expected at most " + std::to_string(kMaxTreeBytes) +
-         " bytes, found more (objects shared too often)");
+  shared_bytes_ += bytes;
+  if (shared_bytes_ > kMaxSharedBytes) {
+    Fail("result tree: expected at most " + std::to_string(kMaxSharedBytes) +
+         " bytes of repeated shared objects, found more (objects shared too often)");
   }
 }
 
@@ -564,20 +640,42 @@ void Machine::Charge(uint64_t bytes) {
 // so the budget and the depth cap stop exponential sharing and cycles.
 Value Machine::Convert(uint32_t id, size_t depth) {
   const Node& n = At(id);
-  if (depth > kMaxDepth) Fail("nesting: expected at most " + std::to_string(kMaxDepth) + " levels (or a cycle)");
-  Charge(sizeof(Value) + n.s.size());
+  if (depth > kMaxDepth)
+    Fail("nesting: expected at most " + std::to_string(kMaxDepth) + " levels (or a cycle)");
+  // A first copy costs no more than the input that built the node did; later
+  // copies of shared objects are what can explode, so only they are charged.
+  const bool repeat = converted_[id];
+  converted_[id] = true;
+  if (repeat) Charge(sizeof(Value) + n.s.size() + n.items.size() * sizeof(Value));
   Value v;
   switch (n.kind) {
-    case NodeKind::kNone: v.kind = Value::Kind::kNone; break;
-    case NodeKind::kBool: v.kind = Value::Kind::kBool; v.b = n.i != 0; break;
-    case NodeKind::kInt: v.kind = Value::Kind::kInt; v.i = n.i; break;
-    case NodeKind::kFloat: v.kind = Value::Kind::kFloat; v.f = n.f; break;
-    case NodeKind::kString: v.kind = Value::Kind::kString; v.str = n.s; break;
-    case NodeKind::kBytes: v.kind = Value::Kind::kBytes; v.str = n.s; break;
+    case NodeKind::kNone:
+      v.kind = Value::Kind::kNone;
+      break;
+    case NodeKind::kBool:
+      v.kind = Value::Kind::kBool;
+      v.b = n.i != 0;
+      break;
+    case NodeKind::kInt:
+      v.kind = Value::Kind::kInt;
+      v.i = n.i;
+      break;
+    case NodeKind::kFloat:
+      v.kind = Value::Kind::kFloat;
+      v.f = n.f;
+      break;
+    case NodeKind::kString:
+      v.kind = Value::Kind::kString;
+      v.str = n.s;
+      break;
+    case NodeKind::kBytes:
+      v.kind = Value::Kind::kBytes;
+      v.str = n.s;
+      break;
     case NodeKind::kTensor:
       v.kind = Value::Kind::kTensor;
       v.tensor = tensors_[n.i];
-      Charge(16 * v.tensor.sizes.size());
+      if (repeat) Charge(16 * v.tensor.sizes.size());
       break;
     case NodeKind::kList:
     case NodeKind::kTuple:
@@ -590,7 +688,7 @@ Value Machine::Convert(uint32_t id, size_t depth) {
       for (size_t k = 0; k + 1 < n.items.size(); k += 2) {
         const Node& key = At(n.items[k]);
         std::string text = key.kind == NodeKind::kInt ? std::to_string(key.i) : key.s;
-        Charge(text.size());
+        if (repeat) Charge(text.size());
         auto [it, inserted] = position.emplace(text, v.items.size());
         Value item = Convert(n.items[k + 1], depth + 1);
         if (inserted) {
@@ -600,7 +698,8 @@ Value Machine::Convert(uint32_t id, size_t depth) {
           v.items[it->second] = std::move(item);  // Python keeps the first position
         }
       }
-      if (n.attrs >= 0) v.attributes = std::make_shared<Value>(Convert(static_cast<uint32_t>(n.attrs), depth + 1));
+      if (n.attrs >= 0)
+        v.attributes = std::make_shared<Value>(Convert(static_cast<uint32_t>(n.attrs), depth + 1));
       break;
     }
     case NodeKind::kGlobal:

@@ -37,11 +37,11 @@ struct Value {
   enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kTensor, kList, kTuple, kDict };
 
   Kind kind = Kind::kNone;
-  bool b = false;          // kBool
-  int64_t i = 0;           // kInt
-  double f = 0;            // kFloat
-  std::string str;         // kString (UTF-8) and kBytes
-  TensorRef tensor;        // kTensor
+  bool b = false;                 // kBool
+  int64_t i = 0;                  // kInt
+  double f = 0;                   // kFloat
+  std::string str;                // kString (UTF-8) and kBytes
+  TensorRef tensor;               // kTensor
   std::vector<Value> items;       // kList and kTuple elements; kDict values
   std::vector<std::string> keys;  // kDict: keys[n] is the key of items[n]
   // Attributes a BUILD opcode set on a dict object (an OrderedDict state_dict's
@@ -61,11 +61,13 @@ struct Result {
 
 // Hard limits that keep hostile input from exhausting memory or stack.
 inline constexpr size_t kMaxRank = 64;
-inline constexpr size_t kMaxDepth = 200;         // nesting of the result tree
-inline constexpr size_t kMaxObjects = 1u << 22;  // objects the VM may create
-// Budget for the result tree; bounds the blow-up of shared (memoized) objects
-// that the tree copies. Roughly bytes: each value costs its size plus payload.
-inline constexpr uint64_t kMaxTreeBytes = uint64_t{1} << 30;
+inline constexpr size_t kMaxDepth = 100;  // nesting of the result tree (recursion)
+// Objects the VM may create (a tensor dimension counts as two); bounds memory
+// to a few hundred bytes per object. A state_dict needs ~16 per tensor.
+inline constexpr size_t kMaxObjects = size_t{1} << 22;
+// The tree copies an object each time it is referenced; this bounds the bytes
+// spent on second and later copies, so sharing cannot blow up exponentially.
+inline constexpr uint64_t kMaxSharedBytes = uint64_t{64} << 20;
 
 // Unpickles `data` (the bytes of data.pkl; `path` names it in errors) without
 // executing anything: globals are accepted only from a fixed allow-list

@@ -83,9 +83,9 @@ def storage_bytes(t):
     return whole.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
 
 
-def write_case(out_dir, name, obj, scalars=None):
+def write_case(out_dir, name, obj, scalars=None, protocol=2):
     pt = os.path.join(out_dir, name + ".pt")
-    torch.save(obj, pt)
+    torch.save(obj, pt, pickle_protocol=protocol)
     with zipfile.ZipFile(pt) as z:
         names = z.namelist()
         prefix = names[0].split("/")[0] + "/"
@@ -97,10 +97,9 @@ def write_case(out_dir, name, obj, scalars=None):
         flatten(obj, "", flat)
         for path, t in flat:
             st = t.storage()
-            # torch.save names storages "0", "1", ... in order of first appearance
-            # while pickling; the record-content check below proves this assumption.
-            ident = st.data_ptr() if st.size() else ("empty", id(st._cdata))
-            key = keys.setdefault(ident, str(len(keys)))
+            # torch.save names storages "0", "1", ... by StorageImpl (_cdata) in order
+            # of first appearance while pickling; the record check below proves it.
+            key = keys.setdefault(st._cdata, str(len(keys)))
             data = z.read(records[key])
             assert data == storage_bytes(t), (name, path)
             tensors.append({
@@ -136,6 +135,9 @@ def main():
                scalars={"step": 10, "lr": 0.5, "name": "run1", "flag": True})
     write_case(out_dir, "dtypes", dtypes_case())
     write_case(out_dir, "params", params_case())
+    # Protocol 4 (FRAME, MEMOIZE, SHORT_BINUNICODE, STACK_GLOBAL), which
+    # torch.save(..., pickle_protocol=4) writes.
+    write_case(out_dir, "proto4", small_model_state_dict(4), protocol=4)
     # os.system("echo pwned") the way a malicious checkpoint spells it; written
     # by hand so that the module reads "os" (pickle.dumps would write "posix").
     evil = (b"\x80\x02cos\nsystem\nq\x00X\x0a\x00\x00\x00echo pwnedq\x01\x85q\x02Rq\x03.")

@@ -1,0 +1,172 @@
+// tsar::bind into torch::nn::Module and TorchScript modules: outputs equal,
+// parameters inside the mapping, tied weights tied, strict errors complete.
+#include <gtest/gtest.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include "tests/loader/test_helpers.h"
+#include "tsar/tsar.h"
+
+namespace tsar {
+namespace {
+
+using testing::Fixture;
+using testing::InRanges;
+using testing::MappedRanges;
+using testing::Throws;
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(32, 64));
+    bn = register_module("bn", torch::nn::BatchNorm1d(64));
+    fc2 = register_module("fc2", torch::nn::Linear(64, 8));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(bn(fc1(x)))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(Net);
+
+class BindTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::TempDir(); }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+  std::string Path(const std::string& n) const { return dir_ + "/" + n; }
+  std::string dir_;
+};
+
+TEST_F(BindTest, CppModulePackedAndBoundIntoAFreshInstanceGivesTheSameOutputs) {
+  torch::manual_seed(1);
+  Net trained;
+  {
+    torch::NoGradGuard g;
+    trained->bn->running_mean.uniform_(-1, 1);
+    trained->bn->running_var.uniform_(0.5, 2);
+  }
+  trained->eval();
+  const auto x = torch::randn({4, 32});
+  const auto want = trained->forward(x);
+  Writer w(Path("net.tsar"));
+  w.add_module(*trained);
+  w.finish();
+
+  Net fresh;
+  fresh->eval();
+  const c10::TensorImpl* fc1_impl = fresh->fc1->weight.unsafeGetTensorImpl();
+  BindReport r;
+  {
+    const Archive a = Archive::open(Path("net.tsar"));
+    EXPECT_EQ(a.info("fc1.weight").role, Role::kParameter);
+    EXPECT_EQ(a.info("bn.running_mean").role, Role::kBuffer);
+    r = tsar::bind(*fresh, a);
+  }  // the Archive object is gone; the module's tensors keep the mapping
+  EXPECT_EQ(r.bound.size(), 9u);  // 6 parameters + 3 BatchNorm buffers
+  EXPECT_TRUE(torch::equal(fresh->forward(x), want));
+  EXPECT_EQ(fresh->fc1->weight.unsafeGetTensorImpl(), fc1_impl) << "bind must rebind in place";
+  EXPECT_TRUE(fresh->fc1->weight.requires_grad());
+  const auto ranges = MappedRanges(Path("net.tsar"));
+  for (const auto& p : fresh->named_parameters()) EXPECT_TRUE(InRanges(p.value().data_ptr(), ranges)) << p.key();
+  for (const auto& b : fresh->named_buffers()) EXPECT_TRUE(InRanges(b.value().data_ptr(), ranges)) << b.key();
+}
+
+TEST_F(BindTest, StrictModeListsEveryMismatchAndChangesNothing) {
+  torch::manual_seed(2);
+  Net net;
+  Writer w(Path("odd.tsar"));
+  w.add("fc1.weight", torch::zeros({64, 16}));  // wrong shape
+  w.add("fc1.bias", torch::zeros({64}, torch::kDouble));  // wrong dtype
+  w.add("extra.weight", torch::zeros({3}));  // not in the module
+  w.finish();
+  net->eval();
+  const auto before = net->fc1->weight.clone();
+  const Archive a = Archive::open(Path("odd.tsar"));
+  try {
+    tsar::bind(*net, a);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.code(), ErrorCode::kBindMismatch);
+    for (const char* s : {"missing in archive: bn.weight", "fc2.weight", "bn.num_batches_tracked", "not in module: extra.weight",
+                          "fc1.weight: shape [64, 32] vs archive [64, 16]", "fc1.bias: dtype float32 vs archive float64"}) {
+      EXPECT_NE(m.find(s), std::string::npos) << "lacks \"" << s << "\": " << m;
+    }
+  }
+  EXPECT_TRUE(torch::equal(net->fc1->weight, before));
+  BindOptions loose;
+  loose.strict = false;
+  Writer w2(Path("part.tsar"));
+  w2.add("fc2.bias", torch::full({8}, 3.0));
+  w2.add("nope", torch::zeros({1}));
+  w2.finish();
+  const BindReport r = tsar::bind(*net, Archive::open(Path("part.tsar")), loose);
+  EXPECT_EQ(r.bound, std::vector<std::string>{"fc2.bias"});
+  EXPECT_EQ(r.unexpected, std::vector<std::string>{"nope"});
+  EXPECT_EQ(r.missing.size(), 8u);
+  EXPECT_EQ(net->fc2->bias.sum().item<float>(), 24.0f);
+}
+
+TEST_F(BindTest, RefusesATrainingModeModuleOverASharedMapping) {
+  Net net;
+  Writer w(Path("t.tsar"));
+  w.add_module(*net);
+  w.finish();
+  EXPECT_TRUE(Throws([&] { tsar::bind(*net, Archive::open(Path("t.tsar"))); }, ErrorCode::kInvalidArgument,
+                     "call module.eval()"));
+  OpenOptions cow;
+  cow.mode = MapMode::kCopyOnWrite;
+  EXPECT_EQ(tsar::bind(*net, Archive::open(Path("t.tsar"), cow)).bound.size(), 9u);
+  net->forward(torch::randn({4, 32}));  // train-mode BatchNorm writes its running stats: private pages
+}
+
+TEST_F(BindTest, TorchScriptResnet18BoundAfterZeroingIsBitIdenticalToPython) {
+  torch::jit::Module source = torch::jit::load(Fixture("resnet18_ts.pt"));
+  Writer w(Path("resnet18.tsar"));
+  w.add_module(source);
+  w.finish();
+
+  torch::jit::Module m = torch::jit::load(Fixture("resnet18_ts.pt"));
+  m.eval();
+  {
+    torch::NoGradGuard g;
+    for (const auto& p : m.parameters()) p.zero_();
+    for (const auto& b : m.buffers()) b.zero_();
+  }
+  const BindReport r = tsar::bind(m, Archive::open(Path("resnet18.tsar")));
+  EXPECT_EQ(r.bound.size(), 122u);
+  const auto xv = testing::ReadFloats(Fixture("resnet18_x.bin"));
+  const auto yv = testing::ReadFloats(Fixture("resnet18_y.bin"));
+  const auto x = torch::from_blob(const_cast<float*>(xv.data()), {2, 3, 64, 64}).clone();
+  const auto want = torch::from_blob(const_cast<float*>(yv.data()), {2, 1000}).clone();
+  torch::NoGradGuard g;
+  const auto got = m.forward({x}).toTensor();
+  EXPECT_TRUE(torch::equal(got, want)) << "max diff " << (got - want).abs().max().item<float>();
+  const auto ranges = MappedRanges(Path("resnet18.tsar"));
+  for (const auto& p : m.named_parameters()) EXPECT_TRUE(InRanges(p.value.data_ptr(), ranges)) << p.name;
+  for (const auto& b : m.named_buffers()) EXPECT_TRUE(InRanges(b.value.data_ptr(), ranges)) << b.name;
+}
+
+TEST_F(BindTest, TiedWeightsAndViewsComeBackTied) {
+  torch::jit::Module m = torch::jit::load(Fixture("tied_ts.pt"));
+  Writer w(Path("tied.tsar"));
+  w.add_module(m);
+  w.finish();
+  const Archive a = Archive::open(Path("tied.tsar"));
+  EXPECT_TRUE(a.tensor("emb.weight").storage().is_alias_of(a.tensor("head.weight").storage()));
+  EXPECT_TRUE(a.tensor("full").storage().is_alias_of(a.tensor("tr").storage()));
+  EXPECT_EQ(a.info("part").storage_offset, 4u);
+
+  torch::jit::Module fresh = torch::jit::load(Fixture("tied_ts.pt"));
+  fresh.eval();
+  tsar::bind(fresh, a);
+  auto params = fresh.named_parameters();
+  std::map<std::string, at::Tensor> p;
+  for (const auto& x : params) p[x.name] = x.value;
+  EXPECT_EQ(p["emb.weight"].data_ptr(), p["head.weight"].data_ptr());
+  const auto yv = testing::ReadFloats(Fixture("tied_y.bin"));
+  torch::NoGradGuard g;
+  const auto got = fresh.forward({torch::tensor({0, 3, 4})}).toTensor();
+  EXPECT_TRUE(torch::equal(got.flatten(), torch::from_blob(const_cast<float*>(yv.data()), {15})));
+}
+
+}  // namespace
+}  // namespace tsar

@@ -1,0 +1,132 @@
+// Page sharing across processes, read-only files and mounts, non-root users:
+// the loader never writes and never copies in kShared mode.
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "tests/loader/test_helpers.h"
+#include "tsar/tsar.h"
+
+namespace tsar {
+namespace {
+
+struct Worker {
+  pid_t pid = -1;
+  int to_child = -1;   // close to release a --hold worker
+  FILE* from_child = nullptr;
+};
+
+// Starts tsar_test_worker (optionally as user `uid`, or through `sh -c` wrapper).
+Worker Start(const std::vector<std::string>& argv, uid_t uid = 0) {
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) std::abort();
+  Worker w;
+  w.pid = fork();
+  if (w.pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    close(in[1]);
+    close(out[0]);
+    if (uid != 0 && (setgid(uid) != 0 || setuid(uid) != 0)) _exit(125);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  w.to_child = in[1];
+  w.from_child = fdopen(out[0], "r");
+  return w;
+}
+
+std::string Line(Worker& w) {
+  char buf[256] = {0};
+  if (!std::fgets(buf, sizeof buf, w.from_child)) return "";
+  return buf;
+}
+
+int Finish(Worker& w) {
+  close(w.to_child);
+  fclose(w.from_child);
+  int status = 0;
+  waitpid(w.pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+const std::string kWorker = std::string(TSAR_TEST_WORKER);
+
+class SharingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TempDir();
+    chmod(dir_.c_str(), 0755);
+    path_ = dir_ + "/model.tsar";
+    std::vector<std::pair<std::string, at::Tensor>> v;
+    at::manual_seed(3);
+    for (int i = 0; i < 8; ++i) v.push_back({"layer" + std::to_string(i), at::randn({1024, 1024})});  // 32 MiB
+    pack(path_, v);
+  }
+  void TearDown() override { std::system(("umount -q " + dir_ + "/ro 2>/dev/null; rm -rf " + dir_).c_str()); }
+  std::string dir_, path_;
+};
+
+TEST_F(SharingTest, FourProcessesShareOneCopyOfTheWeights) {
+  std::vector<Worker> ws;
+  for (int i = 0; i < 4; ++i) ws.push_back(Start({kWorker, path_, "--hold"}));
+  std::string first;
+  for (auto& w : ws) {
+    const std::string line = Line(w);
+    ASSERT_EQ(line.rfind("ok ", 0), 0u) << line;
+    if (first.empty()) first = line;
+    EXPECT_EQ(line, first) << "workers disagree on the weights";
+  }
+  const uint64_t file_kb = testing::ReadAll(path_).size() / 1024;
+  uint64_t pss = 0, rss = 0, dirty = 0;
+  for (auto& w : ws) {
+    pss += testing::SmapsField(w.pid, path_, "Pss");
+    rss += testing::SmapsField(w.pid, path_, "Rss");
+    dirty += testing::SmapsField(w.pid, path_, "Private_Dirty");
+  }
+  for (auto& w : ws) EXPECT_EQ(Finish(w), 0);
+  EXPECT_EQ(dirty, 0u) << "a worker has private copies of archive pages";
+  EXPECT_GE(rss, 4 * file_kb * 9 / 10) << "each worker should map (nearly) the whole file";
+  EXPECT_LE(pss, file_kb * 105 / 100 + 64) << "summed Pss should be about one copy";
+  EXPECT_GE(pss, file_kb * 90 / 100);
+}
+
+TEST_F(SharingTest, AReadOnlyFileOpensForAnUnprivilegedUser) {
+  ASSERT_EQ(chmod(path_.c_str(), 0444), 0);
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to switch to an unprivileged user";
+  Worker w = Start({kWorker, path_}, /*uid=*/65534);
+  const std::string line = Line(w);
+  EXPECT_EQ(Finish(w), 0);
+  EXPECT_EQ(line.rfind("ok ", 0), 0u) << line;
+  struct stat st;
+  ASSERT_EQ(stat(path_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0444u);
+}
+
+TEST_F(SharingTest, AnArchiveOnAReadOnlyBindMountLoads) {
+  const std::string ro = dir_ + "/ro";
+  mkdir(ro.c_str(), 0755);
+  const std::string probe = "unshare -m true 2>/dev/null";
+  if (std::system(probe.c_str()) != 0) GTEST_SKIP() << "unshare -m is not permitted here";
+  // In a private mount namespace: bind the directory read-only and load through it.
+  const std::string cmd = "unshare -m sh -c 'mount --bind " + dir_ + " " + ro + " && mount -o remount,bind,ro " +
+                          ro + " && touch " + ro + "/probe 2>/dev/null; test ! -e " + dir_ + "/probe && " + kWorker +
+                          " " + ro + "/model.tsar'";
+  Worker w = Start({"/bin/sh", "-c", cmd});
+  const std::string line = Line(w);
+  const int rc = Finish(w);
+  if (rc != 0 && line.empty()) GTEST_SKIP() << "mount --bind -o ro is not permitted here (rc " << rc << ")";
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(line.rfind("ok ", 0), 0u) << line;
+}
+
+}  // namespace
+}  // namespace tsar

@@ -1,0 +1,123 @@
+// tsar::Writer guarantees: deterministic bytes, atomic publication, clear
+// refusals of what it cannot pack, and alignment of what it writes.
+#include <ATen/ATen.h>
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "format/index.h"
+#include "tests/loader/test_helpers.h"
+#include "tsar/tsar.h"
+
+namespace tsar {
+namespace {
+
+using testing::Throws;
+
+class WriterTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::TempDir(); }
+  void TearDown() override { std::system(("chmod -R u+w " + dir_ + "; rm -rf " + dir_).c_str()); }
+  std::string Path(const std::string& n) const { return dir_ + "/" + n; }
+  std::vector<std::string> Files() const {
+    std::vector<std::string> out;
+    DIR* d = opendir(dir_.c_str());
+    while (dirent* e = readdir(d)) {
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") out.push_back(e->d_name);
+    }
+    closedir(d);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::string dir_;
+};
+
+std::vector<std::pair<std::string, at::Tensor>> Model(uint64_t seed) {
+  at::manual_seed(seed);
+  const at::Tensor w = at::randn({300, 200});
+  return {{"w", w}, {"w_t", w.t()}, {"b", at::randn({300}, at::kDouble)}, {"step", at::scalar_tensor(5, at::kLong)}};
+}
+
+TEST_F(WriterTest, SameInputGivesTheSameBytes) {
+  PackOptions o;
+  pack(Path("a.tsar"), Model(1), o);
+  pack(Path("b.tsar"), Model(1), o);  // equal tensors in different memory
+  EXPECT_EQ(testing::ReadAll(Path("a.tsar")), testing::ReadAll(Path("b.tsar")));
+  pack(Path("c.tsar"), Model(2), o);
+  EXPECT_NE(testing::ReadAll(Path("a.tsar")), testing::ReadAll(Path("c.tsar")));
+}
+
+TEST_F(WriterTest, LargeStoragesArePageAlignedAndSmallOnesPackTightly) {
+  std::vector<std::pair<std::string, at::Tensor>> v;
+  for (int i = 0; i < 50; ++i) v.push_back({"small" + std::to_string(i), at::full({16}, float(i))});
+  v.push_back({"big", at::ones({20000})});  // 80,000 bytes
+  pack(Path("al.tsar"), v);
+  const Archive a = Archive::open(Path("al.tsar"));
+  for (const auto& s : a.storages()) EXPECT_EQ(s.offset % (s.nbytes >= 4096 ? 4096 : 64), 0u) << s.id;
+  // No page per small tensor: data + index (< 8 KiB) + at most one page of padding.
+  EXPECT_LT(a.file_size(), 50 * 64 + 80000 + 8192 + 4096);
+  PackOptions o;
+  o.alignment = 1 << 16;
+  pack(Path("al64k.tsar"), v, o);
+  EXPECT_EQ(Archive::open(Path("al64k.tsar")).alignment(), 1u << 16);
+  EXPECT_EQ(Archive::open(Path("al64k.tsar")).storages().back().offset % (1 << 16), 0u);
+}
+
+TEST_F(WriterTest, PublishesAReadOnlyFileAndLeavesNothingElse) {
+  pack(Path("m.tsar"), Model(1));
+  struct stat st;
+  ASSERT_EQ(stat(Path("m.tsar").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0222, 0u) << "archives are published read-only";
+  EXPECT_EQ(Files(), std::vector<std::string>{"m.tsar"});
+  pack(Path("m.tsar"), Model(2));  // replacing a read-only archive works (rename)
+  EXPECT_EQ(Files(), std::vector<std::string>{"m.tsar"});
+}
+
+TEST_F(WriterTest, AFailedPackLeavesTheDestinationUntouched) {
+  pack(Path("keep.tsar"), Model(1));
+  const std::string before = testing::ReadAll(Path("keep.tsar"));
+  std::vector<std::pair<std::string, at::Tensor>> dup = {{"x", at::ones({2})}, {"x", at::zeros({2})}};
+  EXPECT_TRUE(Throws([&] { pack(Path("keep.tsar"), dup); }, ErrorCode::kDuplicateName, "\"x\""));
+  EXPECT_EQ(testing::ReadAll(Path("keep.tsar")), before);
+  EXPECT_EQ(Files(), std::vector<std::string>{"keep.tsar"});
+}
+
+TEST_F(WriterTest, RefusesWhatItCannotPackNamingTheTensor) {
+  Writer w(Path("r.tsar"));
+  const at::Tensor sparse = at::ones({2, 2}).to_sparse();
+  EXPECT_TRUE(Throws([&] { w.add("emb.sparse", sparse); }, ErrorCode::kUnsupported, "tensor \"emb.sparse\": sparse"));
+  EXPECT_TRUE(Throws([&] { w.add("q", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8)); },
+                     ErrorCode::kUnsupported, "quantized"));
+  EXPECT_TRUE(Throws([&] { w.add("u", at::Tensor()); }, ErrorCode::kInvalidArgument, "undefined"));
+  EXPECT_TRUE(Throws([&] { Writer bad(Path("x.tsar"), PackOptions{100}); }, ErrorCode::kInvalidArgument, "alignment"));
+  EXPECT_TRUE(Throws([&] { w.add_metadata("k", int64_t{1}, "no-such-entry"); }, ErrorCode::kNotFound));
+}
+
+TEST_F(WriterTest, AnUnwritableDestinationIsAnIoErrorNamingTheDirectory) {
+  EXPECT_TRUE(Throws([&] { pack(dir_ + "/no/such/dir/m.tsar", Model(1)); }, ErrorCode::kIo, "no/such/dir"));
+  EXPECT_TRUE(Throws([&] { pack(dir_, Model(1)); }, ErrorCode::kInvalidArgument, "is a directory"));
+}
+
+TEST_F(WriterTest, ProgressReachesTheTotal) {
+  PackOptions o;
+  uint64_t last = 0, total = 0;
+  o.progress = [&](uint64_t done, uint64_t all) {
+    EXPECT_GE(done, last);
+    last = done;
+    total = all;
+  };
+  pack(Path("p.tsar"), Model(1), o);
+  EXPECT_GT(total, 0u);
+  EXPECT_EQ(last, total);
+}
+
+TEST_F(WriterTest, EveryOutputPassesTheDecoder) {
+  pack(Path("v.tsar"), Model(3));
+  const std::string bytes = testing::ReadAll(Path("v.tsar"));
+  const auto idx = format::Index::ParseBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "v");
+  EXPECT_EQ(idx.tensors().size(), 4u);
+  EXPECT_EQ(idx.storages().size(), 3u);  // w and w_t share one
+}
+
+}  // namespace
+}  // namespace tsar
