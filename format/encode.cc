@@ -131,7 +131,7 @@ void IndexBuilder::AddMetadata(MetadataSpec m) {
 
 void IndexBuilder::Plan() {
   if (planned_) return;
-  // Names are unique per entry, sparse names included (§6 R30).
+  // Names are unique per entry, sparse names included (§6 R66).
   for (uint32_t e = 0; e < entries_.size(); ++e) {
     std::unordered_set<std::string_view> seen;
     for (uint32_t i = 0; i < entries_[e].tensor_count; ++i) {

@@ -1,5 +1,5 @@
 // The validating decoder of spec/FORMAT.md §4 and §6. Rule numbers (R1...) in
-// comments are the numbered reader-validation rules of §6.
+// comments are the numbered reader-validation rules of §6.3, checked in order.
 #include "format/index.h"
 
 #include <cstring>
@@ -19,23 +19,25 @@ std::string TensorField(uint32_t i, std::string_view name, const char* field) {
   return "tensor #" + Dec(i) + (name.empty() ? "" : " " + Quote(name)) + " " + field;
 }
 
-// Reads a (u32 offset, u32 length) reference into the blob at `off` (R15).
+// Reads a string reference (§2.5) into the blob at `off`: R21-R24.
 std::string_view BlobString(const ByteReader& r, uint64_t off, uint64_t blob_offset,
                             uint64_t blob_size, const std::string& field, bool utf8) {
   const uint64_t o = r.U32(off, field + " offset");
   const uint64_t n = r.U32(off + 4, field + " length");
-  if (o > blob_size || n > blob_size - o) {
+  if (o > blob_size || n > blob_size - o) {  // R21
     r.Fail(ErrorCode::kOutOfBounds, off, field,
            "a range inside the blob of " + Dec(blob_size) + " bytes",
            "offset " + Dec(o) + " length " + Dec(n));
   }
-  if (n == 0) r.Fail(ErrorCode::kInvalidValue, off + 4, field + " length", "at least 1", "0");
-  if (n > kMaxNameLength) {
+  if (n == 0) {  // R22
+    r.Fail(ErrorCode::kInvalidValue, off + 4, field + " length", "at least 1", "0");
+  }
+  if (n > kMaxNameLength) {  // R23
     r.Fail(ErrorCode::kInvalidValue, off + 4, field + " length",
            "at most " + Dec(kMaxNameLength), Dec(n));
   }
   std::string_view s(reinterpret_cast<const char*>(r.data() + blob_offset + o), n);
-  if (utf8 && !IsValidUtf8(s)) {
+  if (utf8 && !IsValidUtf8(s)) {  // R24
     r.Fail(ErrorCode::kInvalidValue, off, field, "valid UTF-8", Quote(s));
   }
   return s;
@@ -85,45 +87,45 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
     r.Fail(ErrorCode::kTruncated, kOffFileSize, "file_size",
            "a file of " + Dec(h.file_size) + " bytes", Dec(file_size) + " bytes");
   }
-  if (file_size > h.file_size) {
+  if (file_size > h.file_size) {  // R6
     r.Fail(ErrorCode::kInvalidValue, kOffFileSize, "file_size",
            "the actual file size " + Dec(file_size), Dec(h.file_size));
   }
   h.index_offset = r.U64(kOffIndexOffset, "index_offset");
-  if (h.index_offset != h.header_size) {  // R6
+  if (h.index_offset != h.header_size) {  // R7
     r.Fail(ErrorCode::kInvalidValue, kOffIndexOffset, "index_offset",
            "header_size " + Dec(h.header_size), Dec(h.index_offset));
   }
   h.index_size = r.U64(kOffIndexSize, "index_size");
-  if (h.index_size < kIndexHeaderSize || h.index_size > kMaxIndexSize) {  // R7
+  if (h.index_size < kIndexHeaderSize || h.index_size > kMaxIndexSize) {  // R8
     r.Fail(ErrorCode::kInvalidValue, kOffIndexSize, "index_size",
            "a value in [" + Dec(kIndexHeaderSize) + ", " + Dec(kMaxIndexSize) + "]",
            Dec(h.index_size));
   }
   const uint64_t index_end = h.index_offset + h.index_size;  // both bounded: no overflow
-  if (index_end > h.file_size) {
+  if (index_end > h.file_size) {  // R9
     r.Fail(ErrorCode::kOutOfBounds, kOffIndexSize, "index_size",
            "index_offset + index_size <= file_size " + Dec(h.file_size), Dec(h.index_size));
   }
   h.data_offset = r.U64(kOffDataOffset, "data_offset");
   uint64_t want_data = 0;
   AlignUp(index_end, kMinAlignment, &want_data);
-  if (h.data_offset != want_data) {  // R8
+  if (h.data_offset != want_data) {  // R10
     r.Fail(ErrorCode::kInvalidValue, kOffDataOffset, "data_offset",
            Dec(want_data) + " (index end rounded up to 64)", Dec(h.data_offset));
   }
-  if (h.data_offset > h.file_size) {
+  if (h.data_offset > h.file_size) {  // R11
     r.Fail(ErrorCode::kOutOfBounds, kOffDataOffset, "data_offset",
            "at most file_size " + Dec(h.file_size), Dec(h.data_offset));
   }
   h.alignment = r.U32(kOffAlignment, "alignment");
   if (h.alignment < kMinAlignment || h.alignment > kMaxAlignment ||
-      (h.alignment & (h.alignment - 1)) != 0) {  // R9
+      (h.alignment & (h.alignment - 1)) != 0) {  // R12
     r.Fail(ErrorCode::kInvalidValue, kOffAlignment, "alignment",
            "a power of two in [64, 2^30]", Dec(h.alignment));
   }
   h.flags = r.U32(kOffFlags, "flags");
-  if (h.flags != 0) {  // R10
+  if (h.flags != 0) {  // R13
     r.Fail(ErrorCode::kReservedNonZero, kOffFlags, "flags", "0", Dec(h.flags));
   }
   h.index_xxh3 = r.U64(kOffIndexXxh3, "index_xxh3");
@@ -138,7 +140,7 @@ Index Index::ParseBytes(const uint8_t* data, uint64_t size, const std::string& p
 Index Index::Parse(std::vector<uint8_t> head, uint64_t file_size, const std::string& path) {
   Index index;
   index.header_ = DecodeHeader(head.data(), head.size(), file_size, path);
-  if (head.size() < index.header_.data_offset) {
+  if (head.size() < index.header_.data_offset) {  // R14
     ByteReader(head.data(), head.size(), path)
         .Require(0, index.header_.data_offset, "index");
   }
@@ -160,7 +162,7 @@ void Index::Decode(const std::string& path) {
   const ByteReader r(head_.data(), head_.size(), path);
   const uint64_t index_end = h.index_offset + h.index_size;
 
-  // R11: the checksum guards everything below, so it is checked first.
+  // R15: the checksum guards everything below, so it is checked first.
   const uint64_t sum = IndexChecksum(head_.data(), index_end);
   if (sum != h.index_xxh3) {
     char want[32], got[32];
@@ -169,9 +171,9 @@ void Index::Decode(const std::string& path) {
     r.Fail(ErrorCode::kChecksumMismatch, kOffIndexXxh3, "index_xxh3",
            std::string(want) + " (XXH3-64 of header and index)", got);
   }
-  RequireZero(r, index_end, h.data_offset - index_end, "index padding");  // R12
+  RequireZero(r, index_end, h.data_offset - index_end, "index padding");  // R16
 
-  // §4.2 index header. R13, R14.
+  // §4.2 index header: R17 (reserved), R18 (tables fit), R19 (blob fits), R20.
   const uint64_t ih = h.index_offset;
   const uint32_t entry_count = r.U32(ih + 0, "entry_count");
   const uint32_t storage_count = r.U32(ih + 4, "storage_count");
@@ -180,7 +182,7 @@ void Index::Decode(const std::string& path) {
   const uint32_t metadata_count = r.U32(ih + 16, "metadata_count");
   const uint32_t dims_count = r.U32(ih + 20, "dims_count");
   const uint64_t blob_size = r.U64(ih + 24, "blob_size");
-  RequireZero(r, ih + 32, 32, "index reserved");
+  RequireZero(r, ih + 32, 32, "index reserved");  // R17
   const uint64_t counts[6] = {entry_count, storage_count, tensor_count,
                               sparse_count, metadata_count, dims_count};
   const uint64_t record_sizes[6] = {kEntryRecordSize,    kStorageRecordSize,
@@ -193,7 +195,7 @@ void Index::Decode(const std::string& path) {
   for (int t = 0; t < 6; ++t) {
     table_offset_[t] = pos;
     const uint64_t bytes = counts[t] * record_sizes[t];  // < 2^32 * 48: no overflow
-    if (bytes > index_end - pos) {
+    if (bytes > index_end - pos) {  // R18
       r.Fail(ErrorCode::kOutOfBounds, ih + 4 * t, kCountFields[t],
              "a table that fits in index_size " + Dec(h.index_size),
              Dec(counts[t]) + " records of " + Dec(record_sizes[t]) + " bytes");
@@ -201,51 +203,52 @@ void Index::Decode(const std::string& path) {
     pos += bytes;
   }
   table_offset_[6] = pos;
-  if (blob_size > index_end - pos) {
+  if (blob_size > index_end - pos) {  // R19
     r.Fail(ErrorCode::kOutOfBounds, ih + 24, "blob_size",
            "at most " + Dec(index_end - pos) + " (the rest of the index)", Dec(blob_size));
   }
-  if (h.minor <= kMinorVersion && pos + blob_size != index_end) {
+  if (h.minor <= kMinorVersion && pos + blob_size != index_end) {  // R20
     r.Fail(ErrorCode::kInvalidValue, kOffIndexSize, "index_size",
            Dec(pos + blob_size - ih) + " (the sum of the tables)", Dec(h.index_size));
   }
   const uint64_t blob = pos;
 
-  // §4.7 metadata has no dependencies beyond entry_count; entries come first.
+  // §4.3 entries: R21-R24 on names, R25, R26; then R27 and R28. Everything
+  // after refers to entries, so they come first (metadata is decoded last).
   entries_.resize(entry_count);
   std::vector<std::string_view> names;
   names.reserve(entry_count);
   uint64_t next_tensor = 0;
-  for (uint32_t i = 0; i < entry_count; ++i) {  // R15-R17
+  for (uint32_t i = 0; i < entry_count; ++i) {
     const uint64_t off = table_offset_[0] + uint64_t{i} * kEntryRecordSize;
     const std::string field = "entry #" + Dec(i);
     EntryRecord& e = entries_[i];
     e.name = BlobString(r, off, blob, blob_size, field + " name", true);
     e.first_tensor = r.U32(off + 8, field + " first_tensor");
     e.tensor_count = r.U32(off + 12, field + " tensor_count");
-    if (e.first_tensor != next_tensor) {
+    if (e.first_tensor != next_tensor) {  // R25
       r.Fail(ErrorCode::kInvalidValue, off + 8, field + " first_tensor",
              Dec(next_tensor) + " (entries partition the tensor table in order)",
              Dec(e.first_tensor));
     }
     next_tensor += e.tensor_count;
-    if (next_tensor > tensor_count) {
+    if (next_tensor > tensor_count) {  // R26
       r.Fail(ErrorCode::kOutOfBounds, off + 12, field + " tensor_count",
              "at most " + Dec(tensor_count - e.first_tensor), Dec(e.tensor_count));
     }
     names.push_back(e.name);
   }
-  if (next_tensor != tensor_count) {
+  if (next_tensor != tensor_count) {  // R27
     r.Fail(ErrorCode::kInvalidValue, ih + 8, "tensor_count",
            Dec(next_tensor) + " (the sum of the entries' tensor_count)", Dec(tensor_count));
   }
-  if (auto d = entry_names_.Build(names); d.first != kNone) {
+  if (auto d = entry_names_.Build(names); d.first != kNone) {  // R28
     r.Fail(ErrorCode::kDuplicateName, table_offset_[0] + uint64_t{d.second} * kEntryRecordSize,
            "entry #" + Dec(d.second) + " name", "a name unique among entries",
            Quote(names[d.second]) + ", also entry #" + Dec(d.first));
   }
 
-  // §4.4 storages. R18, R19.
+  // §4.4 storages: R29-R33 per record, then R34.
   storages_.resize(storage_count);
   uint64_t prev_end = h.data_offset;
   for (uint32_t i = 0; i < storage_count; ++i) {
@@ -255,31 +258,31 @@ void Index::Decode(const std::string& path) {
     s.offset = r.U64(off, field + " offset");
     s.nbytes = r.U64(off + 8, field + " nbytes");
     s.xxh3 = r.U64(off + 16, field + " xxh3");
-    RequireZero(r, off + 24, 8, field + " reserved");
-    if (s.offset > h.file_size || s.nbytes > h.file_size - s.offset) {
+    RequireZero(r, off + 24, 8, field + " reserved");  // R29
+    if (s.offset > h.file_size || s.nbytes > h.file_size - s.offset) {  // R30
       r.Fail(ErrorCode::kOutOfBounds, off + 8, field + " nbytes",
              "a range inside the file of " + Dec(h.file_size) + " bytes",
              "offset " + Dec(s.offset) + " nbytes " + Dec(s.nbytes));
     }
     const uint64_t align = s.nbytes >= h.alignment ? h.alignment : kMinAlignment;
-    if (s.offset % align != 0) {
+    if (s.offset % align != 0) {  // R31
       r.Fail(ErrorCode::kMisaligned, off, field + " offset",
              "a multiple of " + Dec(align), Dec(s.offset));
     }
-    if (s.offset < prev_end) {
+    if (s.offset < prev_end) {  // R32
       r.Fail(ErrorCode::kOverlap, off, field + " offset",
              "at least " + Dec(prev_end) + " (the end of the previous storage or index)",
              Dec(s.offset));
     }
     uint64_t want = 0;
     AlignUp(prev_end, align, &want);  // prev_end <= file_size: no overflow
-    if (s.offset != want) {
+    if (s.offset != want) {  // R33
       r.Fail(ErrorCode::kInvalidValue, off, field + " offset",
              Dec(want) + " (storages are packed in order without holes)", Dec(s.offset));
     }
     prev_end = s.offset + s.nbytes;
   }
-  if (prev_end != h.file_size) {
+  if (prev_end != h.file_size) {  // R34
     r.Fail(ErrorCode::kInvalidValue, kOffFileSize, "file_size",
            Dec(prev_end) + " (the end of the last storage)", Dec(h.file_size));
   }
@@ -290,7 +293,7 @@ void Index::Decode(const std::string& path) {
     dims_[i] = static_cast<int64_t>(LoadU64(head_.data() + table_offset_[5] + uint64_t{i} * 8));
   }
 
-  // §4.5 tensors. R20-R28.
+  // §4.5 tensors: R35-R47 per record field, then R48-R53 on the view.
   tensors_.resize(tensor_count);
   uint32_t entry = 0;
   for (uint32_t i = 0; i < tensor_count; ++i) {
@@ -301,68 +304,68 @@ void Index::Decode(const std::string& path) {
     const uint64_t off = TensorRecordOffset(i);
     TensorRecord& t = tensors_[i];
     t.entry = entry;
-    t.name = BlobString(r, off, blob, blob_size, "tensor #" + Dec(i) + " name", true);
+    t.name = BlobString(r, off, blob, blob_size, "tensor #" + Dec(i) + " name", true);  // R35
     auto field = [&](const char* f) { return TensorField(i, t.name, f); };
     t.storage = r.U32(off + 8, field("storage"));
-    if (t.storage >= storage_count) {
+    if (t.storage >= storage_count) {  // R36
       r.Fail(ErrorCode::kOutOfBounds, off + 8, field("storage"),
              "less than storage_count " + Dec(storage_count), Dec(t.storage));
     }
     const uint16_t dtype = r.U16(off + 12, field("dtype"));
     const auto dt = DTypeFromCode(dtype);
-    if (!dt) {
+    if (!dt) {  // R37
       r.Fail(ErrorCode::kBadDtype, off + 12, field("dtype"), "a dtype code of §5 (1-18)",
              Dec(dtype));
     }
     t.dtype = *dt;
     const uint8_t role = r.U8(off + 14, field("role"));
-    if (role > kRoleMax) {
+    if (role > kRoleMax) {  // R38
       r.Fail(ErrorCode::kInvalidValue, off + 14, field("role"), "0-3", Dec(role));
     }
     t.role = static_cast<Role>(role);
     const uint8_t flags = r.U8(off + 15, field("flags"));
-    if (flags & ~kTensorFlagRequiresGrad) {
+    if (flags & ~kTensorFlagRequiresGrad) {  // R39
       r.Fail(ErrorCode::kReservedNonZero, off + 15, field("flags"), "bits 1-7 zero",
              "0x" + HexBytes(&flags, 1));
     }
     t.requires_grad = flags & kTensorFlagRequiresGrad;
     t.ndim = r.U32(off + 16, field("ndim"));
-    if (t.ndim > kMaxNdim) {
+    if (t.ndim > kMaxNdim) {  // R40
       r.Fail(ErrorCode::kBadShape, off + 16, field("ndim"), "at most " + Dec(kMaxNdim),
              Dec(t.ndim));
     }
     t.dims_index = r.U32(off + 20, field("dims_index"));
-    if (t.dims_index > dims_count || 2 * uint64_t{t.ndim} > dims_count - t.dims_index) {
+    if (t.dims_index > dims_count || 2 * uint64_t{t.ndim} > dims_count - t.dims_index) {  // R41
       r.Fail(ErrorCode::kOutOfBounds, off + 20, field("dims_index"),
              "2 * ndim dims inside the dims table of " + Dec(dims_count),
              Dec(t.dims_index) + " with ndim " + Dec(t.ndim));
     }
     t.storage_offset = r.U64(off + 24, field("storage_offset"));
     t.sparse = r.U32(off + 32, field("sparse"));
-    if ((t.role == Role::kSparseComponent) != (t.sparse != kNone)) {
+    if ((t.role == Role::kSparseComponent) != (t.sparse != kNone)) {  // R42
       r.Fail(ErrorCode::kInvalidValue, off + 32, field("sparse"),
              t.role == Role::kSparseComponent ? "a sparse record index for role 3"
                                               : "0xffffffff for roles 0-2",
              Dec(t.sparse));
     }
-    if (t.sparse != kNone && t.sparse >= sparse_count) {
+    if (t.sparse != kNone && t.sparse >= sparse_count) {  // R43
       r.Fail(ErrorCode::kOutOfBounds, off + 32, field("sparse"),
              "less than sparse_count " + Dec(sparse_count), Dec(t.sparse));
     }
     const uint8_t device_type = r.U8(off + 36, field("device_type"));
-    if (device_type > kDeviceTypeMax) {
+    if (device_type > kDeviceTypeMax) {  // R44
       r.Fail(ErrorCode::kInvalidValue, off + 36, field("device_type"), "0-2", Dec(device_type));
     }
     t.device_type = static_cast<DeviceType>(device_type);
-    RequireZero(r, off + 37, 1, field("reserved"));
+    RequireZero(r, off + 37, 1, field("reserved"));  // R45
     t.device_index = r.U16(off + 38, field("device_index"));
-    if (t.device_index != 0 && t.device_type != DeviceType::kCuda) {
+    if (t.device_index != 0 && t.device_type != DeviceType::kCuda) {  // R46
       r.Fail(ErrorCode::kInvalidValue, off + 38, field("device_index"),
              "0 unless device_type is 2 (cuda)", Dec(t.device_index));
     }
-    RequireZero(r, off + 40, 8, field("reserved"));
+    RequireZero(r, off + 40, 8, field("reserved"));  // R47
 
-    // R25, R26: the view must stay inside its storage, in checked arithmetic.
+    // R48-R53: the view must stay inside its storage, in checked arithmetic.
     const int64_t* sizes = dims_.data() + t.dims_index;
     const int64_t* strides = sizes + t.ndim;
     const uint64_t dims_off = table_offset_[5] + uint64_t{t.dims_index} * kDimSize;
@@ -407,41 +410,41 @@ void Index::Decode(const std::string& path) {
     t.nbytes_spanned = end - begin;
   }
 
-  // §4.6 sparse records. R29.
+  // §4.6 sparse records: R54-R64 per record, then R65.
   sparse_.resize(sparse_count);
   for (uint32_t i = 0; i < sparse_count; ++i) {
     const uint64_t off = table_offset_[3] + uint64_t{i} * kSparseRecordSize;
     const std::string field = "sparse #" + Dec(i);
     SparseRecord& sp = sparse_[i];
-    sp.name = BlobString(r, off, blob, blob_size, field + " name", true);
+    sp.name = BlobString(r, off, blob, blob_size, field + " name", true);  // R54
     sp.entry = r.U32(off + 8, field + " entry");
-    if (sp.entry >= entry_count) {
+    if (sp.entry >= entry_count) {  // R55
       r.Fail(ErrorCode::kOutOfBounds, off + 8, field + " entry",
              "less than entry_count " + Dec(entry_count), Dec(sp.entry));
     }
     const uint8_t layout = r.U8(off + 12, field + " layout");
-    if (layout == 0 || layout > kSparseLayoutMax) {
+    if (layout == 0 || layout > kSparseLayoutMax) {  // R56
       r.Fail(ErrorCode::kInvalidValue, off + 12, field + " layout", "1-3", Dec(layout));
     }
     sp.layout = static_cast<SparseLayout>(layout);
     const uint8_t flags = r.U8(off + 13, field + " flags");
-    if (flags & ~kSparseFlagCoalesced) {
+    if (flags & ~kSparseFlagCoalesced) {  // R57
       r.Fail(ErrorCode::kReservedNonZero, off + 13, field + " flags", "bits 1-7 zero",
              "0x" + HexBytes(&flags, 1));
     }
     sp.coalesced = flags & kSparseFlagCoalesced;
-    RequireZero(r, off + 14, 2, field + " reserved");
+    RequireZero(r, off + 14, 2, field + " reserved");  // R58
     sp.ndim = r.U32(off + 16, field + " ndim");
     sp.dims_index = r.U32(off + 20, field + " dims_index");
-    if (sp.ndim > kMaxNdim) {
+    if (sp.ndim > kMaxNdim) {  // R59
       r.Fail(ErrorCode::kBadShape, off + 16, field + " ndim", "at most " + Dec(kMaxNdim),
              Dec(sp.ndim));
     }
-    if (sp.dims_index > dims_count || sp.ndim > dims_count - sp.dims_index) {
+    if (sp.dims_index > dims_count || sp.ndim > dims_count - sp.dims_index) {  // R60
       r.Fail(ErrorCode::kOutOfBounds, off + 20, field + " dims_index",
              "ndim dims inside the dims table of " + Dec(dims_count), Dec(sp.dims_index));
     }
-    for (uint32_t d = 0; d < sp.ndim; ++d) {
+    for (uint32_t d = 0; d < sp.ndim; ++d) {  // R61
       if (dims_[sp.dims_index + d] < 0) {
         r.Fail(ErrorCode::kBadShape, table_offset_[5] + (uint64_t{sp.dims_index} + d) * kDimSize,
                field + " size " + Dec(d), "at most 2^63-1",
@@ -451,18 +454,18 @@ void Index::Decode(const std::string& path) {
     sp.first_component = r.U32(off + 24, field + " first_component");
     sp.component_count = r.U32(off + 28, field + " component_count");
     const uint32_t want = sp.layout == SparseLayout::kCoo ? 2 : 3;
-    if (sp.component_count != want) {
+    if (sp.component_count != want) {  // R62
       r.Fail(ErrorCode::kInvalidValue, off + 28, field + " component_count", Dec(want),
              Dec(sp.component_count));
     }
     const EntryRecord& e = entries_[sp.entry];
     if (sp.first_component < e.first_tensor ||
-        uint64_t{sp.first_component} + want > uint64_t{e.first_tensor} + e.tensor_count) {
+        uint64_t{sp.first_component} + want > uint64_t{e.first_tensor} + e.tensor_count) {  // R63
       r.Fail(ErrorCode::kOutOfBounds, off + 24, field + " first_component",
              "components inside entry #" + Dec(sp.entry) + "'s tensors",
              Dec(sp.first_component));
     }
-    for (uint32_t c = 0; c < want; ++c) {
+    for (uint32_t c = 0; c < want; ++c) {  // R64
       if (tensors_[sp.first_component + c].sparse != i) {
         r.Fail(ErrorCode::kInvalidValue, TensorRecordOffset(sp.first_component + c) + 32,
                TensorField(sp.first_component + c, tensors_[sp.first_component + c].name,
@@ -471,7 +474,7 @@ void Index::Decode(const std::string& path) {
       }
     }
   }
-  for (uint32_t i = 0; i < tensor_count; ++i) {  // every component is claimed by its record
+  for (uint32_t i = 0; i < tensor_count; ++i) {  // R65: every component is claimed by its record
     const TensorRecord& t = tensors_[i];
     if (t.sparse == kNone) continue;
     const SparseRecord& sp = sparse_[t.sparse];
@@ -482,7 +485,7 @@ void Index::Decode(const std::string& path) {
     }
   }
 
-  // R30: names are unique per entry, tensors and sparse records together.
+  // R66: names are unique per entry, tensors and sparse records together.
   // The tables built here serve lookups after open.
   tensor_names_.resize(entry_count);
   for (uint32_t e = 0; e < entry_count; ++e) {
@@ -507,53 +510,53 @@ void Index::Decode(const std::string& path) {
     }
   }
 
-  // §4.7 metadata. R31, R32.
+  // §4.7 metadata: R67-R75.
   metadata_.resize(metadata_count);
   for (uint32_t i = 0; i < metadata_count; ++i) {
     const uint64_t off = table_offset_[4] + uint64_t{i} * kMetadataRecordSize;
     const std::string field = "metadata #" + Dec(i);
     MetadataRecord& m = metadata_[i];
-    m.key = BlobString(r, off, blob, blob_size, field + " key", true);
+    m.key = BlobString(r, off, blob, blob_size, field + " key", true);  // R67
     const uint8_t type = r.U8(off + 8, field + " type");
-    if (type == 0 || type > kMetaTypeMax) {
+    if (type == 0 || type > kMetaTypeMax) {  // R68
       r.Fail(ErrorCode::kInvalidValue, off + 8, field + " type", "1-4", Dec(type));
     }
     m.type = static_cast<MetaType>(type);
-    RequireZero(r, off + 9, 3, field + " reserved");
+    RequireZero(r, off + 9, 3, field + " reserved");  // R69
     m.entry = r.U32(off + 12, field + " entry");
-    if (m.entry != kNone && m.entry >= entry_count) {
+    if (m.entry != kNone && m.entry >= entry_count) {  // R70
       r.Fail(ErrorCode::kOutOfBounds, off + 12, field + " entry",
              "0xffffffff or less than entry_count " + Dec(entry_count), Dec(m.entry));
     }
     const uint64_t value = r.U64(off + 16, field + " value");
     const uint64_t length = r.U64(off + 24, field + " value_length");
     if (m.type == MetaType::kInt || m.type == MetaType::kFloat) {
-      if (length != 0) {
+      if (length != 0) {  // R71
         r.Fail(ErrorCode::kInvalidValue, off + 24, field + " value_length",
                "0 for integer and float values", Dec(length));
       }
       m.int_value = static_cast<int64_t>(value);
       m.float_value = BitsToDouble(value);
     } else {
-      if (value > blob_size || length > blob_size - value) {
+      if (value > blob_size || length > blob_size - value) {  // R72
         r.Fail(ErrorCode::kOutOfBounds, off + 16, field + " value",
                "a range inside the blob of " + Dec(blob_size) + " bytes",
                "offset " + Dec(value) + " length " + Dec(length));
       }
       m.bytes = std::string_view(reinterpret_cast<const char*>(head_.data() + blob + value),
                                  static_cast<size_t>(length));
-      if (m.type == MetaType::kString && !IsValidUtf8(m.bytes)) {
+      if (m.type == MetaType::kString && !IsValidUtf8(m.bytes)) {  // R73
         r.Fail(ErrorCode::kInvalidValue, off + 16, field + " value", "valid UTF-8",
                Quote(m.bytes));
       }
     }
     if (i > 0) {
       const MetadataRecord& p = metadata_[i - 1];
-      if (p.entry == m.entry && p.key == m.key) {
+      if (p.entry == m.entry && p.key == m.key) {  // R74
         r.Fail(ErrorCode::kDuplicateName, off, field + " key",
                "a key unique in its scope", Quote(m.key));
       }
-      if (p.entry > m.entry || (p.entry == m.entry && p.key > m.key)) {
+      if (p.entry > m.entry || (p.entry == m.entry && p.key > m.key)) {  // R75
         r.Fail(ErrorCode::kInvalidValue, off, field + " key",
                "records sorted by (entry, key)", Quote(m.key) + " after " + Quote(p.key));
       }

@@ -42,8 +42,8 @@ struct StorageRecord {
   uint64_t xxh3 = 0;
 };
 
-// §4.5. `sizes_index` indexes Index::dims(): sizes are dims()[sizes_index ..
-// + ndim), strides follow at sizes_index + ndim.
+// §4.5. `dims_index` indexes Index::dims(): sizes are dims()[dims_index ..
+// dims_index + ndim), strides follow at dims_index + ndim.
 struct TensorRecord {
   std::string_view name;
   uint32_t storage = 0;
@@ -83,10 +83,12 @@ struct MetadataRecord {
   std::string_view bytes;  // kString and kBytes
 };
 
-// Decodes §4.1 from the first bytes of a file, checking rules R1-R9 of §6
-// that need only the header. `file_size` is the actual size of the file.
-// Throws tsar::Error (kTruncated, kBadMagic, kUnsupportedVersion, kInvalidValue,
-// kReservedNonZero, kOutOfBounds, kMisaligned, kOverflow).
+// Decodes §4.1 from the first bytes of a file, checking rules R1-R13 of §6.3
+// (the rules that need only the header), in order. `data` holds the file's
+// bytes [0, size); `file_size` is the actual size of the file. The result does
+// not point into `data`. Throws tsar::Error: kBadMagic (R1), kTruncated (R2,
+// R5), kUnsupportedVersion (R3), kInvalidValue (R4, R6-R8, R10, R12),
+// kOutOfBounds (R9, R11), kReservedNonZero (R13). Thread-safe.
 Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
                     const std::string& path);
 
@@ -95,10 +97,12 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
 // Move-only; immutable after Parse, so const access is thread-safe.
 class Index {
  public:
-  // Decodes and validates header and index (all of §6 except storage
-  // checksums). `head` holds the file's bytes [0, n) with n >= the header's
-  // data_offset (extra bytes are dropped); `file_size` is the actual size of
-  // the file. Throws tsar::Error naming `path`, the offset and the field.
+  // Decodes and validates header and index: rules R1-R75 of §6.3, in order
+  // (not R76, the storage checksums). `head` holds the file's bytes [0, n)
+  // with n >= the header's data_offset (extra bytes are dropped; fewer is
+  // R14, kTruncated); `file_size` is the actual size of the file. Throws
+  // tsar::Error with the code, offset and message of the first rule broken
+  // (§6.2, §6.7), naming `path`.
   static Index Parse(std::vector<uint8_t> head, uint64_t file_size, const std::string& path);
 
   // Convenience for in-memory archives: parses the whole byte string.

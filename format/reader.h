@@ -63,7 +63,7 @@ class ByteReader {
   const std::string& path_;
 };
 
-// Checked 64-bit arithmetic on values read from a file (§6 rule "overflow").
+// Checked 64-bit arithmetic on values read from a file (§6.1; R50-R52 use it).
 inline bool CheckedAdd(uint64_t a, uint64_t b, uint64_t* out) {
   return !__builtin_add_overflow(a, b, out);
 }
