@@ -1,3 +1,63 @@
-// tsar command line (placeholder until the CLI lands).
-#include "tsar/tsar.h"
-int main() { return 0; }
+// `tsar`: pack, inspect and verify tensor archives. Parses the command line,
+// runs one subcommand, and maps errors to the documented exit codes.
+#include <c10/util/Exception.h>
+
+#include <map>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "tsar/version.h"
+
+int main(int argc, char** argv) {
+  using namespace tsar::cli;
+  CLI::App app{
+      "tsar: the tensor archive. Packs PyTorch weights into one read-only, page-aligned,\n"
+      "checksummed file that model servers map zero-copy and share through the page cache.",
+      "tsar"};
+  app.set_version_flag("--version",
+                       "tsar " TSAR_VERSION_STRING " (format " + std::to_string(TSAR_FORMAT_MAJOR) + "." +
+                           std::to_string(TSAR_FORMAT_MINOR) + ")");
+  app.require_subcommand(1, 1);
+  app.footer(
+      "Examples:\n"
+      "  tsar pack model.pt -o model.tsar      # torch.save, TorchScript, safetensors or HDF5 in\n"
+      "  tsar inspect model.tsar               # what is inside\n"
+      "  tsar verify model.tsar                # check every checksum\n"
+      "Run `tsar SUBCOMMAND --help` for details. Exit codes: 0 ok, 1 check failed,\n"
+      "2 usage, 3 bad or unreadable input.");
+  std::map<CLI::App*, Run> runs;
+  auto add = [&](Run (*f)(CLI::App&)) {
+    const size_t before = app.get_subcommands({}).size();
+    Run r = f(app);
+    runs[app.get_subcommands({})[before]] = std::move(r);
+  };
+  add(&AddPack);
+  add(&AddInspect);
+  add(&AddVerify);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    PrintError(std::string(e.what()) + " (see `tsar --help`)");
+    return kExitUsage;
+  }
+  try {
+    for (CLI::App* sub : app.get_subcommands()) return runs.at(sub)();
+  } catch (const tsar::Error& e) {
+    PrintError(e.what());
+    return ExitCodeFor(e);
+  } catch (const c10::Error& e) {
+    PrintError(e.what_without_backtrace());
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    PrintError(e.what());
+    return kExitBadInput;
+  }
+  return kExitUsage;
+}

@@ -1,0 +1,92 @@
+// Input readers of `tsar pack`: turn a file people have on disk (torch.save,
+// TorchScript, safetensors, HDF5) into named entries of tensors and metadata,
+// detected by content. Tensors are zero-copy views of the mapped input where
+// the format allows, so packing never holds a second copy of the model.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tsar/archive.h"
+
+namespace tsar::importer {
+
+enum class InputKind { kUnknown, kTorchSave, kTorchScript, kSafetensors, kSafetensorsIndex, kHdf5 };
+const char* InputKindName(InputKind kind);
+
+struct ImportOptions {
+  // Refuse values that are neither tensors, dicts of tensors, numbers nor
+  // strings (optimizer state, arbitrary objects) instead of skipping them.
+  bool strict = false;
+  // Entry name for inputs that hold a single state_dict.
+  std::string default_entry = "model";
+};
+
+struct Imported {
+  struct Tensor {
+    std::string name;
+    at::Tensor tensor;
+    Role role = Role::kTensor;
+  };
+  struct Entry {
+    std::string name;
+    std::vector<Tensor> tensors;
+  };
+  struct Meta {
+    std::string entry;  // "" = archive-level
+    std::string key;
+    MetadataValue value;
+  };
+  InputKind kind = InputKind::kUnknown;
+  std::vector<Entry> entries;
+  std::vector<Meta> metadata;
+  std::vector<std::string> skipped;  // one line each: what was skipped and why
+};
+
+// Detects the kind of `path` from its first bytes (and, for zip files, its
+// records). Throws kNotFound / kIo when it cannot be read.
+InputKind Detect(const std::string& path);
+
+// Detects and imports. Throws kBadInput naming the file, the offset where
+// known, what was wrong and what was expected; kBadInput "not a ... file"
+// listing the accepted kinds for anything else.
+Imported Import(const std::string& path, const ImportOptions& options = {});
+
+Imported ImportTorchSave(const std::string& path, const ImportOptions& options);
+Imported ImportTorchScript(const std::string& path, const ImportOptions& options);
+Imported ImportSafetensors(const std::string& path, const ImportOptions& options);
+Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& options);
+Imported ImportHdf5(const std::string& path, const ImportOptions& options);
+
+// A whole input file mapped read-only (MAP_PRIVATE, PROT_READ). Storages
+// made from it keep the mapping alive.
+class MappedInput {
+ public:
+  // Throws kNotFound / kIo.
+  static std::shared_ptr<const MappedInput> Open(const std::string& path);
+  ~MappedInput();
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // A CPU storage over bytes [offset, offset + nbytes) of the file; the
+  // caller has checked the range. The storage holds a reference to `self`.
+  static c10::Storage Storage(const std::shared_ptr<const MappedInput>& self, uint64_t offset,
+                              uint64_t nbytes);
+
+ private:
+  MappedInput() = default;
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// A tensor of `dtype` viewing `storage` (no copy, no dispatcher); sizes and
+// strides in elements. The caller has validated the extent.
+at::Tensor MakeView(const c10::Storage& storage, DType dtype, const std::vector<int64_t>& sizes,
+                    const std::vector<int64_t>& strides, uint64_t storage_offset,
+                    const std::string& what);
+
+}  // namespace tsar::importer

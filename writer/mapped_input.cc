@@ -1,0 +1,70 @@
+// MappedInput and MakeView (writer/importer.h): the zero-copy base of every importer.
+#include <c10/core/TensorImpl.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "loader/scalar_type.h"
+#include "writer/importer.h"
+
+namespace tsar::importer {
+namespace {
+void DeleteRef(void* ctx) { delete static_cast<std::shared_ptr<const MappedInput>*>(ctx); }
+}  // namespace
+
+std::shared_ptr<const MappedInput> MappedInput::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, path, std::nullopt,
+                std::string("cannot open: ") + std::strerror(err));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    throw Error(ErrorCode::kBadInput, path, std::nullopt, "not a regular file");
+  }
+  std::shared_ptr<MappedInput> m(new MappedInput());
+  m->path_ = path;
+  m->size_ = static_cast<uint64_t>(st.st_size);
+  if (m->size_ > 0) {
+    void* p = mmap(nullptr, static_cast<size_t>(m->size_), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      close(fd);
+      throw Error(ErrorCode::kIo, path, std::nullopt, std::string("cannot mmap: ") + std::strerror(err));
+    }
+    m->data_ = static_cast<const uint8_t*>(p);
+  }
+  close(fd);
+  return m;
+}
+
+MappedInput::~MappedInput() {
+  if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
+}
+
+c10::Storage MappedInput::Storage(const std::shared_ptr<const MappedInput>& self, uint64_t offset,
+                                  uint64_t nbytes) {
+  auto* p = const_cast<uint8_t*>(self->data_) + offset;
+  c10::DataPtr dp(p, new std::shared_ptr<const MappedInput>(self), &DeleteRef, c10::Device(c10::kCPU));
+  return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes), std::move(dp),
+                      nullptr, /*resizable=*/false);
+}
+
+at::Tensor MakeView(const c10::Storage& storage, DType dtype, const std::vector<int64_t>& sizes,
+                    const std::vector<int64_t>& strides, uint64_t storage_offset, const std::string& what) {
+  const c10::ScalarType type = ToScalarType(dtype, what);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
+                                                          c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                          c10::scalarTypeToTypeMeta(type));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(sizes), c10::IntArrayRef(strides));
+  t.unsafeGetTensorImpl()->set_storage_offset(static_cast<int64_t>(storage_offset));
+  return t;
+}
+
+}  // namespace tsar::importer
