@@ -7,6 +7,7 @@
 
 #include "format/checksum.h"
 #include "format/endian.h"
+#include "format/extent.h"
 #include "format/reader.h"
 #include "tsar/error.h"
 
@@ -71,29 +72,23 @@ uint32_t IndexBuilder::AddTensor(TensorSpec t) {
   if (t.sizes.size() != t.strides.size() || t.sizes.size() > kMaxNdim) {
     Misuse(ErrorCode::kInvalidArgument, what + "shape: expected sizes and strides of equal rank <= 64");
   }
-  uint64_t numel = 1, last = 0;
-  for (size_t d = 0; d < t.sizes.size(); ++d) {
-    if (t.sizes[d] < 0 || t.strides[d] < 0) {
-      Misuse(ErrorCode::kInvalidArgument, what + "shape: expected non-negative sizes and strides");
-    }
-    const auto size = static_cast<uint64_t>(t.sizes[d]);
-    uint64_t span = 0;
-    if (!CheckedMul(numel, size, &numel) ||
-        (size > 0 && (!CheckedMul(size - 1, static_cast<uint64_t>(t.strides[d]), &span) ||
-                      !CheckedAdd(last, span, &last)))) {
-      Misuse(ErrorCode::kOverflow, what + "shape: expected an extent below 2^64");
-    }
-  }
+  // The decoder's own arithmetic (R48-R53), so both accept the same views.
   const uint64_t esize = ElementSize(t.dtype);
-  uint64_t end = 0;
-  if (!CheckedMul(t.storage_offset, esize, &end) ||
-      (numel > 0 && (!CheckedAdd(t.storage_offset, last + 1, &end) || !CheckedMul(end, esize, &end)))) {
-    Misuse(ErrorCode::kOverflow, what + "storage_offset: expected an extent below 2^64");
+  const ViewExtent v = ComputeViewExtent(t.sizes.data(), t.strides.data(),
+                                         static_cast<uint32_t>(t.sizes.size()), t.storage_offset,
+                                         esize);
+  if (v.fault != ViewExtent::Fault::kNone) {
+    const ViewFaultText text =
+        DescribeViewFault(v, t.sizes.data(), t.strides.data(), t.storage_offset, esize);
+    const bool negative = v.fault == ViewExtent::Fault::kSizeNegative ||
+                          v.fault == ViewExtent::Fault::kStrideNegative;
+    Misuse(negative ? ErrorCode::kInvalidArgument : ErrorCode::kOverflow,
+           what + text.field + ": expected " + text.expected + ", found " + text.found);
   }
-  if (end > storage_nbytes_[t.storage]) {
+  if (v.end > storage_nbytes_[t.storage]) {
     Misuse(ErrorCode::kInvalidArgument,
            what + "extent: expected at most storage nbytes " +
-               std::to_string(storage_nbytes_[t.storage]) + ", found " + std::to_string(end));
+               std::to_string(storage_nbytes_[t.storage]) + ", found " + std::to_string(v.end));
   }
   Entry& e = entries_.back();
   if (t.sparse != kNone) t.role = Role::kSparseComponent;

@@ -6,13 +6,12 @@
 #include <utility>
 
 #include "format/checksum.h"
+#include "format/extent.h"
 #include "format/name_table.h"
 #include "format/reader.h"
 
 namespace tsar::format {
 namespace {
-
-constexpr uint64_t kInt64Max = static_cast<uint64_t>(INT64_MAX);
 
 std::string Dec(uint64_t v) { return std::to_string(v); }
 std::string TensorField(uint32_t i, std::string_view name, const char* field) {
@@ -288,6 +287,7 @@ void Index::Decode(const std::string& path) {
   }
 
   // §4.8 dims, needed by tensors and sparse records.
+  const auto dim_offset = [this](uint64_t k) { return table_offset_[5] + k * kDimSize; };
   dims_.resize(dims_count);
   for (uint32_t i = 0; i < dims_count; ++i) {
     dims_[i] = static_cast<int64_t>(LoadU64(head_.data() + table_offset_[5] + uint64_t{i} * 8));
@@ -365,49 +365,33 @@ void Index::Decode(const std::string& path) {
     }
     RequireZero(r, off + 40, 8, field("reserved"));  // R47
 
-    // R48-R53: the view must stay inside its storage, in checked arithmetic.
+    // R48-R53: the view must stay inside its storage, in checked arithmetic
+    // shared with the encoder (format/extent.h).
     const int64_t* sizes = dims_.data() + t.dims_index;
     const int64_t* strides = sizes + t.ndim;
-    const uint64_t dims_off = table_offset_[5] + uint64_t{t.dims_index} * kDimSize;
-    uint64_t numel = 1, last = 0;
-    for (uint32_t d = 0; d < t.ndim; ++d) {
-      const auto size = static_cast<uint64_t>(sizes[d]);
-      const auto stride = static_cast<uint64_t>(strides[d]);
-      if (size > kInt64Max) {
-        r.Fail(ErrorCode::kBadShape, dims_off + d * kDimSize, field("size") + std::string(" ") + Dec(d),
-               "at most 2^63-1", Dec(size));
-      }
-      if (stride > kInt64Max) {
-        r.Fail(ErrorCode::kBadShape, dims_off + (t.ndim + d) * kDimSize,
-               field("stride") + std::string(" ") + Dec(d), "at most 2^63-1", Dec(stride));
-      }
-      uint64_t span = 0;
-      if (!CheckedMul(numel, size, &numel) || numel > kInt64Max ||
-          (size > 0 && (!CheckedMul(size - 1, stride, &span) || !CheckedAdd(last, span, &last)))) {
-        r.Fail(ErrorCode::kOverflow, dims_off, field("shape"),
-               "element count and extent below 2^63", "an overflow at dim " + Dec(d));
-      }
+    const uint64_t esize = ElementSize(t.dtype);
+    const ViewExtent v = ComputeViewExtent(sizes, strides, t.ndim, t.storage_offset, esize);
+    if (v.fault != ViewExtent::Fault::kNone) {
+      using Fault = ViewExtent::Fault;
+      const ViewFaultText text = DescribeViewFault(v, sizes, strides, t.storage_offset, esize);
+      const bool on_size = v.fault == Fault::kSizeNegative || v.fault == Fault::kNumelOverflow;
+      const bool on_stride = v.fault == Fault::kStrideNegative || v.fault == Fault::kLastOverflow;
+      // A size or stride fault is reported at that value's dims-table entry.
+      const uint64_t at = on_size     ? dim_offset(uint64_t{t.dims_index} + v.dim)
+                          : on_stride ? dim_offset(uint64_t{t.dims_index} + t.ndim + v.dim)
+                                      : off + 24;
+      const bool bad_shape = v.fault == Fault::kSizeNegative || v.fault == Fault::kStrideNegative;
+      r.Fail(bad_shape ? ErrorCode::kBadShape : ErrorCode::kOverflow, at,
+             field(text.field.c_str()), text.expected, text.found);
     }
     const StorageRecord& s = storages_[t.storage];
-    const uint64_t esize = ElementSize(t.dtype);
-    uint64_t begin = 0, end = 0;
-    if (!CheckedMul(t.storage_offset, esize, &begin)) {
-      r.Fail(ErrorCode::kOverflow, off + 24, field("storage_offset"),
-             "storage_offset * element size below 2^64", Dec(t.storage_offset));
-    }
-    end = begin;
-    if (numel > 0 && (!CheckedAdd(t.storage_offset, last, &end) || !CheckedAdd(end, 1, &end) ||
-                      !CheckedMul(end, esize, &end))) {
-      r.Fail(ErrorCode::kOverflow, off + 24, field("storage_offset"),
-             "a byte extent below 2^64", "an overflow");
-    }
-    if (end > s.nbytes) {
+    if (v.end > s.nbytes) {  // R53
       r.Fail(ErrorCode::kOutOfBounds, off + 24, field("extent"),
              "at most storage #" + Dec(t.storage) + " nbytes " + Dec(s.nbytes),
-             Dec(end) + " bytes");
+             Dec(v.end) + " bytes");
     }
-    t.numel = numel;
-    t.nbytes_spanned = end - begin;
+    t.numel = v.numel;
+    t.nbytes_spanned = v.end - v.begin;
   }
 
   // §4.6 sparse records: R54-R64 per record, then R65.
@@ -446,7 +430,7 @@ void Index::Decode(const std::string& path) {
     }
     for (uint32_t d = 0; d < sp.ndim; ++d) {  // R61
       if (dims_[sp.dims_index + d] < 0) {
-        r.Fail(ErrorCode::kBadShape, table_offset_[5] + (uint64_t{sp.dims_index} + d) * kDimSize,
+        r.Fail(ErrorCode::kBadShape, dim_offset(uint64_t{sp.dims_index} + d),
                field + " size " + Dec(d), "at most 2^63-1",
                Dec(static_cast<uint64_t>(dims_[sp.dims_index + d])));
       }

@@ -42,6 +42,35 @@ std::string Encode(IndexBuilder& b) {
   return out;
 }
 
+// Offset of table t of an encoded file (0 entries, 1 storages, 2 tensors,
+// 3 sparse, 4 metadata, 5 dims, 6 blob), from the counts of §4.2.
+uint64_t TableStart(const std::string& f, int t) {
+  static const uint64_t kSizes[6] = {kEntryRecordSize,    kStorageRecordSize, kTensorRecordSize,
+                                     kSparseRecordSize,   kMetadataRecordSize, kDimSize};
+  const auto* p = reinterpret_cast<const uint8_t*>(f.data());
+  uint64_t pos = kHeaderSize + kIndexHeaderSize;
+  for (int i = 0; i < t; ++i) pos += LoadU32(p + kHeaderSize + 4 * i) * kSizes[i];
+  return pos;
+}
+void Put64(std::string& f, uint64_t off, uint64_t v) {
+  StoreU64(reinterpret_cast<uint8_t*>(f.data()) + off, v);
+}
+// Recomputes index_xxh3 so that a mutation reaches the rules behind R15.
+void Refix(std::string& f) {
+  auto* p = reinterpret_cast<uint8_t*>(f.data());
+  StoreU64(p + kOffIndexXxh3, IndexChecksum(p, kHeaderSize + LoadU64(p + kOffIndexSize)));
+}
+// The error a parse of `f` throws; fails the test if it parses.
+Error ParseError(const std::string& f) {
+  try {
+    ParseString(f, "v.tsar");
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "parsed";
+  return Error(ErrorCode::kIo, "", std::nullopt, "parsed");
+}
+
 TEST(IndexRoundTrip, KeepsEveryTensorField) {
   IndexBuilder b;
   b.AddEntry("model");
@@ -189,6 +218,95 @@ TEST(IndexBuilder, RejectsMisuseNamingTheTensor) {
   b.AddTensor(Spec("dup", s, DType::kFloat32, {1}, {1}));
   EXPECT_TRUE(ThrowsTsar([&] { b.Plan(); }, ErrorCode::kDuplicateName));
   EXPECT_TRUE(ThrowsTsar([] { IndexBuilder bad(100); }, ErrorCode::kInvalidArgument));
+}
+
+constexpr int64_t kI64Max = INT64_MAX;
+constexpr int64_t k2p62 = int64_t{1} << 62;
+
+TEST(IndexExtent, EmptyTensorsAreValidWhateverTheirOtherSizesAndStrides) {
+  // R50 does not apply once a size is 0, not even to the dims before it.
+  IndexBuilder b;
+  b.AddEntry("m");
+  const uint32_t s = b.AddStorage(8);
+  b.AddTensor(Spec("product_passes_2^64", s, DType::kFloat32, {k2p62, 4, 0}, {1, 1, 1}));
+  b.AddTensor(Spec("product_passes_2^63", s, DType::kFloat32,
+                   {int64_t{1} << 40, int64_t{1} << 40, 0}, {0, 0, 0}));
+  b.AddTensor(Spec("huge_strides", s, DType::kFloat32, {0, kI64Max}, {kI64Max, kI64Max}));
+  b.AddTensor(Spec("at_the_end", s, DType::kFloat32, {3, 0}, {kI64Max, 1}, 2));
+  const Index idx = ParseString(Encode(b));
+  ASSERT_EQ(idx.tensors().size(), 4u);
+  for (const TensorRecord& t : idx.tensors()) {
+    EXPECT_EQ(t.numel, 0u) << t.name;
+    EXPECT_EQ(t.nbytes_spanned, 0u) << t.name;
+  }
+}
+
+TEST(IndexExtent, EmptyTensorsStillNeedSignedDimsAndAnOffsetInsideTheStorage) {
+  IndexBuilder b;
+  b.AddEntry("m");
+  const uint32_t s = b.AddStorage(8);
+  EXPECT_TRUE(ThrowsTsar([&] { b.AddTensor(Spec("neg", s, DType::kFloat32, {0, -1}, {1, 1})); },
+                         ErrorCode::kInvalidArgument));
+  EXPECT_TRUE(ThrowsTsar([&] { b.AddTensor(Spec("past", s, DType::kFloat32, {0}, {1}, 3)); },
+                         ErrorCode::kInvalidArgument));
+  b.AddTensor(Spec("e", s, DType::kFloat32, {0, 1}, {1, 1}));
+  const std::string good = Encode(b);
+  const uint64_t dims = TableStart(good, 5);
+  const uint64_t t0 = TableStart(good, 2);
+
+  std::string f = good;
+  Put64(f, dims + 8, UINT64_MAX);  // size 1 = -1, after the size 0: still R48
+  Refix(f);
+  EXPECT_TRUE(ThrowsTsar([&] { ParseString(f); }, ErrorCode::kBadShape, dims + 8));
+  f = good;
+  Put64(f, dims + 16, UINT64_MAX);  // stride 0 = -1: R49
+  Refix(f);
+  EXPECT_TRUE(ThrowsTsar([&] { ParseString(f); }, ErrorCode::kBadShape, dims + 16));
+  f = good;
+  Put64(f, t0 + 24, 3);  // storage_offset 3: 12 bytes > 8 (R53)
+  Refix(f);
+  EXPECT_TRUE(ThrowsTsar([&] { ParseString(f); }, ErrorCode::kOutOfBounds, t0 + 24));
+  f = good;
+  Put64(f, t0 + 24, uint64_t{1} << 62);  // storage_offset * 4 overflows (R51)
+  Refix(f);
+  EXPECT_TRUE(ThrowsTsar([&] { ParseString(f); }, ErrorCode::kOverflow, t0 + 24));
+}
+
+TEST(IndexExtent, OverflowIsReportedAtTheOffendingSizeOrStride) {
+  IndexBuilder b;
+  b.AddEntry("m");
+  b.AddTensor(Spec("v", b.AddStorage(8), DType::kFloat32, {2, 1, 1}, {1, 0, 0}));
+  const std::string good = Encode(b);
+  const uint64_t dims = TableStart(good, 5);  // sizes at dims + 0, 8, 16; strides at 24, 32, 40
+
+  std::string f = good;
+  Put64(f, dims + 8, uint64_t{1} << 61);
+  Put64(f, dims + 16, 4);  // numel 2 * 2^61 * 4 = 2^64: passes 2^63 - 1 at size 2
+  Refix(f);
+  Error e = ParseError(f);
+  EXPECT_EQ(e.code(), ErrorCode::kOverflow);
+  EXPECT_EQ(e.offset(), dims + 16);
+  EXPECT_STREQ(e.what(),
+               "v.tsar: offset 240 (0xf0): tensor #0 \"v\" size 2: expected at most 1 (an "
+               "element count of at most 2^63-1), found 4");
+
+  f = good;
+  Put64(f, dims + 8, 4);
+  Put64(f, dims + 32, static_cast<uint64_t>(kI64Max));  // last 1 + 3 * (2^63 - 1) > 2^64 - 1
+  Refix(f);
+  e = ParseError(f);
+  EXPECT_EQ(e.code(), ErrorCode::kOverflow);
+  EXPECT_EQ(e.offset(), dims + 32);
+  EXPECT_STREQ(e.what(),
+               "v.tsar: offset 256 (0x100): tensor #0 \"v\" stride 1: expected at most "
+               "6148914691236517204 (a last element offset below 2^64), found 9223372036854775807");
+
+  f = good;  // the same view with a size 0 after it is empty, hence valid
+  Put64(f, dims + 8, 4);
+  Put64(f, dims + 32, static_cast<uint64_t>(kI64Max));
+  Put64(f, dims + 16, 0);
+  Refix(f);
+  EXPECT_EQ(ParseString(f).tensors()[0].numel, 0u);
 }
 
 TEST(IndexDecode, ErrorMessageFollowsTheGrammar) {

@@ -323,8 +323,24 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
               Put64(f, Table(f, 5) + 8, uint64_t{1} << 62);
             },
             true),
-       ErrorCode::kOverflow, [](const std::string& f) { return Table(f, 5); },
-       "size and stride 2^62: the extent overflows"},
+       ErrorCode::kOverflow, [](const std::string& f) { return Table(f, 5) + 8; },
+       "size and stride 2^62: the last element offset overflows at the stride"},
+      {"tensor_numel_overflow",
+       with(shared,
+            [](std::string& f) {
+              // Tensor #1 ("part"): sizes [2^62, 3], strides [0, 0].
+              const uint64_t dims = Table(f, 5) + 8 * uint64_t{U32At(f, Table(f, 2) + 48 + 20)};
+              Put64(f, dims, uint64_t{1} << 62);
+              Put64(f, dims + 8, 3);
+              Put64(f, dims + 16, 0);
+              Put64(f, dims + 24, 0);
+            },
+            true),
+       ErrorCode::kOverflow,
+       [](const std::string& f) {
+         return Table(f, 5) + 8 * uint64_t{U32At(f, Table(f, 2) + 48 + 20)} + 8;
+       },
+       "sizes [2^62, 3] with zero strides: 3 * 2^62 elements, above 2^63-1, at size 1"},
       {"tensor_sparse_without_role",
        with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 32, 0); }, true),
        ErrorCode::kInvalidValue, tensor0(32), "sparse index on a dense parameter"},
@@ -444,6 +460,21 @@ Draft Aligned() {
   return d;
 }
 
+// valid/empty_views: views with a size of 0 reach no byte, so they are valid
+// whatever their other sizes and their strides (§4.5, E3), as long as each
+// is at most 2^63-1 and storage_offset * element size is within the storage.
+Draft EmptyViews() {
+  Draft d;
+  d.Entry("model");
+  const uint32_t s = d.Storage(Floats({1.0f, 2.0f}));
+  constexpr int64_t kMax = INT64_MAX;
+  constexpr int64_t k62 = int64_t{1} << 62;
+  d.Tensor(T("at_end", s, DType::kFloat32, {0}, {1}, 2));
+  d.Tensor(T("huge", s, DType::kFloat32, {k62, 0, k62}, {kMax, kMax, kMax}));
+  d.Tensor(T("wide", s, DType::kInt64, {0, 3}, {kMax, 1}, 1));
+  return d;
+}
+
 std::string Tsv(std::string s) {
   for (char& c : s) {
     if (c == '\t' || c == '\n') c = ' ';
@@ -462,7 +493,8 @@ std::vector<SampleFile> GenerateSamples() {
   };
   const Named valid[] = {{"empty", [] { return Draft(); }}, {"minimal", Minimal},
                          {"shared", Shared},                {"dtypes", Dtypes},
-                         {"entries_meta", EntriesMeta},     {"aligned", Aligned}};
+                         {"entries_meta", EntriesMeta},     {"aligned", Aligned},
+                         {"empty_views", EmptyViews}};
   for (const Named& n : valid) {
     Draft d = n.make();
     const std::string bytes = d.Bytes();

@@ -87,7 +87,7 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
     EXPECT_EQ(j["metadata"].size(), idx.metadata().size());
     ++checked;
   }
-  EXPECT_EQ(checked, 6);
+  EXPECT_EQ(checked, 7);
 }
 
 TEST(Samples, InvalidOnesFailAsTheManifestSays) {
