@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# demo.sh: set-up (scripts/setup.sh), then the main job on the built-in sample
+# model: make resnet18 with Python, pack it, inspect and verify it, then run 8
+# workers that map it zero-copy next to 8 that load it the usual way.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh build
+work=$(mktemp -d /tmp/tsar-demo-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+/usr/bin/python3 samples/cpp-server/make_model.py "$work"
+build/cli/tsar pack "$work/resnet18.pt" -o "$work/resnet18.tsar"
+build/cli/tsar inspect "$work/resnet18.tsar" | head -6
+build/cli/tsar verify "$work/resnet18.tsar"
+samples/cpp-server/run_workers.sh build "$work" "${TSAR_DEMO_WORKERS:-8}"
