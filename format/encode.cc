@@ -1,5 +1,6 @@
 // The deterministic encoder of spec/FORMAT.md §4; its layout rules are §4.4
-// and its ordering rules §4.9. Everything it writes passes Index::Parse.
+// and its ordering rules §4.9. Everything it writes passes Index::Parse: every
+// input that would break a rule of §6 is refused before anything is written.
 #include "format/encode.h"
 
 #include <algorithm>
@@ -14,22 +15,44 @@
 namespace tsar::format {
 namespace {
 
+std::string Dec(uint64_t v) { return std::to_string(v); }
+
 [[noreturn]] void Misuse(ErrorCode code, const std::string& message) {
   throw Error(code, "", std::nullopt, message);
 }
 
-void CheckName(const std::string& what, const std::string& name) {
-  if (name.empty()) Misuse(ErrorCode::kInvalidArgument, what + ": name: expected a non-empty name, found \"\"");
+// R22-R24 for a name or key; `what` is "entry", "tensor", "sparse tensor" or
+// "metadata", `field` is "name" or "key".
+void CheckName(const std::string& what, const std::string& name, const char* field = "name") {
+  if (name.empty()) {
+    Misuse(ErrorCode::kInvalidArgument,
+           what + " \"\": " + field + ": expected 1 to 65535 bytes, found 0");
+  }
   if (name.size() > kMaxNameLength) {
-    Misuse(ErrorCode::kInvalidArgument, what + " " + Quote(name) + ": name: expected at most " +
-                                            std::to_string(kMaxNameLength) + " bytes, found " +
-                                            std::to_string(name.size()));
+    Misuse(ErrorCode::kInvalidArgument, what + " " + Quote(name) + ": " + field +
+                                            ": expected at most " + Dec(kMaxNameLength) +
+                                            " bytes, found " + Dec(name.size()));
   }
   if (!IsValidUtf8(name)) {
-    Misuse(ErrorCode::kInvalidArgument, what + " " + Quote(name) + ": name: expected valid UTF-8");
+    Misuse(ErrorCode::kInvalidArgument, what + " " + Quote(name) + ": " + field +
+                                            ": expected valid UTF-8, found " + Quote(name));
   }
 }
 
+// Sizes (and strides) of a tensor or sparse record: what R48/R49/R61 require,
+// worded for a caller who passes signed values.
+void CheckDims(const std::string& what, const char* field, const std::vector<int64_t>& v) {
+  for (size_t d = 0; d < v.size(); ++d) {
+    if (v[d] < 0) {
+      Misuse(ErrorCode::kInvalidArgument, what + field + (" " + Dec(d)) +
+                                              ": expected a non-negative value, found " +
+                                              std::to_string(v[d]));
+    }
+  }
+}
+
+// The order of §4.7 (R75): entry as u32, then key bytewise. std::string's
+// operator< compares as unsigned char, as the decoder's string_view does.
 bool MetaLess(const MetadataSpec& a, const MetadataSpec& b) {
   return a.entry != b.entry ? a.entry < b.entry : a.key < b.key;
 }
@@ -39,110 +62,232 @@ bool MetaLess(const MetadataSpec& a, const MetadataSpec& b) {
 IndexBuilder::IndexBuilder(uint32_t alignment) : alignment_(alignment) {
   if (alignment < kMinAlignment || alignment > kMaxAlignment || (alignment & (alignment - 1))) {
     Misuse(ErrorCode::kInvalidArgument,
-           "alignment: expected a power of two in [64, 2^30], found " + std::to_string(alignment));
+           "alignment: expected a power of two in [64, 2^30], found " + Dec(alignment));
+  }
+}
+
+void IndexBuilder::RequireNotPlanned(const char* call) const {
+  // After Plan() the index size is fixed; anything added later would make
+  // EncodeHead() write past the buffer it sized from it.
+  if (planned_) {
+    Misuse(ErrorCode::kInvalidArgument,
+           std::string(call) + ": expected a call before Plan(), found one after it");
   }
 }
 
 uint32_t IndexBuilder::AddEntry(const std::string& name) {
+  RequireNotPlanned("AddEntry");
   CheckName("entry", name);
-  for (const auto& e : entries_) {
-    if (e.name == name) Misuse(ErrorCode::kDuplicateName, "entry " + Quote(name) + ": name: expected a unique entry name, found it twice");
+  if (!entry_names_.insert(name).second) {  // R28
+    Misuse(ErrorCode::kDuplicateName,
+           "entry " + Quote(name) + ": name: expected a name unique among entries, found it twice");
   }
   entries_.push_back({name, static_cast<uint32_t>(tensors_.size()), 0});
   return static_cast<uint32_t>(entries_.size() - 1);
 }
 
 uint32_t IndexBuilder::AddStorage(uint64_t nbytes) {
-  if (planned_) Misuse(ErrorCode::kInvalidArgument, "AddStorage after Plan");
+  RequireNotPlanned("AddStorage");
   storage_nbytes_.push_back(nbytes);
   storage_xxh3_.push_back(Xxh3(nullptr, 0));
   return static_cast<uint32_t>(storage_nbytes_.size() - 1);
 }
 
 uint32_t IndexBuilder::AddTensor(TensorSpec t) {
-  if (planned_) Misuse(ErrorCode::kInvalidArgument, "AddTensor after Plan");
-  if (entries_.empty()) Misuse(ErrorCode::kInvalidArgument, "AddTensor before AddEntry");
+  RequireNotPlanned("AddTensor");
+  if (entries_.empty()) {
+    Misuse(ErrorCode::kInvalidArgument,
+           "tensor " + Quote(t.name) + ": entry: expected AddEntry before AddTensor, found none");
+  }
   CheckName("tensor", t.name);
   const std::string what = "tensor " + Quote(t.name) + ": ";
-  if (t.storage >= storage_nbytes_.size()) {
-    Misuse(ErrorCode::kInvalidArgument, what + "storage: expected less than " +
-                                            std::to_string(storage_nbytes_.size()) + ", found " +
-                                            std::to_string(t.storage));
+  if (t.storage >= storage_nbytes_.size()) {  // R36
+    Misuse(ErrorCode::kInvalidArgument, what + "storage: expected less than storage_count " +
+                                            Dec(storage_nbytes_.size()) + ", found " +
+                                            Dec(t.storage));
   }
-  if (t.sizes.size() != t.strides.size() || t.sizes.size() > kMaxNdim) {
-    Misuse(ErrorCode::kInvalidArgument, what + "shape: expected sizes and strides of equal rank <= 64");
+  const auto dtype = static_cast<uint16_t>(t.dtype);
+  if (!DTypeFromCode(dtype)) {  // R37
+    Misuse(ErrorCode::kInvalidArgument,
+           what + "dtype: expected a dtype code of §5 (1-18), found " + Dec(dtype));
   }
-  // The decoder's own arithmetic (R48-R53), so both accept the same views.
+  const auto role = static_cast<uint8_t>(t.role);
+  if (role > kRoleMax) {  // R38
+    Misuse(ErrorCode::kInvalidArgument, what + "role: expected 0-3, found " + Dec(role));
+  }
+  if (t.sizes.size() > kMaxNdim) {  // R40
+    Misuse(ErrorCode::kInvalidArgument,
+           what + "ndim: expected at most " + Dec(kMaxNdim) + ", found " + Dec(t.sizes.size()));
+  }
+  if (t.strides.size() != t.sizes.size()) {
+    Misuse(ErrorCode::kInvalidArgument, what + "strides: expected " + Dec(t.sizes.size()) +
+                                            " (one per size), found " + Dec(t.strides.size()));
+  }
+  // R42: a sparse component has role 3 and names its sparse record; nothing
+  // else does. (Whether that record exists is checked by Plan, R43, R64, R65.)
+  if ((t.role == Role::kSparseComponent) != (t.sparse != kNone)) {
+    Misuse(ErrorCode::kInvalidArgument,
+           what + "sparse: expected " +
+               (t.role == Role::kSparseComponent ? "a sparse record index for role 3"
+                                                 : "0xffffffff for roles 0-2") +
+               ", found " + Dec(t.sparse));
+  }
+  const auto device_type = static_cast<uint8_t>(t.device_type);
+  if (device_type > kDeviceTypeMax) {  // R44
+    Misuse(ErrorCode::kInvalidArgument,
+           what + "device_type: expected 0-2, found " + Dec(device_type));
+  }
+  if (t.device_index != 0 && t.device_type != DeviceType::kCuda) {  // R46
+    Misuse(ErrorCode::kInvalidArgument,
+           what + "device_index: expected 0 unless device_type is 2 (cuda), found " +
+               Dec(t.device_index));
+  }
+  CheckDims(what, "size", t.sizes);      // R48
+  CheckDims(what, "stride", t.strides);  // R49
+  // R50-R53 with the decoder's own arithmetic, so both accept the same views.
   const uint64_t esize = ElementSize(t.dtype);
-  const ViewExtent v = ComputeViewExtent(t.sizes.data(), t.strides.data(),
-                                         static_cast<uint32_t>(t.sizes.size()), t.storage_offset,
-                                         esize);
+  const ViewExtent v =
+      ComputeViewExtent(t.sizes.data(), t.strides.data(), static_cast<uint32_t>(t.sizes.size()),
+                        t.storage_offset, esize);
   if (v.fault != ViewExtent::Fault::kNone) {
     const ViewFaultText text =
         DescribeViewFault(v, t.sizes.data(), t.strides.data(), t.storage_offset, esize);
-    const bool negative = v.fault == ViewExtent::Fault::kSizeNegative ||
-                          v.fault == ViewExtent::Fault::kStrideNegative;
-    Misuse(negative ? ErrorCode::kInvalidArgument : ErrorCode::kOverflow,
+    Misuse(ErrorCode::kOverflow,
            what + text.field + ": expected " + text.expected + ", found " + text.found);
   }
   if (v.end > storage_nbytes_[t.storage]) {
-    Misuse(ErrorCode::kInvalidArgument,
-           what + "extent: expected at most storage nbytes " +
-               std::to_string(storage_nbytes_[t.storage]) + ", found " + std::to_string(v.end));
+    Misuse(ErrorCode::kInvalidArgument, what + "extent: expected at most storage nbytes " +
+                                            Dec(storage_nbytes_[t.storage]) + ", found " +
+                                            Dec(v.end));
   }
   Entry& e = entries_.back();
-  if (t.sparse != kNone) t.role = Role::kSparseComponent;
   tensors_.push_back(std::move(t));
   ++e.tensor_count;
   return static_cast<uint32_t>(tensors_.size() - 1);
 }
 
 uint32_t IndexBuilder::AddSparse(SparseSpec s) {
-  if (entries_.empty()) Misuse(ErrorCode::kInvalidArgument, "AddSparse before AddEntry");
+  RequireNotPlanned("AddSparse");
+  if (entries_.empty()) {
+    Misuse(ErrorCode::kInvalidArgument,
+           "sparse tensor " + Quote(s.name) +
+               ": entry: expected AddEntry before AddSparse, found none");
+  }
   CheckName("sparse tensor", s.name);
+  const std::string what = "sparse tensor " + Quote(s.name) + ": ";
+  const auto layout = static_cast<uint8_t>(s.layout);
+  if (layout == 0 || layout > kSparseLayoutMax) {  // R56
+    Misuse(ErrorCode::kInvalidArgument, what + "layout: expected 1-3, found " + Dec(layout));
+  }
+  if (s.sizes.size() > kMaxNdim) {  // R59
+    Misuse(ErrorCode::kInvalidArgument,
+           what + "ndim: expected at most " + Dec(kMaxNdim) + ", found " + Dec(s.sizes.size()));
+  }
+  CheckDims(what, "size", s.sizes);  // R61
+  // The components may be added after the record, so R63-R65 wait for Plan().
   sparse_.push_back({std::move(s), static_cast<uint32_t>(entries_.size() - 1)});
   return static_cast<uint32_t>(sparse_.size() - 1);
 }
 
 void IndexBuilder::AddMetadata(MetadataSpec m) {
-  if (m.key.empty() || m.key.size() > kMaxNameLength || !IsValidUtf8(m.key)) {
+  RequireNotPlanned("AddMetadata");
+  CheckName("metadata", m.key, "key");  // R67
+  const std::string what = "metadata " + Quote(m.key) + ": ";
+  const auto type = static_cast<uint8_t>(m.type);
+  if (type == 0 || type > kMetaTypeMax) {  // R68
+    Misuse(ErrorCode::kInvalidArgument, what + "type: expected 1-4, found " + Dec(type));
+  }
+  if (m.entry != kNone && m.entry >= entries_.size()) {  // R70
+    Misuse(ErrorCode::kInvalidArgument, what +
+                                            "entry: expected 0xffffffff or less than entry_count " +
+                                            Dec(entries_.size()) + ", found " + Dec(m.entry));
+  }
+  if (m.type == MetaType::kString && !IsValidUtf8(m.bytes)) {  // R73
     Misuse(ErrorCode::kInvalidArgument,
-           "metadata " + Quote(m.key) + ": key: expected 1 to 65535 bytes of UTF-8");
+           what + "value: expected valid UTF-8, found " + Quote(m.bytes));
   }
-  if (m.entry != kNone && m.entry >= entries_.size()) {
-    Misuse(ErrorCode::kInvalidArgument, "metadata " + Quote(m.key) + ": entry: no such entry");
-  }
-  if (m.type == MetaType::kString && !IsValidUtf8(m.bytes)) {
-    Misuse(ErrorCode::kInvalidArgument, "metadata " + Quote(m.key) + ": value: expected valid UTF-8");
-  }
-  for (const auto& o : metadata_) {
-    if (o.entry == m.entry && o.key == m.key) {
-      Misuse(ErrorCode::kDuplicateName, "metadata " + Quote(m.key) + ": key: expected a unique key, found it twice");
-    }
+  if (!metadata_keys_.insert({m.entry, m.key}).second) {  // R74
+    Misuse(ErrorCode::kDuplicateName,
+           what + "key: expected a key unique in its scope, found it twice");
   }
   if (m.type == MetaType::kInt || m.type == MetaType::kFloat) m.bytes.clear();
   metadata_.push_back(std::move(m));
 }
 
+void IndexBuilder::SetStorageChecksum(uint32_t i, uint64_t xxh3) {
+  if (i >= storage_xxh3_.size()) {
+    Misuse(ErrorCode::kInvalidArgument, "storage: expected less than storage_count " +
+                                            Dec(storage_xxh3_.size()) + ", found " + Dec(i));
+  }
+  storage_xxh3_[i] = xxh3;
+}
+
+void IndexBuilder::CheckSparse() const {
+  const std::string n = Dec(sparse_.size());
+  for (uint32_t k = 0; k < tensors_.size(); ++k) {  // R43
+    const TensorSpec& t = tensors_[k];
+    if (t.sparse != kNone && t.sparse >= sparse_.size()) {
+      Misuse(ErrorCode::kInvalidArgument, "tensor " + Quote(t.name) +
+                                              ": sparse: expected less than sparse_count " + n +
+                                              ", found " + Dec(t.sparse));
+    }
+  }
+  for (uint32_t i = 0; i < sparse_.size(); ++i) {
+    const SparseSpec& s = sparse_[i].spec;
+    const Entry& e = entries_[sparse_[i].entry];
+    const uint32_t count = s.layout == SparseLayout::kCoo ? 2 : 3;
+    if (s.first_component < e.first_tensor ||
+        uint64_t{s.first_component} + count > uint64_t{e.first_tensor} + e.tensor_count) {  // R63
+      Misuse(ErrorCode::kInvalidArgument,
+             "sparse tensor " + Quote(s.name) + ": first_component: expected " + Dec(count) +
+                 " components inside entry " + Quote(e.name) + "'s tensors [" +
+                 Dec(e.first_tensor) + ", " + Dec(uint64_t{e.first_tensor} + e.tensor_count) +
+                 "), found " + Dec(s.first_component));
+    }
+    for (uint32_t c = 0; c < count; ++c) {  // R64
+      const TensorSpec& t = tensors_[s.first_component + c];
+      if (t.sparse != i) {
+        Misuse(ErrorCode::kInvalidArgument,
+               "tensor " + Quote(t.name) + ": sparse: expected " + Dec(i) + " (component " +
+                   Dec(c) + " of sparse tensor " + Quote(s.name) + "), found " + Dec(t.sparse));
+      }
+    }
+  }
+  for (uint32_t k = 0; k < tensors_.size(); ++k) {  // R65
+    const TensorSpec& t = tensors_[k];
+    if (t.sparse == kNone) continue;
+    const SparseSpec& s = sparse_[t.sparse].spec;
+    const uint32_t count = s.layout == SparseLayout::kCoo ? 2 : 3;
+    if (k < s.first_component || k - s.first_component >= count) {
+      Misuse(ErrorCode::kInvalidArgument,
+             "tensor " + Quote(t.name) +
+                 ": sparse: expected a sparse record whose components include it, found " +
+                 Dec(t.sparse));
+    }
+  }
+}
+
 void IndexBuilder::Plan() {
   if (planned_) return;
+  CheckSparse();
   // Names are unique per entry, sparse names included (§6 R66).
   for (uint32_t e = 0; e < entries_.size(); ++e) {
     std::unordered_set<std::string_view> seen;
+    const std::string in_entry = "a name unique in entry " + Quote(entries_[e].name);
     for (uint32_t i = 0; i < entries_[e].tensor_count; ++i) {
       const std::string& n = tensors_[entries_[e].first_tensor + i].name;
       if (!seen.insert(n).second) {
-        Misuse(ErrorCode::kDuplicateName, "tensor " + Quote(n) + ": name: expected a name unique in entry " +
-                                              Quote(entries_[e].name) + ", found it twice");
+        Misuse(ErrorCode::kDuplicateName,
+               "tensor " + Quote(n) + ": name: expected " + in_entry + ", found it twice");
       }
     }
     for (const auto& s : sparse_) {
       if (s.entry == e && !seen.insert(s.spec.name).second) {
-        Misuse(ErrorCode::kDuplicateName, "sparse tensor " + Quote(s.spec.name) + ": name: expected a unique name");
+        Misuse(ErrorCode::kDuplicateName, "sparse tensor " + Quote(s.spec.name) +
+                                              ": name: expected " + in_entry + ", found it twice");
       }
     }
   }
-  std::stable_sort(metadata_.begin(), metadata_.end(), MetaLess);
 
   uint64_t dims = 0, blob = 0;
   for (const auto& e : entries_) blob += e.name.size();
@@ -155,30 +300,42 @@ void IndexBuilder::Plan() {
     blob += s.spec.name.size();
   }
   for (const auto& m : metadata_) blob += m.key.size() + m.bytes.size();
-  index_size_ = kIndexHeaderSize + entries_.size() * kEntryRecordSize +
-                storage_nbytes_.size() * kStorageRecordSize + tensors_.size() * kTensorRecordSize +
-                sparse_.size() * kSparseRecordSize + metadata_.size() * kMetadataRecordSize +
-                dims * kDimSize + blob;
-  if (index_size_ > kMaxIndexSize) {
-    Misuse(ErrorCode::kInvalidArgument, "index: expected at most 2 GiB, found " + std::to_string(index_size_) + " bytes");
+  const uint64_t index_size = kIndexHeaderSize + entries_.size() * kEntryRecordSize +
+                              storage_nbytes_.size() * kStorageRecordSize +
+                              tensors_.size() * kTensorRecordSize +
+                              sparse_.size() * kSparseRecordSize +
+                              metadata_.size() * kMetadataRecordSize + dims * kDimSize + blob;
+  if (index_size > kMaxIndexSize) {  // R8; it also keeps every count and blob offset in a u32
+    Misuse(ErrorCode::kInvalidArgument, "index_size: expected at most " + Dec(kMaxIndexSize) +
+                                            " (2 GiB), found " + Dec(index_size));
   }
-  AlignUp(kHeaderSize + index_size_, kMinAlignment, &data_offset_);
-  uint64_t pos = data_offset_;
-  storage_offsets_.resize(storage_nbytes_.size());
-  for (size_t i = 0; i < storage_nbytes_.size(); ++i) {
+  uint64_t data_offset = 0;
+  AlignUp(kHeaderSize + index_size, kMinAlignment, &data_offset);
+  std::vector<uint64_t> offsets(storage_nbytes_.size());
+  uint64_t pos = data_offset;
+  for (size_t i = 0; i < storage_nbytes_.size(); ++i) {  // the layout rule of §4.4
     const uint64_t align = storage_nbytes_[i] >= alignment_ ? alignment_ : kMinAlignment;
-    if (!AlignUp(pos, align, &pos) || !CheckedAdd(pos, storage_nbytes_[i], &file_size_)) {
-      Misuse(ErrorCode::kOverflow, "storage #" + std::to_string(i) + ": offset: expected below 2^64");
+    if (!AlignUp(pos, align, &offsets[i]) || !CheckedAdd(offsets[i], storage_nbytes_[i], &pos)) {
+      Misuse(ErrorCode::kOverflow, "storage #" + Dec(i) +
+                                       ": nbytes: expected a storage that ends "
+                                       "below 2^64, found " +
+                                       Dec(storage_nbytes_[i]));
     }
-    storage_offsets_[i] = pos;
-    pos = file_size_;
   }
+  // Nothing below throws: a failed Plan() leaves the builder as it was.
+  std::stable_sort(metadata_.begin(), metadata_.end(), MetaLess);
+  index_size_ = index_size;
+  data_offset_ = data_offset;
+  storage_offsets_ = std::move(offsets);
   file_size_ = pos;
   planned_ = true;
 }
 
 std::vector<uint8_t> IndexBuilder::EncodeHead() const {
-  if (!planned_) Misuse(ErrorCode::kInvalidArgument, "EncodeHead before Plan");
+  if (!planned_) {
+    Misuse(ErrorCode::kInvalidArgument,
+           "EncodeHead: expected a call after Plan(), found one before it");
+  }
   std::vector<uint8_t> out(data_offset_, 0);
   uint8_t* p = out.data();
   std::copy(kMagic, kMagic + sizeof kMagic, p);

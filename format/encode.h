@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "format/spec.h"
@@ -11,6 +14,8 @@
 
 namespace tsar::format {
 
+// One tensor record (§4.5). `sizes` and `strides` are in elements and have one
+// value per dimension; `sparse` is kNone unless `role` is kSparseComponent.
 struct TensorSpec {
   std::string name;
   uint32_t storage = 0;
@@ -25,6 +30,10 @@ struct TensorSpec {
   uint32_t sparse = kNone;
 };
 
+// One sparse record (§4.6); it belongs to the entry current when it is added.
+// Its components are the 2 (COO) or 3 (CSR, CSC) tensors of that entry from
+// `first_component` on, each with role kSparseComponent and `sparse` set to
+// the index AddSparse returns for it.
 struct SparseSpec {
   std::string name;
   SparseLayout layout = SparseLayout::kCoo;
@@ -33,6 +42,7 @@ struct SparseSpec {
   uint32_t first_component = 0;  // tensor index of its first component
 };
 
+// One metadata record (§4.7).
 struct MetadataSpec {
   uint32_t entry = kNone;  // kNone: archive-level
   std::string key;
@@ -42,10 +52,20 @@ struct MetadataSpec {
   std::string bytes;  // kString, kBytes
 };
 
-// Collects entries, storages, tensors and metadata, then lays them out by the
-// rules of §4.4 and encodes §4.1-§4.8. Misuse (a duplicate name, a view out of
-// its storage...) throws tsar::Error kInvalidArgument or kDuplicateName naming
-// the tensor. Not thread-safe.
+// Collects entries, storages, tensors, sparse records and metadata, then lays
+// them out by the rules of §4.4 and encodes §4.1-§4.9. It refuses every input
+// from which it would write an archive that breaks a rule of §6 (R1-R75), so
+// whatever EncodeHead() returns passes Index::Parse. A refused call throws
+// tsar::Error naming the tensor, sparse tensor, entry or metadata key, with no
+// path and no offset, and leaves the builder as it was:
+//   kInvalidArgument  a value outside its enumeration, an empty, too long or
+//                     non-UTF-8 name, a negative size or stride, a view out of
+//                     its storage, inconsistent sparse references, a call after
+//                     Plan() (or EncodeHead() before it);
+//   kOverflow         a view whose element count passes 2^63-1 or whose extent
+//                     passes 2^64 (R50-R52), or a layout past 2^64;
+//   kDuplicateName    a name or metadata key used twice in its scope.
+// Not thread-safe.
 class IndexBuilder {
  public:
   // alignment: a power of two in [64, 2^30]; else kInvalidArgument.
@@ -53,24 +73,33 @@ class IndexBuilder {
 
   // Starts a new entry; the tensors added next belong to it. Returns its index.
   uint32_t AddEntry(const std::string& name);
+  // Adds a storage of `nbytes` bytes; returns its index.
   uint32_t AddStorage(uint64_t nbytes);
   // Adds a tensor to the current entry; returns its index in the tensor table.
+  // Checks R35-R53 for it at once; its sparse references wait for Plan().
   uint32_t AddTensor(TensorSpec t);
+  // Adds a sparse record to the current entry; returns its index. Checks R54
+  // and R56-R61 at once; R63-R65 (the components) wait for Plan().
   uint32_t AddSparse(SparseSpec s);
+  // Adds a metadata record; `entry` must be kNone or an entry already added.
   void AddMetadata(MetadataSpec m);
 
   uint32_t entry_count() const { return static_cast<uint32_t>(entries_.size()); }
   uint32_t storage_count() const { return static_cast<uint32_t>(storage_nbytes_.size()); }
   uint64_t storage_nbytes(uint32_t i) const { return storage_nbytes_[i]; }
 
-  // Computes the layout. After it, storage_offset(), data_offset() and
-  // file_size() are valid and nothing more may be added.
+  // Checks what needs the whole input (sparse references R43, R63-R65,
+  // unique names R66, index_size R8) and computes the layout. After it,
+  // storage_offset(), data_offset() and file_size() are valid and every Add*
+  // call is refused. Calling it again does nothing.
   void Plan();
   uint64_t data_offset() const { return data_offset_; }
   uint64_t file_size() const { return file_size_; }
   uint64_t storage_offset(uint32_t i) const { return storage_offsets_[i]; }
 
-  void SetStorageChecksum(uint32_t i, uint64_t xxh3) { storage_xxh3_[i] = xxh3; }
+  // Records storage i's XXH3-64 (§4.4); before or after Plan(). An unknown i
+  // is kInvalidArgument.
+  void SetStorageChecksum(uint32_t i, uint64_t xxh3);
 
   // The file's bytes [0, data_offset): header, index and zero padding, with
   // index_xxh3 filled in. Requires Plan().
@@ -87,9 +116,14 @@ class IndexBuilder {
     uint32_t entry;
   };
 
+  void RequireNotPlanned(const char* call) const;
+  void CheckSparse() const;
+
   uint32_t alignment_;
   bool planned_ = false;
   std::vector<Entry> entries_;
+  std::unordered_set<std::string> entry_names_;
+  std::set<std::pair<uint32_t, std::string>> metadata_keys_;
   std::vector<uint64_t> storage_nbytes_;
   std::vector<uint64_t> storage_xxh3_;
   std::vector<uint64_t> storage_offsets_;

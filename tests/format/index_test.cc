@@ -2,7 +2,12 @@
 // builder misuse, and decoder rules that need constructed inputs (§6).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <random>
 
 #include "format/checksum.h"
 #include "format/encode.h"
@@ -307,6 +312,448 @@ TEST(IndexExtent, OverflowIsReportedAtTheOffendingSizeOrStride) {
   Put64(f, dims + 16, 0);
   Refix(f);
   EXPECT_EQ(ParseString(f).tensors()[0].numel, 0u);
+}
+
+// Runs `f`, which must throw tsar::Error `code` whose message names `name`.
+::testing::AssertionResult Refuses(const std::function<void()>& f, ErrorCode code,
+                                   const std::string& name) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (e.code() != code) {
+      return ::testing::AssertionFailure()
+             << "code " << ErrorCodeName(e.code()) << ": " << e.what();
+    }
+    if (std::string(e.what()).find("\"" + name + "\"") == std::string::npos) {
+      return ::testing::AssertionFailure()
+             << "message does not name \"" << name << "\": " << e.what();
+    }
+    if (e.offset() || !e.path().empty()) {
+      return ::testing::AssertionFailure() << "builder errors have no path or offset: " << e.what();
+    }
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "no tsar::Error thrown";
+}
+
+TEST(IndexBuilder, RefusesViewsTheDecoderRejects) {
+  IndexBuilder b;
+  b.AddEntry("m");
+  const uint32_t s = b.AddStorage(64);
+  // numel 3 * 2^62 > 2^63 - 1 although the extent is 0 (R50).
+  EXPECT_TRUE(Refuses([&] { b.AddTensor(Spec("numel", s, DType::kUInt8, {k2p62, 3}, {0, 0})); },
+                      ErrorCode::kOverflow, "numel"));
+  // last = 3 * 6148914691236517205 = 2^64 - 1, so last + 1 wraps to 0 (R52).
+  EXPECT_TRUE(Refuses(
+      [&] { b.AddTensor(Spec("wrap", s, DType::kUInt8, {4}, {6148914691236517205})); },
+      ErrorCode::kOverflow, "wrap"));
+  EXPECT_TRUE(Refuses(
+      [&] { b.AddTensor(Spec("offset", s, DType::kFloat64, {1}, {1}, uint64_t{1} << 61)); },
+      ErrorCode::kOverflow, "offset"));
+  EXPECT_TRUE(Refuses([&] { b.AddTensor(Spec("stride", s, DType::kUInt8, {1}, {-2})); },
+                      ErrorCode::kInvalidArgument, "stride"));
+  EXPECT_TRUE(Refuses([&] { b.AddTensor(Spec("rank", s, DType::kUInt8, {1, 1}, {1})); },
+                      ErrorCode::kInvalidArgument, "rank"));
+  EXPECT_TRUE(Refuses(
+      [&] {
+        b.AddTensor(Spec("ndim65", s, DType::kUInt8, std::vector<int64_t>(65, 1),
+                         std::vector<int64_t>(65, 1)));
+      },
+      ErrorCode::kInvalidArgument, "ndim65"));
+  // At the limits the arithmetic holds: last = 2^64 - 4 is merely too big
+  // for the storage, and numel = 2^63 - 1 with stride 0 is accepted.
+  EXPECT_TRUE(Refuses(
+      [&] { b.AddTensor(Spec("last", s, DType::kUInt8, {4}, {6148914691236517204})); },
+      ErrorCode::kInvalidArgument, "last"));
+  b.AddTensor(Spec("numel", s, DType::kUInt8, {kI64Max}, {0}));
+  const Index idx = ParseString(Encode(b));
+  EXPECT_EQ(idx.tensors()[0].numel, uint64_t{kI64Max});
+}
+
+TEST(IndexBuilder, RefusesFieldValuesOutsideTheirEnumerations) {
+  IndexBuilder b;
+  b.AddEntry("m");
+  const uint32_t s = b.AddStorage(8);
+  auto with = [&](const char* name, const std::function<void(TensorSpec&)>& edit) {
+    return [&b, s, name, edit] {
+      TensorSpec t = Spec(name, s, DType::kFloat32, {2}, {1});
+      edit(t);
+      b.AddTensor(t);
+    };
+  };
+  EXPECT_TRUE(Refuses(with("dtype", [](TensorSpec& t) { t.dtype = static_cast<DType>(19); }),
+                      ErrorCode::kInvalidArgument, "dtype"));
+  EXPECT_TRUE(Refuses(with("dtype0", [](TensorSpec& t) { t.dtype = static_cast<DType>(0); }),
+                      ErrorCode::kInvalidArgument, "dtype0"));
+  EXPECT_TRUE(Refuses(with("role", [](TensorSpec& t) { t.role = static_cast<Role>(4); }),
+                      ErrorCode::kInvalidArgument, "role"));
+  EXPECT_TRUE(Refuses(
+      with("device", [](TensorSpec& t) { t.device_type = static_cast<DeviceType>(3); }),
+      ErrorCode::kInvalidArgument, "device"));
+  // R46: a device ordinal only for CUDA.
+  EXPECT_TRUE(Refuses(with("cpu:1",
+                           [](TensorSpec& t) {
+                             t.device_type = DeviceType::kCpu;
+                             t.device_index = 1;
+                           }),
+                      ErrorCode::kInvalidArgument, "cpu:1"));
+  EXPECT_TRUE(Refuses(with("unspecified:2", [](TensorSpec& t) { t.device_index = 2; }),
+                      ErrorCode::kInvalidArgument, "unspecified:2"));
+  // R42: role 3 if and only if a sparse record is named.
+  EXPECT_TRUE(Refuses(with("role3", [](TensorSpec& t) { t.role = Role::kSparseComponent; }),
+                      ErrorCode::kInvalidArgument, "role3"));
+  EXPECT_TRUE(Refuses(with("sparse", [](TensorSpec& t) { t.sparse = 0; }),
+                      ErrorCode::kInvalidArgument, "sparse"));
+  EXPECT_TRUE(Refuses(with("\xff", [](TensorSpec&) {}), ErrorCode::kInvalidArgument, "\\xff"));
+  EXPECT_TRUE(Refuses(with("", [](TensorSpec&) {}), ErrorCode::kInvalidArgument, ""));
+  b.AddTensor(Spec("ok", s, DType::kFloat32, {2}, {1}));
+  EXPECT_EQ(ParseString(Encode(b)).tensors().size(), 1u);  // refused calls left no trace
+}
+
+TEST(IndexBuilder, RefusesBadMetadata) {
+  IndexBuilder b;
+  b.AddEntry("m");
+  MetadataSpec m;
+  m.key = "k";
+  m.type = static_cast<MetaType>(5);
+  EXPECT_TRUE(Refuses([&] { b.AddMetadata(m); }, ErrorCode::kInvalidArgument, "k"));
+  m.type = static_cast<MetaType>(0);
+  EXPECT_TRUE(Refuses([&] { b.AddMetadata(m); }, ErrorCode::kInvalidArgument, "k"));
+  m.type = MetaType::kString;
+  m.entry = 1;
+  EXPECT_TRUE(Refuses([&] { b.AddMetadata(m); }, ErrorCode::kInvalidArgument, "k"));
+  m.entry = 0;
+  m.bytes = "\xc0\x80";  // an overlong NUL
+  EXPECT_TRUE(Refuses([&] { b.AddMetadata(m); }, ErrorCode::kInvalidArgument, "k"));
+  m.bytes = "ok";
+  b.AddMetadata(m);
+  EXPECT_TRUE(Refuses([&] { b.AddMetadata(m); }, ErrorCode::kDuplicateName, "k"));
+  m.entry = kNone;  // the same key at archive level is another scope
+  b.AddMetadata(m);
+  EXPECT_EQ(ParseString(Encode(b)).metadata().size(), 2u);
+}
+
+// Entry "m" with a COO sparse tensor "sp" (indices [1, 2] int64, values [2]
+// float32) and a dense "d" after it.
+void AddCoo(IndexBuilder& b, uint32_t storage) {
+  SparseSpec sp;
+  sp.name = "sp";
+  sp.layout = SparseLayout::kCoo;
+  sp.coalesced = true;
+  sp.sizes = {5};
+  sp.first_component = 0;
+  const uint32_t id = b.AddSparse(sp);
+  TensorSpec indices = Spec("sp.indices", storage, DType::kInt64, {1, 2}, {2, 1});
+  TensorSpec values = Spec("sp.values", storage, DType::kFloat32, {2}, {1}, 4);
+  for (TensorSpec* t : {&indices, &values}) {
+    t->role = Role::kSparseComponent;
+    t->sparse = id;
+    b.AddTensor(*t);
+  }
+}
+
+TEST(IndexBuilder, WritesSparseRecordsTheDecoderAccepts) {
+  IndexBuilder b;
+  b.AddEntry("m");
+  const uint32_t s = b.AddStorage(24);
+  AddCoo(b, s);
+  b.AddTensor(Spec("d", s, DType::kUInt8, {24}, {1}));
+  b.AddEntry("csr");
+  SparseSpec csr;
+  csr.name = "x";
+  csr.layout = SparseLayout::kCsr;
+  csr.sizes = {2, 2};
+  csr.first_component = 3;
+  for (const char* n : {"x.crow", "x.col", "x.values"}) {
+    TensorSpec t = Spec(n, s, DType::kInt32, {2}, {1});
+    t.role = Role::kSparseComponent;
+    t.sparse = 1;  // components may come before their record
+    b.AddTensor(t);
+  }
+  EXPECT_EQ(b.AddSparse(csr), 1u);
+  const Index idx = ParseString(Encode(b));
+  ASSERT_EQ(idx.sparse().size(), 2u);
+  EXPECT_EQ(idx.sparse()[0].name, "sp");
+  EXPECT_TRUE(idx.sparse()[0].coalesced);
+  EXPECT_EQ(idx.sparse()[0].component_count, 2u);
+  EXPECT_EQ(idx.sparse()[1].entry, 1u);
+  EXPECT_EQ(idx.sparse()[1].component_count, 3u);
+  EXPECT_EQ(idx.tensors()[1].role, Role::kSparseComponent);
+  EXPECT_EQ(idx.tensors()[1].sparse, 0u);
+  EXPECT_EQ(idx.FindTensor(0, "sp"), kNone);  // a sparse name is not a tensor
+}
+
+TEST(IndexBuilder, RefusesInconsistentSparseRecords) {
+  const auto bad_sparse = [](const std::function<void(SparseSpec&)>& edit) {
+    IndexBuilder b;
+    b.AddEntry("m");
+    SparseSpec sp;
+    sp.name = "sp";
+    sp.sizes = {3};
+    edit(sp);
+    return Refuses([&] { b.AddSparse(sp); }, ErrorCode::kInvalidArgument, "sp");
+  };
+  EXPECT_TRUE(bad_sparse([](SparseSpec& sp) { sp.layout = static_cast<SparseLayout>(0); }));
+  EXPECT_TRUE(bad_sparse([](SparseSpec& sp) { sp.layout = static_cast<SparseLayout>(4); }));
+  EXPECT_TRUE(bad_sparse([](SparseSpec& sp) { sp.sizes.assign(65, 1); }));
+  EXPECT_TRUE(bad_sparse([](SparseSpec& sp) { sp.sizes = {2, -1}; }));
+  {
+    IndexBuilder b;
+    SparseSpec sp;
+    sp.name = "sp";
+    EXPECT_TRUE(Refuses([&] { b.AddSparse(sp); }, ErrorCode::kInvalidArgument, "sp"));
+    b.AddEntry("m");
+    sp.name = "\xed\xa0\x80";  // a surrogate
+    EXPECT_TRUE(ThrowsTsar([&] { b.AddSparse(sp); }, ErrorCode::kInvalidArgument));
+  }
+
+  // Whole-archive rules, checked by Plan(): each case starts from a valid COO.
+  const auto bad_plan = [](const std::function<void(IndexBuilder&, uint32_t)>& edit,
+                           ErrorCode code, const std::string& name) {
+    IndexBuilder b;
+    b.AddEntry("m");
+    const uint32_t s = b.AddStorage(24);
+    edit(b, s);
+    return Refuses([&] { b.Plan(); }, code, name);
+  };
+  // R63: a COO record needs two components; "sp.values" is missing.
+  EXPECT_TRUE(bad_plan(
+      [](IndexBuilder& b, uint32_t s) {
+        SparseSpec sp;
+        sp.name = "sp";
+        b.AddSparse(sp);
+        TensorSpec t = Spec("sp.indices", s, DType::kInt64, {1, 2}, {2, 1});
+        t.role = Role::kSparseComponent;
+        t.sparse = 0;
+        b.AddTensor(t);
+      },
+      ErrorCode::kInvalidArgument, "sp"));
+  // R63: components in another entry.
+  EXPECT_TRUE(bad_plan(
+      [](IndexBuilder& b, uint32_t s) {
+        AddCoo(b, s);
+        b.AddEntry("other");
+        SparseSpec sp;
+        sp.name = "elsewhere";
+        sp.first_component = 0;
+        b.AddSparse(sp);
+      },
+      ErrorCode::kInvalidArgument, "elsewhere"));
+  // R64: CSR needs 3 components, the third is a dense tensor.
+  EXPECT_TRUE(bad_plan(
+      [](IndexBuilder& b, uint32_t s) {
+        SparseSpec sp;
+        sp.name = "x";
+        sp.layout = SparseLayout::kCsr;
+        b.AddSparse(sp);
+        for (const char* n : {"x.crow", "x.col"}) {
+          TensorSpec t = Spec(n, s, DType::kInt32, {2}, {1});
+          t.role = Role::kSparseComponent;
+          t.sparse = 0;
+          b.AddTensor(t);
+        }
+        b.AddTensor(Spec("dense", s, DType::kInt32, {2}, {1}));
+      },
+      ErrorCode::kInvalidArgument, "dense"));
+  // R43: a component naming a sparse record that does not exist.
+  EXPECT_TRUE(bad_plan(
+      [](IndexBuilder& b, uint32_t s) {
+        TensorSpec t = Spec("orphan", s, DType::kInt32, {2}, {1});
+        t.role = Role::kSparseComponent;
+        t.sparse = 7;
+        b.AddTensor(t);
+      },
+      ErrorCode::kInvalidArgument, "orphan"));
+  // R65: a third tensor claims a COO record that has only two components.
+  EXPECT_TRUE(bad_plan(
+      [](IndexBuilder& b, uint32_t s) {
+        AddCoo(b, s);
+        TensorSpec t = Spec("extra", s, DType::kInt32, {2}, {1});
+        t.role = Role::kSparseComponent;
+        t.sparse = 0;
+        b.AddTensor(t);
+      },
+      ErrorCode::kInvalidArgument, "extra"));
+  // R66: a sparse name equal to a tensor name of its entry.
+  EXPECT_TRUE(bad_plan(
+      [](IndexBuilder& b, uint32_t s) {
+        AddCoo(b, s);
+        b.AddTensor(Spec("sp", s, DType::kInt32, {2}, {1}));
+      },
+      ErrorCode::kDuplicateName, "sp"));
+}
+
+TEST(IndexBuilder, RefusesEveryAddAfterPlan) {
+  IndexBuilder b;
+  b.AddEntry("m");
+  const uint32_t s = b.AddStorage(8);
+  b.AddTensor(Spec("w", s, DType::kFloat32, {2}, {1}));
+  b.Plan();
+  const uint64_t data_offset = b.data_offset();
+  EXPECT_TRUE(ThrowsTsar([&] { b.AddEntry("late"); }, ErrorCode::kInvalidArgument));
+  EXPECT_TRUE(ThrowsTsar([&] { b.AddStorage(8); }, ErrorCode::kInvalidArgument));
+  EXPECT_TRUE(ThrowsTsar([&] { b.AddTensor(Spec("late", s, DType::kFloat32, {2}, {1})); },
+                         ErrorCode::kInvalidArgument));
+  SparseSpec sp;
+  sp.name = std::string(1000, 'x');  // would not fit in the planned blob
+  EXPECT_TRUE(ThrowsTsar([&] { b.AddSparse(sp); }, ErrorCode::kInvalidArgument));
+  MetadataSpec m;
+  m.key = std::string(1000, 'k');
+  m.type = MetaType::kBytes;
+  m.bytes = std::string(4000, 'v');
+  EXPECT_TRUE(ThrowsTsar([&] { b.AddMetadata(m); }, ErrorCode::kInvalidArgument));
+  EXPECT_TRUE(ThrowsTsar([&] { b.SetStorageChecksum(1, 0); }, ErrorCode::kInvalidArgument));
+  b.Plan();  // again: a no-op
+  EXPECT_EQ(b.data_offset(), data_offset);
+  const std::vector<uint8_t> head = b.EncodeHead();
+  EXPECT_EQ(head.size(), data_offset);
+  const Index idx = Index::Parse(head, b.file_size(), "late.tsar");
+  EXPECT_EQ(idx.entries().size(), 1u);
+  EXPECT_EQ(idx.tensors().size(), 1u);
+  EXPECT_TRUE(idx.metadata().empty());
+  EXPECT_TRUE(ThrowsTsar([] { IndexBuilder().EncodeHead(); }, ErrorCode::kInvalidArgument));
+}
+
+// Property: for random builder inputs, biased towards the edges of every rule,
+// the builder either refuses (tsar::Error) or writes a head the decoder
+// accepts, with every record it accepted. A refused call must leave the
+// builder usable, so the generator goes on after one.
+TEST(IndexBuilderProperty, EverythingItWritesDecodes) {
+  std::mt19937_64 rng(20261121);
+  auto below = [&rng](uint64_t n) {
+    return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng);
+  };
+  auto chance = [&](int percent) { return below(100) < static_cast<uint64_t>(percent); };
+  auto pick = [&](const auto& v) { return v[below(std::size(v))]; };
+  static const int64_t kDims[] = {0, 1, 1, 2, 2, 3, 4, 7, 1 << 20, int64_t{1} << 31,
+                                  int64_t{1} << 32, int64_t{1} << 40, int64_t{1} << 61, k2p62,
+                                  kI64Max - 1, kI64Max, 3074457345618258602, 6148914691236517204,
+                                  6148914691236517205, -1, INT64_MIN};
+  static const uint64_t kNbytes[] = {0, 1, 8, 16, 64, 100, 4096, 5000, uint64_t{1} << 40,
+                                     UINT64_MAX / 2, UINT64_MAX - 100};
+  static const uint64_t kOffsets[] = {0, 0, 0, 1, 2, 3, 100, uint64_t{1} << 61, UINT64_MAX};
+  static const char* const kNames[] = {"a", "b", "c", "w", "bias", "a.b", "é", "",
+                                       "\xff", "\xc0\x80"};
+  static const uint32_t kAlignments[] = {64, 128, 4096, 1u << 30, 100, 32};
+
+  int refused = 0, accepted = 0, with_sparse = 0;
+  for (int iter = 0; iter < 4000; ++iter) {
+    std::unique_ptr<IndexBuilder> b;
+    try {
+      b = std::make_unique<IndexBuilder>(chance(5) ? pick(kAlignments) : 4096);
+    } catch (const Error&) {
+      ++refused;
+      continue;
+    }
+    uint32_t entries = 0, storages = 0, tensors = 0, sparse = 0, metadata = 0;
+    auto attempt = [](const std::function<void()>& f) {
+      try {
+        f();
+        return true;
+      } catch (const Error&) {
+        return false;
+      }
+    };
+    auto name = [&] {
+      return chance(90) ? std::string(pick(kNames)) + std::to_string(below(6)) : pick(kNames);
+    };
+    auto dims = [&](size_t n) {
+      std::vector<int64_t> v(n);
+      for (auto& x : v) x = chance(70) ? static_cast<int64_t>(below(5)) : pick(kDims);
+      return v;
+    };
+    auto tensor = [&](uint32_t sparse_id) {
+      TensorSpec t;
+      t.name = name();
+      t.storage = static_cast<uint32_t>(below(storages + 1));
+      t.dtype = static_cast<DType>(chance(95) ? 1 + below(18) : below(25));
+      t.role = sparse_id != kNone ? Role::kSparseComponent : static_cast<Role>(below(3));
+      if (chance(3)) t.role = static_cast<Role>(below(6));
+      t.sparse = chance(3) ? static_cast<uint32_t>(below(3)) : sparse_id;
+      t.requires_grad = chance(50);
+      const size_t ndim = chance(2) ? 65 : below(4);
+      t.sizes = dims(ndim);
+      t.strides = dims(chance(3) ? below(4) : ndim);
+      t.storage_offset = pick(kOffsets);
+      t.device_type = static_cast<DeviceType>(chance(95) ? below(3) : below(6));
+      t.device_index = static_cast<uint16_t>(chance(70) ? 0 : below(3));
+      if (sparse_id != kNone && storages > 0 && chance(90)) {  // mostly a component that fits
+        t.storage = static_cast<uint32_t>(below(storages));
+        t.dtype = DType::kUInt8;
+        t.sizes.assign(below(3), 0);
+        t.strides = t.sizes;
+        t.storage_offset = 0;
+        t.device_type = DeviceType::kCuda;
+      }
+      if (attempt([&] { b->AddTensor(t); })) ++tensors;
+    };
+
+    const uint64_t n_storages = below(5);
+    for (uint64_t i = 0; i < n_storages; ++i) {
+      b->AddStorage(chance(85) ? below(129) : pick(kNbytes));
+      ++storages;
+    }
+    const uint64_t n_entries = below(4);
+    for (uint64_t e = 0; e < n_entries; ++e) {
+      if (attempt([&] { b->AddEntry(chance(90) ? "e" + std::to_string(e) : name()); })) ++entries;
+      const uint64_t n_items = below(5);
+      for (uint64_t k = 0; k < n_items; ++k) {
+        if (chance(15)) {  // a sparse record and (mostly) its components
+          SparseSpec sp;
+          sp.name = name();
+          sp.layout = static_cast<SparseLayout>(chance(95) ? 1 + below(3) : below(6));
+          sp.coalesced = chance(50);
+          sp.sizes = dims(chance(2) ? 65 : below(3));
+          sp.first_component = tensors + (chance(90) ? 0 : static_cast<uint32_t>(below(3)));
+          const uint32_t id = sparse;
+          if (attempt([&] { b->AddSparse(sp); })) ++sparse;
+          const uint64_t n = (sp.layout == SparseLayout::kCoo ? 2 : 3) + (chance(90) ? 0 : 1) -
+                             (chance(90) ? 0 : 1);
+          for (uint64_t c = 0; c < n; ++c) tensor(id);
+        } else {
+          tensor(kNone);
+        }
+      }
+    }
+    const uint64_t n_meta = below(4);
+    for (uint64_t k = 0; k < n_meta; ++k) {
+      MetadataSpec m;
+      m.entry = chance(50) ? kNone : static_cast<uint32_t>(below(entries + 1));
+      m.key = name();
+      m.type = static_cast<MetaType>(chance(95) ? 1 + below(4) : below(7));
+      m.int_value = static_cast<int64_t>(rng());
+      m.float_value = static_cast<double>(rng());
+      m.bytes = chance(80) ? name() : std::string("\xed\xbf\xbf");
+      if (attempt([&] { b->AddMetadata(m); })) ++metadata;
+    }
+
+    std::vector<uint8_t> head;
+    try {
+      b->Plan();
+      head = b->EncodeHead();
+    } catch (const Error&) {
+      ++refused;
+      continue;
+    }
+    try {
+      const Index idx = Index::Parse(head, b->file_size(), "p.tsar");
+      EXPECT_EQ(idx.entries().size(), entries) << "iteration " << iter;
+      EXPECT_EQ(idx.storages().size(), storages) << "iteration " << iter;
+      EXPECT_EQ(idx.tensors().size(), tensors) << "iteration " << iter;
+      EXPECT_EQ(idx.sparse().size(), sparse) << "iteration " << iter;
+      EXPECT_EQ(idx.metadata().size(), metadata) << "iteration " << iter;
+      ++accepted;
+      with_sparse += sparse > 0;
+    } catch (const Error& e) {
+      ADD_FAILURE() << "iteration " << iter << ": the builder wrote a head the decoder rejects: "
+                    << e.what();
+    }
+  }
+  // The inputs reach both outcomes often, and sparse records get through.
+  EXPECT_GT(accepted, 400) << refused << " refused";
+  EXPECT_GT(refused, 400) << accepted << " accepted";
+  EXPECT_GT(with_sparse, 20);
+  std::printf("%d accepted (%d with sparse records), %d refused\n", accepted, with_sparse, refused);
 }
 
 TEST(IndexDecode, ErrorMessageFollowsTheGrammar) {
