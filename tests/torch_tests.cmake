@@ -4,11 +4,13 @@ set(TSAR_PYTHON /usr/bin/python3 CACHE FILEPATH "Python with torch, torchvision 
 set(TSAR_FIXTURES_DIR ${CMAKE_BINARY_DIR}/fixtures)
 
 add_executable(tsar_tests
+  cli/cli_test.cc
   loader/archive_test.cc
   loader/bind_test.cc
   loader/sharing_test.cc
   writer/writer_test.cc)
-target_link_libraries(tsar_tests PRIVATE tsar_lib tsar_format GTest::gtest_main)
+target_link_libraries(tsar_tests PRIVATE tsar_lib tsar_format GTest::gtest_main nlohmann_json::nlohmann_json)
+add_dependencies(tsar_tests tsar_cli)
 target_include_directories(tsar_tests PRIVATE ${PROJECT_SOURCE_DIR})
 add_executable(tsar_test_worker loader/worker_main.cc)
 target_link_libraries(tsar_test_worker PRIVATE tsar_lib)
@@ -16,6 +18,7 @@ add_dependencies(tsar_tests tsar_test_worker)
 target_compile_definitions(tsar_tests PRIVATE
   TSAR_FIXTURES_DIR="${TSAR_FIXTURES_DIR}"
   TSAR_TEST_WORKER="$<TARGET_FILE:tsar_test_worker>"
+  TSAR_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
   TSAR_CLI="$<TARGET_FILE:tsar_cli>")
 
 add_test(NAME fixtures.models
@@ -24,3 +27,23 @@ set_tests_properties(fixtures.models PROPERTIES FIXTURES_SETUP models TIMEOUT 30
 
 gtest_discover_tests(tsar_tests DISCOVERY_TIMEOUT 60
   PROPERTIES FIXTURES_REQUIRED models TIMEOUT 300)
+
+# The restricted pickle reader, on fixtures Python makes at test time.
+add_executable(tsar_pickle_tests writer/pickle_test.cc)
+target_link_libraries(tsar_pickle_tests PRIVATE tsar_lib tsar_format GTest::gtest_main nlohmann_json::nlohmann_json)
+target_include_directories(tsar_pickle_tests PRIVATE ${PROJECT_SOURCE_DIR})
+add_test(NAME fixtures.pickles
+  COMMAND ${TSAR_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/writer/make_pickle_fixtures.py ${CMAKE_BINARY_DIR}/pickle_fixtures)
+set_tests_properties(fixtures.pickles PROPERTIES FIXTURES_SETUP pickles TIMEOUT 300)
+gtest_discover_tests(tsar_pickle_tests DISCOVERY_TIMEOUT 60
+  PROPERTIES FIXTURES_REQUIRED pickles ENVIRONMENT TSAR_PICKLE_FIXTURES=${CMAKE_BINARY_DIR}/pickle_fixtures)
+
+# An installed tsar used by a user project (find_package and pkg-config).
+add_test(NAME install.consumer
+  COMMAND ${PROJECT_SOURCE_DIR}/scripts/test_install.sh ${CMAKE_BINARY_DIR} ${PROJECT_SOURCE_DIR}
+          ${PROJECT_SOURCE_DIR}/samples/valid/minimal.tsar)
+set_tests_properties(install.consumer PROPERTIES TIMEOUT 300)
+
+# The spec's independent Python reference decoder agrees with every sample.
+add_test(NAME spec.reference_decoder
+  COMMAND ${TSAR_PYTHON} ${PROJECT_SOURCE_DIR}/spec/reference/check_samples.py ${PROJECT_SOURCE_DIR}/samples)

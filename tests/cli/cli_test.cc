@@ -1,0 +1,213 @@
+// The tsar command line: exit codes, one-line errors, --json schema, pack
+// fidelity against Python (tests/cli/check_pack.py), determinism, atomicity
+// under SIGKILL, verify naming damaged tensors.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "tests/loader/test_helpers.h"
+
+namespace tsar {
+namespace {
+
+using testing::Fixture;
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result Sh(const std::string& cmd) {
+  const std::string dir = testing::TempDir();
+  const std::string full = "(" + cmd + ") > " + dir + "/out 2> " + dir + "/err";
+  const int status = std::system(full.c_str());
+  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, testing::ReadAll(dir + "/out"),
+           testing::ReadAll(dir + "/err")};
+  std::system(("rm -rf " + dir).c_str());
+  return r;
+}
+
+const std::string kTsar = TSAR_CLI;
+const std::string kSource = TSAR_SOURCE_DIR;
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::TempDir(); }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+  std::string Path(const std::string& n) const { return dir_ + "/" + n; }
+  Result Tsar(const std::string& args) const { return Sh(kTsar + " " + args); }
+  bool Exists(const std::string& p) const {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0;
+  }
+  std::string dir_;
+};
+
+// One line on stderr, prefixed "tsar: ".
+::testing::AssertionResult OneErrorLine(const Result& r, const std::string& needle) {
+  if (r.err.rfind("tsar: ", 0) != 0) return ::testing::AssertionFailure() << "stderr: " << r.err;
+  if (std::count(r.err.begin(), r.err.end(), '\n') != 1) return ::testing::AssertionFailure() << "not one line: " << r.err;
+  if (r.err.find(needle) == std::string::npos) return ::testing::AssertionFailure() << "lacks " << needle << ": " << r.err;
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(CliTest, HelpVersionAndUsageErrors) {
+  Result r = Tsar("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("tsar pack model.pt -o model.tsar"), std::string::npos);
+  r = Tsar("pack --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("--entry model=sd.pt"), std::string::npos) << r.out;
+  r = Tsar("--version");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("(format 1.0)"), std::string::npos) << r.out;
+  r = Tsar("");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(r, "subcommand"));
+  r = Tsar("pack " + Fixture("tied_sd.pt"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(r, "--output"));
+  r = Tsar("pack --align 100 -o x.tsar " + Fixture("tied_sd.pt"));
+  EXPECT_EQ(r.code, 2);
+  r = Tsar("frobnicate");
+  EXPECT_EQ(r.code, 2);
+}
+
+TEST_F(CliTest, PackedTorchSaveFilesMatchWhatPythonSees) {
+  for (const char* f : {"resnet18_sd.pt", "tied_sd.pt", "big.pt"}) {
+    const Result r = Tsar("pack -q " + Fixture(f) + " -o " + Path("out.tsar"));
+    ASSERT_EQ(r.code, 0) << f << ": " << r.err;
+    const Result check = Sh("/usr/bin/python3 " + kSource + "/tests/cli/check_pack.py " + Fixture(f) + " " + Path("out.tsar"));
+    EXPECT_EQ(check.code, 0) << f << ":\n" << check.out << check.err;
+  }
+}
+
+TEST_F(CliTest, PackIsDeterministic) {
+  ASSERT_EQ(Tsar("pack -q " + Fixture("resnet18_sd.pt") + " -o " + Path("a.tsar")).code, 0);
+  ASSERT_EQ(Sh("cd " + dir_ + " && cp " + Fixture("resnet18_sd.pt") + " copy.pt && " + kTsar + " pack -q copy.pt -o b.tsar").code, 0);
+  EXPECT_TRUE(testing::ReadAll(Path("a.tsar")) == testing::ReadAll(Path("b.tsar")))
+      << "same input, different path and directory: the bytes must not differ";
+}
+
+TEST_F(CliTest, EntriesAndMetadataFromFlags) {
+  const Result r = Tsar("pack --entry model=" + Fixture("tied_sd.pt") + " --entry net=" + Fixture("resnet18_sd.pt") +
+                        " --meta step=10 --meta lr=0.5 --meta name=run1 -o " + Path("m.tsar"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("packed 127 tensors in 2 entries"), std::string::npos) << r.out;
+  const Result j = Tsar("inspect --json " + Path("m.tsar"));
+  ASSERT_EQ(j.code, 0);
+  const auto doc = nlohmann::json::parse(j.out);
+  EXPECT_EQ(doc["format_version"], "1.0");
+  EXPECT_EQ(doc["entries"], nlohmann::json::array({"model", "net"}));
+  EXPECT_EQ(doc["metadata"]["step"], 10);
+  EXPECT_EQ(doc["metadata"]["lr"], 0.5);
+  EXPECT_EQ(doc["metadata"]["name"], "run1");
+  ASSERT_EQ(doc["tensors"].size(), 127u);
+  // The tied module: emb.weight and head.weight share a storage; tr is a transposed view.
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& t : doc["tensors"]) by_name[t["entry"].get<std::string>() + "/" + t["name"].get<std::string>()] = t;
+  for (const char* key : {"name", "dtype", "shape", "strides", "storage_offset", "storage", "entry", "role", "requires_grad"}) {
+    EXPECT_TRUE(doc["tensors"][0].contains(key)) << key;
+  }
+  EXPECT_EQ(by_name["model/emb.weight"]["storage"], by_name["model/head.weight"]["storage"]);
+  EXPECT_EQ(by_name["model/tr"]["strides"], nlohmann::json::array({1, 4}));
+  EXPECT_EQ(by_name["model/part"]["storage_offset"], 4);
+  EXPECT_EQ(by_name["net/conv1.weight"]["dtype"], "float32");
+  EXPECT_EQ(by_name["net/bn1.num_batches_tracked"]["dtype"], "int64");
+  for (const auto& s : doc["storages"]) {
+    EXPECT_TRUE(s.contains("id") && s.contains("offset") && s.contains("nbytes") && s.contains("xxh3"));
+  }
+  const Result human = Tsar("inspect " + Path("m.tsar"));
+  EXPECT_NE(human.out.find("[4, 3] strides [1, 4]"), std::string::npos) << human.out;
+}
+
+TEST_F(CliTest, BadInputsExitThreeWithOneLineAndNoOutput) {
+  struct Case {
+    const char* file;
+    const char* needle;
+  } cases[] = {
+      {"garbage.bin", "expected a torch.save zip, a TorchScript archive"},
+      {"truncated.pt", "not a readable torch.save zip file"},
+      {"evil.pt", "global \"os.system\" is not allowed"},
+      {"no-such-file.pt", "No such file or directory"},
+  };
+  for (const auto& c : cases) {
+    const Result r = Tsar("pack " + Fixture(c.file) + " -o " + Path("out.tsar"));
+    EXPECT_EQ(r.code, 3) << c.file;
+    EXPECT_TRUE(OneErrorLine(r, c.needle)) << c.file;
+    EXPECT_TRUE(OneErrorLine(r, c.file)) << c.file;
+    EXPECT_FALSE(Exists(Path("out.tsar"))) << c.file;
+  }
+  const Result r = Tsar("pack " + Fixture("tied_sd.pt") + " -o " + Path("no/such/dir/out.tsar"));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(OneErrorLine(r, "cannot create a file in directory"));
+  const Result twice = Tsar("pack " + Fixture("tied_sd.pt") + " " + Fixture("tied_sd.pt") + " -o " + Path("out.tsar"));
+  EXPECT_EQ(twice.code, 2);
+  EXPECT_TRUE(OneErrorLine(twice, "--entry NAME=FILE"));
+  EXPECT_FALSE(Exists(Path("out.tsar")));
+}
+
+TEST_F(CliTest, KillingThePackerNeverLeavesAHalfWrittenArchive) {
+  ASSERT_EQ(Tsar("pack -q " + Fixture("tied_sd.pt") + " -o " + Path("out.tsar")).code, 0);
+  const std::string old = testing::ReadAll(Path("out.tsar"));
+  std::mt19937 rng(42);
+  int replaced = 0;
+  for (int i = 0; i < 12; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execl(kTsar.c_str(), "tsar", "pack", "-q", Fixture("big.pt").c_str(), "-o", Path("out.tsar").c_str(), nullptr);
+      _exit(127);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 400));
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    const std::string now = testing::ReadAll(Path("out.tsar"));
+    if (now == old) continue;
+    ++replaced;
+    // Not the old file: then a complete, valid new archive.
+    const Result v = Tsar("verify " + Path("out.tsar"));
+    EXPECT_EQ(v.code, 0) << v.out << v.err;
+    break;
+  }
+  const Result ls = Sh("ls -A " + dir_);
+  EXPECT_EQ(ls.out, "out.tsar\n") << "temporary files left behind";
+  (void)replaced;
+}
+
+TEST_F(CliTest, VerifyNamesDamagedTensorsAndExitsOne) {
+  ASSERT_EQ(Tsar("pack -q " + Fixture("tied_sd.pt") + " -o " + Path("t.tsar")).code, 0);
+  Result r = Tsar("verify " + Path("t.tsar"));
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out.rfind("ok ", 0), 0u) << r.out;
+  const auto doc = nlohmann::json::parse(Tsar("inspect --json " + Path("t.tsar")).out);
+  uint64_t emb_storage = 0;
+  for (const auto& t : doc["tensors"]) {
+    if (t["name"] == "emb.weight") emb_storage = t["storage"];
+  }
+  const uint64_t off = doc["storages"][emb_storage]["offset"];
+  std::string bytes = testing::ReadAll(Path("t.tsar"));
+  bytes[off + 5] ^= 0x40;
+  testing::WriteAll(Path("bad.tsar"), bytes);
+  r = Tsar("verify " + Path("t.tsar") + " " + Path("bad.tsar"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("DAMAGED"), std::string::npos);
+  EXPECT_NE(r.out.find("\"model/emb.weight\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"model/head.weight\""), std::string::npos) << r.out;
+  EXPECT_TRUE(OneErrorLine(r, "fail their XXH3-64 checksum"));
+  testing::WriteAll(Path("short.tsar"), bytes.substr(0, 100));
+  r = Tsar("verify " + Path("short.tsar"));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(OneErrorLine(r, "short.tsar: offset"));
+  r = Tsar("inspect " + Path("short.tsar"));
+  EXPECT_EQ(r.code, 3);
+}
+
+}  // namespace
+}  // namespace tsar
