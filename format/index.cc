@@ -18,22 +18,24 @@ std::string TensorField(uint32_t i, std::string_view name, const char* field) {
   return "tensor #" + Dec(i) + (name.empty() ? "" : " " + Quote(name)) + " " + field;
 }
 
-// Reads a string reference (§2.5) into the blob at `off`: R21-R24.
+// Reads a string reference (§2.5) into the blob at `off`: R21-R24. `field`
+// is the record and the string ("tensor #3 name", "metadata #0 key"); the
+// reference's own fields are `field`_offset and `field`_length, as in §4.
 std::string_view BlobString(const ByteReader& r, uint64_t off, uint64_t blob_offset,
                             uint64_t blob_size, const std::string& field, bool utf8) {
-  const uint64_t o = r.U32(off, field + " offset");
-  const uint64_t n = r.U32(off + 4, field + " length");
+  const uint64_t o = r.U32(off, field + "_offset");
+  const uint64_t n = r.U32(off + 4, field + "_length");
   if (o > blob_size || n > blob_size - o) {  // R21
-    r.Fail(ErrorCode::kOutOfBounds, off, field,
+    r.Fail(ErrorCode::kOutOfBounds, off, field + "_offset",
            "a range inside the blob of " + Dec(blob_size) + " bytes",
            "offset " + Dec(o) + " length " + Dec(n));
   }
   if (n == 0) {  // R22
-    r.Fail(ErrorCode::kInvalidValue, off + 4, field + " length", "at least 1", "0");
+    r.Fail(ErrorCode::kInvalidValue, off + 4, field + "_length", "at least 1", "0");
   }
   if (n > kMaxNameLength) {  // R23
-    r.Fail(ErrorCode::kInvalidValue, off + 4, field + " length",
-           "at most " + Dec(kMaxNameLength), Dec(n));
+    r.Fail(ErrorCode::kInvalidValue, off + 4, field + "_length", "at most " + Dec(kMaxNameLength),
+           Dec(n));
   }
   std::string_view s(reinterpret_cast<const char*>(r.data() + blob_offset + o), n);
   if (utf8 && !IsValidUtf8(s)) {  // R24
@@ -484,13 +486,21 @@ void Index::Decode(const std::string& path) {
       }
     }
     if (auto d = tensor_names_[e].Build(names); d.first != kNone) {
-      const uint32_t second = d.second;
-      const uint64_t off =
-          second < er.tensor_count
-              ? TensorRecordOffset(er.first_tensor + second)
-              : table_offset_[3] + uint64_t{sparse_ids[second - er.tensor_count]} * kSparseRecordSize;
-      r.Fail(ErrorCode::kDuplicateName, off, "name in entry " + Quote(er.name),
-             "a name unique in its entry", Quote(names[second]));
+      // Names the record (tensor or sparse) at list position k.
+      const auto record = [&](uint32_t k, uint64_t* off) {
+        if (k < er.tensor_count) {
+          *off = TensorRecordOffset(er.first_tensor + k);
+          return "tensor #" + Dec(er.first_tensor + k);
+        }
+        const uint32_t sp = sparse_ids[k - er.tensor_count];
+        *off = table_offset_[3] + uint64_t{sp} * kSparseRecordSize;
+        return "sparse #" + Dec(sp);
+      };
+      uint64_t off = 0, first_off = 0;
+      const std::string second = record(d.second, &off);
+      r.Fail(ErrorCode::kDuplicateName, off, second + " name",
+             "a name unique in entry " + Quote(er.name),
+             Quote(names[d.second]) + ", also " + record(d.first, &first_off));
     }
   }
 

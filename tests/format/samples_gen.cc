@@ -282,7 +282,7 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
        "storage #1 starts where storage #0 does"},
       {"name_out_of_blob",
        with(minimal, [](std::string& f) { Put32(f, Table(f, 2), 0x7FFFFFF0u); }, true),
-       ErrorCode::kOutOfBounds, tensor0(0), "tensor name offset past the blob"},
+       ErrorCode::kOutOfBounds, tensor0(0), "tensor name_offset past the blob"},
       {"name_empty", with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 4, 0); }, true),
        ErrorCode::kInvalidValue, tensor0(4), "an empty tensor name"},
       {"name_not_utf8",
