@@ -270,22 +270,24 @@ void IndexBuilder::CheckSparse() const {
 void IndexBuilder::Plan() {
   if (planned_) return;
   CheckSparse();
-  // Names are unique per entry, sparse names included (§6 R66).
+  // Names are unique per entry, sparse names included (§6 R66). Tensors and
+  // sparse records are checked in the decoder's order, in linear time.
+  std::vector<std::unordered_set<std::string_view>> seen(entries_.size());
   for (uint32_t e = 0; e < entries_.size(); ++e) {
-    std::unordered_set<std::string_view> seen;
-    const std::string in_entry = "a name unique in entry " + Quote(entries_[e].name);
     for (uint32_t i = 0; i < entries_[e].tensor_count; ++i) {
       const std::string& n = tensors_[entries_[e].first_tensor + i].name;
-      if (!seen.insert(n).second) {
-        Misuse(ErrorCode::kDuplicateName,
-               "tensor " + Quote(n) + ": name: expected " + in_entry + ", found it twice");
+      if (!seen[e].insert(n).second) {
+        Misuse(ErrorCode::kDuplicateName, "tensor " + Quote(n) +
+                                              ": name: expected a name unique in entry " +
+                                              Quote(entries_[e].name) + ", found it twice");
       }
     }
-    for (const auto& s : sparse_) {
-      if (s.entry == e && !seen.insert(s.spec.name).second) {
-        Misuse(ErrorCode::kDuplicateName, "sparse tensor " + Quote(s.spec.name) +
-                                              ": name: expected " + in_entry + ", found it twice");
-      }
+  }
+  for (const auto& s : sparse_) {
+    if (!seen[s.entry].insert(s.spec.name).second) {
+      Misuse(ErrorCode::kDuplicateName, "sparse tensor " + Quote(s.spec.name) +
+                                            ": name: expected a name unique in entry " +
+                                            Quote(entries_[s.entry].name) + ", found it twice");
     }
   }
 

@@ -473,17 +473,27 @@ void Index::Decode(const std::string& path) {
 
   // R66: names are unique per entry, tensors and sparse records together.
   // The tables built here serve lookups after open.
+  // Sparse records are bucketed by entry first (a counting sort that keeps
+  // table order), so the work is linear: scanning every sparse record for
+  // every entry would let a hostile index cost entry_count * sparse_count.
+  std::vector<uint32_t> bucket_start(uint64_t{entry_count} + 1, 0);
+  for (const SparseRecord& sp : sparse_) ++bucket_start[sp.entry + 1];
+  for (uint32_t e = 0; e < entry_count; ++e) bucket_start[e + 1] += bucket_start[e];
+  std::vector<uint32_t> by_entry(sparse_count);
+  {
+    std::vector<uint32_t> next(bucket_start.begin(), bucket_start.end() - 1);
+    for (uint32_t i = 0; i < sparse_count; ++i) by_entry[next[sparse_[i].entry]++] = i;
+  }
   tensor_names_.resize(entry_count);
   for (uint32_t e = 0; e < entry_count; ++e) {
     names.clear();
     const EntryRecord& er = entries_[e];
-    for (uint32_t i = 0; i < er.tensor_count; ++i) names.push_back(tensors_[er.first_tensor + i].name);
-    std::vector<uint32_t> sparse_ids;
-    for (uint32_t i = 0; i < sparse_count; ++i) {
-      if (sparse_[i].entry == e) {
-        names.push_back(sparse_[i].name);
-        sparse_ids.push_back(i);
-      }
+    for (uint32_t i = 0; i < er.tensor_count; ++i) {
+      names.push_back(tensors_[er.first_tensor + i].name);
+    }
+    const uint32_t* sparse_ids = by_entry.data() + bucket_start[e];
+    for (uint32_t k = bucket_start[e]; k < bucket_start[e + 1]; ++k) {
+      names.push_back(sparse_[by_entry[k]].name);
     }
     if (auto d = tensor_names_[e].Build(names); d.first != kNone) {
       // Names the record (tensor or sparse) at list position k.

@@ -7,7 +7,9 @@ namespace tsar::format {
 
 std::pair<uint32_t, uint32_t> NameTable::Build(const std::vector<std::string_view>& names) {
   names_ = names;
-  size_t cap = 16;
+  // At most half full. An empty set allocates nothing: an index may hold
+  // millions of empty entries, and each has its own table.
+  size_t cap = names.empty() ? 0 : 2;
   while (cap < names.size() * 2) cap <<= 1;
   slots_.assign(cap, kMissing);
   for (uint32_t i = 0; i < names.size(); ++i) {

@@ -483,6 +483,30 @@ TEST(IndexBuilder, WritesSparseRecordsTheDecoderAccepts) {
   EXPECT_EQ(idx.FindTensor(0, "sp"), kNone);  // a sparse name is not a tensor
 }
 
+TEST(IndexDecode, ManyEntriesWithSparseRecordsCostLinearTime) {
+  // R66 buckets sparse records by entry; scanning all of them for every
+  // entry took entry_count * sparse_count steps (about 10^9 here).
+  IndexBuilder b;
+  const uint32_t s = b.AddStorage(24);
+  constexpr uint32_t kEntries = 30000;
+  for (uint32_t e = 0; e < kEntries; ++e) {
+    b.AddEntry("e" + std::to_string(e));
+    SparseSpec sp;
+    sp.name = "sp";
+    sp.first_component = 2 * e;
+    const uint32_t id = b.AddSparse(sp);
+    for (const char* n : {"i", "v"}) {
+      TensorSpec t = Spec(n, s, DType::kInt64, {1}, {1});
+      t.role = Role::kSparseComponent;
+      t.sparse = id;
+      b.AddTensor(t);
+    }
+  }
+  const Index idx = ParseString(Encode(b));
+  EXPECT_EQ(idx.sparse().size(), kEntries);
+  EXPECT_EQ(idx.FindTensor(kEntries - 1, "v"), 2 * kEntries - 1);
+}
+
 TEST(IndexBuilder, RefusesInconsistentSparseRecords) {
   const auto bad_sparse = [](const std::function<void(SparseSpec&)>& edit) {
     IndexBuilder b;
