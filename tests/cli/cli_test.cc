@@ -80,12 +80,26 @@ TEST_F(CliTest, HelpVersionAndUsageErrors) {
 }
 
 TEST_F(CliTest, PackedTorchSaveFilesMatchWhatPythonSees) {
-  for (const char* f : {"resnet18_sd.pt", "tied_sd.pt", "big.pt"}) {
+  for (const char* f : {"resnet18_sd.pt", "tied_sd.pt", "big.pt", "dtypes.pt", "params.pt", "checkpoint.pt"}) {
     const Result r = Tsar("pack -q " + Fixture(f) + " -o " + Path("out.tsar"));
     ASSERT_EQ(r.code, 0) << f << ": " << r.err;
     const Result check = Sh("/usr/bin/python3 " + kSource + "/tests/cli/check_pack.py " + Fixture(f) + " " + Path("out.tsar"));
     EXPECT_EQ(check.code, 0) << f << ":\n" << check.out << check.err;
   }
+}
+
+TEST_F(CliTest, NonTensorValuesAreSkippedWithANoteOrRefusedWithStrict) {
+  Result r = Tsar("pack " + Fixture("checkpoint.pt") + " -o " + Path("c.tsar"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("note: " + Fixture("checkpoint.pt") + ": optimizer.param_groups: a list of 1 items skipped"),
+            std::string::npos) << r.err;
+  r = Tsar("pack --strict " + Fixture("checkpoint.pt") + " -o " + Path("s.tsar"));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(OneErrorLine(r, "optimizer.state: expected a tensor, a dict of tensors, a number or a string"));
+  EXPECT_FALSE(Exists(Path("s.tsar")));
+  r = Tsar("pack --quiet " + Fixture("checkpoint.pt") + " -o " + Path("q.tsar"));
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out + r.err, "");
 }
 
 TEST_F(CliTest, PackIsDeterministic) {

@@ -136,7 +136,7 @@ TEST_F(ArchiveTest, ReadModeReturnsEqualTensorsInPrivateMemory) {
 
 TEST_F(ArchiveTest, PrefetchModesReturnTheSameBytes) {
   pack(Path("p.tsar"), std::vector<std::pair<std::string, at::Tensor>>{{"x", at::arange(5000, at::kInt)}});
-  for (Prefetch p : {Prefetch::kNone, Prefetch::kWillNeed, Prefetch::kPopulate}) {
+  for (Prefetch p : {Prefetch::kNone, Prefetch::kWillNeed, Prefetch::kPopulate, Prefetch::kLock}) {
     OpenOptions o;
     o.prefetch = p;
     o.verify = VerifyMode::kFull;
