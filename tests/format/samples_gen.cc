@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -41,7 +42,12 @@ struct Draft {
   std::vector<TensorSpec> tensors;  // as added, for expected.json
   std::vector<std::string> entry_of;
   std::string current_entry;
-  nlohmann::ordered_json meta = nlohmann::ordered_json::array();
+  struct MetaRecord {
+    uint32_t entry;
+    std::string key;
+    nlohmann::ordered_json json;
+  };
+  std::vector<MetaRecord> meta;  // as added; Expected() lists them in file order
 
   void Entry(const std::string& name) {
     b.AddEntry(name);
@@ -98,9 +104,18 @@ struct Draft {
                          {"role", kRoles[static_cast<int>(t.role)]},
                          {"requires_grad", t.requires_grad}});
     }
+    // Metadata in file order: sorted by (entry as u32, key bytewise), §4.7.
+    // std::string compares as unsigned bytes, and an archive-level record
+    // (entry 0xffffffff) sorts after every per-entry one.
+    std::vector<MetaRecord> sorted = meta;
+    std::stable_sort(sorted.begin(), sorted.end(), [](const MetaRecord& a, const MetaRecord& b) {
+      return a.entry != b.entry ? a.entry < b.entry : a.key < b.key;
+    });
+    nlohmann::ordered_json metadata = nlohmann::ordered_json::array();
+    for (const MetaRecord& m : sorted) metadata.push_back(m.json);
     j["storages"] = storages;
     j["tensors"] = tensors;
-    j["metadata"] = meta;
+    j["metadata"] = metadata;
     return j.dump(2) + "\n";
   }
 };
@@ -181,7 +196,7 @@ struct Invalid {
   std::function<std::string()> make;
   ErrorCode code;
   std::function<uint64_t(const std::string&)> offset;
-  const char* what;  // one line for the manifest's readers
+  const char* what;  // MANIFEST.tsv's description column
 };
 
 std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::string& shared,
@@ -244,7 +259,7 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
        ErrorCode::kReservedNonZero, fixed(ih + 40), "a reserved index header byte"},
       {"tensor_count_huge",
        with(minimal, [ih](std::string& f) { Put32(f, ih + 8, 0xFFFFFFFFu); }, true),
-       ErrorCode::kOutOfBounds, fixed(ih + 8), "4 billion tensors in a 246-byte index"},
+       ErrorCode::kOutOfBounds, fixed(ih + 8), "4 billion tensors in a 182-byte index"},
       {"blob_size_huge",
        with(minimal, [ih](std::string& f) { Put64(f, ih + 24, UINT64_MAX); }, true),
        ErrorCode::kOutOfBounds, fixed(ih + 24), "blob_size near 2^64"},
@@ -432,11 +447,12 @@ Draft EntriesMeta() {
     m.bytes = bytes;
     d.Meta(m);
     static const char* const kTypes[] = {"", "string", "int", "float", "bytes"};
-    d.meta.push_back({{"entry", entry == format::kNone ? nlohmann::ordered_json(nullptr)
-                                                        : nlohmann::ordered_json(entry)},
-                      {"key", key},
-                      {"type", kTypes[static_cast<int>(type)]},
-                      {"value", value}});
+    d.meta.push_back({entry, key,
+                      {{"entry", entry == format::kNone ? nlohmann::ordered_json(nullptr)
+                                                         : nlohmann::ordered_json(entry)},
+                       {"key", key},
+                       {"type", kTypes[static_cast<int>(type)]},
+                       {"value", value}}});
   };
   meta(format::kNone, "step", MetaType::kInt, -10, 0, "", -10);
   meta(format::kNone, "lr", MetaType::kFloat, 0, 0.25, "", 0.25);
@@ -504,7 +520,7 @@ std::vector<SampleFile> GenerateSamples() {
     if (std::string(n.name) == "shared") shared = bytes;
     if (std::string(n.name) == "entries_meta") meta = bytes;
   }
-  std::string manifest = "file\tcode\toffset\tmessage\n";
+  std::string manifest = "file\tcode\toffset\tmessage\tdescription\n";
   for (const Invalid& inv : InvalidCatalogue(minimal, shared, meta)) {
     const std::string bytes = inv.make();
     const std::string file = std::string(inv.name) + ".tsar";
@@ -518,7 +534,7 @@ std::vector<SampleFile> GenerateSamples() {
                                std::to_string(want) + ", got " + e.what());
       }
       manifest += file + "\t" + ErrorCodeName(e.code()) + "\t" + std::to_string(want) + "\t" +
-                  Tsv(e.what()) + "\n";
+                  Tsv(e.what()) + "\t" + Tsv(inv.what) + "\n";
     }
     out.push_back({"invalid/" + file, bytes});
   }

@@ -84,7 +84,41 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
       EXPECT_EQ(j["storages"][i]["xxh3"], hex);
       EXPECT_EQ(format::Xxh3(bytes.data() + st.offset, st.nbytes), st.xxh3) << tsar_path;
     }
-    EXPECT_EQ(j["metadata"].size(), idx.metadata().size());
+    // Every metadata record, in file order (§4.7).
+    ASSERT_EQ(j["metadata"].size(), idx.metadata().size()) << tsar_path;
+    static const char* const kTypes[] = {"", "string", "int", "float", "bytes"};
+    for (size_t i = 0; i < idx.metadata().size(); ++i) {
+      const format::MetadataRecord& m = idx.metadata()[i];
+      const auto& e = j["metadata"][i];
+      if (m.entry == format::kNone) {
+        EXPECT_TRUE(e["entry"].is_null()) << tsar_path << " metadata #" << i;
+      } else {
+        EXPECT_EQ(e["entry"], m.entry) << tsar_path << " metadata #" << i;
+      }
+      EXPECT_EQ(e["key"], std::string(m.key)) << tsar_path << " metadata #" << i;
+      EXPECT_EQ(e["type"], kTypes[static_cast<int>(m.type)]) << tsar_path << " metadata #" << i;
+      switch (m.type) {
+        case format::MetaType::kInt:
+          EXPECT_EQ(e["value"], m.int_value) << tsar_path << " metadata #" << i;
+          break;
+        case format::MetaType::kFloat:
+          EXPECT_EQ(e["value"].get<double>(), m.float_value) << tsar_path << " metadata #" << i;
+          break;
+        case format::MetaType::kString:
+          EXPECT_EQ(e["value"], std::string(m.bytes)) << tsar_path << " metadata #" << i;
+          break;
+        case format::MetaType::kBytes: {
+          std::string hex;
+          char buf[4];
+          for (unsigned char c : m.bytes) {
+            std::snprintf(buf, sizeof buf, "%02x", c);
+            hex += buf;
+          }
+          EXPECT_EQ(e["value"], hex) << tsar_path << " metadata #" << i;
+          break;
+        }
+      }
+    }
     ++checked;
   }
   EXPECT_EQ(checked, 7);
@@ -94,15 +128,19 @@ TEST(Samples, InvalidOnesFailAsTheManifestSays) {
   const std::string manifest = ReadFile(std::string(TSAR_SAMPLES_DIR) + "/invalid/MANIFEST.tsv");
   std::istringstream lines(manifest);
   std::string line;
-  std::getline(lines, line);  // header
+  std::getline(lines, line);
+  EXPECT_EQ(line, "file\tcode\toffset\tmessage\tdescription");
   int checked = 0;
   while (std::getline(lines, line)) {
-    std::istringstream cols(line);
-    std::string file, code, offset, message;
-    std::getline(cols, file, '\t');
-    std::getline(cols, code, '\t');
-    std::getline(cols, offset, '\t');
-    std::getline(cols, message, '\t');
+    std::vector<std::string> cols;
+    std::istringstream in(line);
+    for (std::string col; std::getline(in, col, '\t');) cols.push_back(col);
+    ASSERT_EQ(cols.size(), 5u) << line;
+    const std::string& file = cols[0];
+    const std::string& code = cols[1];
+    const std::string& offset = cols[2];
+    const std::string& message = cols[3];
+    EXPECT_FALSE(cols[4].empty()) << file << " has no description";
     const std::string bytes = ReadFile(std::string(TSAR_SAMPLES_DIR) + "/invalid/" + file);
     try {
       ParseString(bytes, file);
