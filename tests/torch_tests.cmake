@@ -47,3 +47,13 @@ set_tests_properties(install.consumer PROPERTIES TIMEOUT 300)
 # The spec's independent Python reference decoder agrees with every sample.
 add_test(NAME spec.reference_decoder
   COMMAND ${TSAR_PYTHON} ${PROJECT_SOURCE_DIR}/spec/reference/check_samples.py ${PROJECT_SOURCE_DIR}/samples)
+
+# safetensors and HDF5 importers, on files Python writes at test time.
+add_executable(tsar_import_tests writer/import_test.cc)
+target_link_libraries(tsar_import_tests PRIVATE tsar_lib tsar_format GTest::gtest_main nlohmann_json::nlohmann_json)
+target_include_directories(tsar_import_tests PRIVATE ${PROJECT_SOURCE_DIR})
+add_test(NAME fixtures.imports
+  COMMAND ${TSAR_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/make_import_fixtures.py ${CMAKE_BINARY_DIR}/import_fixtures)
+set_tests_properties(fixtures.imports PROPERTIES FIXTURES_SETUP imports TIMEOUT 300)
+gtest_discover_tests(tsar_import_tests DISCOVERY_TIMEOUT 60
+  PROPERTIES FIXTURES_REQUIRED imports ENVIRONMENT TSAR_IMPORT_FIXTURES=${CMAKE_BINARY_DIR}/import_fixtures)

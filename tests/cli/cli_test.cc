@@ -195,6 +195,43 @@ TEST_F(CliTest, KillingThePackerNeverLeavesAHalfWrittenArchive) {
   (void)replaced;
 }
 
+TEST_F(CliTest, ExportsReadBackExactlyByTorchH5pyAndSafetensors) {
+  struct Case {
+    const char* fixture;
+    const char* ext;
+  } cases[] = {{"resnet18_sd.pt", "pt"}, {"resnet18_sd.pt", "h5"}, {"resnet18_sd.pt", "safetensors"},
+               {"tied_sd.pt", "pt"},     {"tied_sd.pt", "h5"},     {"dtypes.pt", "pt"},
+               {"checkpoint.pt", "pt"},  {"params.pt", "pt"}};
+  for (const auto& c : cases) {
+    ASSERT_EQ(Tsar("pack -q " + Fixture(c.fixture) + " -o " + Path("a.tsar")).code, 0);
+    const std::string out = Path(std::string("out.") + c.ext);
+    const Result r = Tsar("export -q --materialize-shared " + Path("a.tsar") + " -o " + out);
+    ASSERT_EQ(r.code, 0) << c.fixture << " " << c.ext << ": " << r.err;
+    const Result check = Sh("/usr/bin/python3 " + kSource + "/tests/cli/check_export.py " + Fixture(c.fixture) + " " + out);
+    EXPECT_EQ(check.code, 0) << c.fixture << " -> " << c.ext << ":\n" << check.out << check.err;
+    // Packing the export again gives the same tensors (tsar diff would say so).
+    const Result again = Tsar("pack -q " + out + " -o " + Path("b.tsar"));
+    EXPECT_EQ(again.code, 0) << again.err;
+  }
+}
+
+TEST_F(CliTest, ExportRefusesWhatTheTargetCannotHold) {
+  ASSERT_EQ(Tsar("pack -q " + Fixture("tied_sd.pt") + " -o " + Path("t.tsar")).code, 0);
+  Result r = Tsar("export " + Path("t.tsar") + " -o " + Path("t.safetensors"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(r, "\"emb.weight\", \"head.weight\""));
+  EXPECT_TRUE(OneErrorLine(r, "--materialize-shared"));
+  EXPECT_FALSE(Exists(Path("t.safetensors")));
+  ASSERT_EQ(Tsar("pack -q " + Fixture("dtypes.pt") + " -o " + Path("d.tsar")).code, 0);
+  r = Tsar("export " + Path("d.tsar") + " -o " + Path("d.h5"));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(OneErrorLine(r, "tensor \"bfloat16\": h5py has no dtype bfloat16"));
+  EXPECT_FALSE(Exists(Path("d.h5")));
+  r = Tsar("export " + Path("d.tsar") + " -o " + Path("d.npz"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(r, "expected an extension .pt"));
+}
+
 TEST_F(CliTest, VerifyNamesDamagedTensorsAndExitsOne) {
   ASSERT_EQ(Tsar("pack -q " + Fixture("tied_sd.pt") + " -o " + Path("t.tsar")).code, 0);
   Result r = Tsar("verify " + Path("t.tsar"));

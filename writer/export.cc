@@ -1,0 +1,44 @@
+// Format selection and dispatch of the exporters (writer/exporter.h).
+#include "format/reader.h"
+#include "writer/export_internal.h"
+
+namespace tsar::exporter {
+namespace {
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+Format FormatFromName(const std::string& name) {
+  if (name == "pt" || name == "pth" || name == "torch") return Format::kTorchSave;
+  if (name == "safetensors") return Format::kSafetensors;
+  if (name == "h5" || name == "hdf5") return Format::kHdf5;
+  throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
+              "--format: expected pt, safetensors or h5, found " + format::Quote(name));
+}
+
+Format FormatFromPath(const std::string& path) {
+  for (const char* ext : {".pt", ".pth", ".bin"}) {
+    if (EndsWith(path, ext)) return Format::kTorchSave;
+  }
+  if (EndsWith(path, ".safetensors")) return Format::kSafetensors;
+  if (EndsWith(path, ".h5") || EndsWith(path, ".hdf5")) return Format::kHdf5;
+  throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
+              "output: expected an extension .pt, .pth, .bin, .safetensors, .h5 or .hdf5 (or --format)");
+}
+
+std::string FlatName(const Archive& archive, const TensorInfo& t) {
+  return archive.entries().size() == 1 ? t.name : t.entry + "/" + t.name;
+}
+
+std::vector<std::string> Export(const Archive& archive, const std::string& path, Format format,
+                                const ExportOptions& options) {
+  switch (format) {
+    case Format::kTorchSave: return ExportTorchSave(archive, path);
+    case Format::kSafetensors: return ExportSafetensors(archive, path, options);
+    case Format::kHdf5: return ExportHdf5(archive, path);
+  }
+  return {};
+}
+
+}  // namespace tsar::exporter

@@ -1,0 +1,204 @@
+// Export to HDF5 as h5py lays it out: one dataset per tensor, dotted names as
+// nested groups, metadata as attributes; bool as h5py's enum, complex as h5py's
+// {r, i} compound, float16 as IEEE half. Built in memory (core driver) and then
+// written atomically, since HDF5 can only write to a path.
+#include <ATen/core/Tensor.h>
+#include <hdf5.h>
+
+#include "format/reader.h"
+#include "writer/atomic_file.h"
+#include "writer/export_internal.h"
+
+namespace tsar::exporter {
+namespace {
+
+// Closes an HDF5 handle with its own close function.
+class H5 {
+ public:
+  H5(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~H5() {
+    if (id_ >= 0) close_(id_);
+  }
+  H5(const H5&) = delete;
+  H5& operator=(const H5&) = delete;
+  hid_t get() const { return id_; }
+  bool ok() const { return id_ >= 0; }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+[[noreturn]] void Fail(const std::string& path, const std::string& what) {
+  throw Error(ErrorCode::kIo, path, std::nullopt, "HDF5: " + what);
+}
+
+// The file type h5py uses for a dtype, or -1 (caller owns a copy when *owned).
+hid_t FileType(DType dt, bool* owned) {
+  *owned = false;
+  switch (dt) {
+    case DType::kUInt8: return H5T_STD_U8LE;
+    case DType::kInt8: return H5T_STD_I8LE;
+    case DType::kInt16: return H5T_STD_I16LE;
+    case DType::kInt32: return H5T_STD_I32LE;
+    case DType::kInt64: return H5T_STD_I64LE;
+    case DType::kUInt16: return H5T_STD_U16LE;
+    case DType::kUInt32: return H5T_STD_U32LE;
+    case DType::kUInt64: return H5T_STD_U64LE;
+    case DType::kFloat32: return H5T_IEEE_F32LE;
+    case DType::kFloat64: return H5T_IEEE_F64LE;
+    case DType::kFloat16: {  // h5py's IEEE half: 1 sign, 5 exponent, 10 mantissa bits
+      const hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+      H5Tset_fields(t, 15, 10, 5, 0, 10);
+      H5Tset_size(t, 2);
+      H5Tset_ebias(t, 15);
+      *owned = true;
+      return t;
+    }
+    case DType::kBool: {  // h5py: enum of int8 {FALSE: 0, TRUE: 1}
+      const hid_t t = H5Tenum_create(H5T_NATIVE_INT8);
+      int8_t v = 0;
+      H5Tenum_insert(t, "FALSE", &v);
+      v = 1;
+      H5Tenum_insert(t, "TRUE", &v);
+      *owned = true;
+      return t;
+    }
+    case DType::kComplex64:
+    case DType::kComplex128: {  // h5py: compound {r, i}
+      const bool wide = dt == DType::kComplex128;
+      const size_t half = wide ? 8 : 4;
+      const hid_t t = H5Tcreate(H5T_COMPOUND, 2 * half);
+      H5Tinsert(t, "r", 0, wide ? H5T_IEEE_F64LE : H5T_IEEE_F32LE);
+      H5Tinsert(t, "i", half, wide ? H5T_IEEE_F64LE : H5T_IEEE_F32LE);
+      *owned = true;
+      return t;
+    }
+    default: return -1;
+  }
+}
+
+// The group for the dotted prefix of `name` under `root`, creating it.
+hid_t GroupFor(hid_t root, const std::vector<std::string>& parts, std::vector<hid_t>& opened, const std::string& path,
+               const std::string& tensor) {
+  hid_t g = root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    if (H5Lexists(g, p.c_str(), H5P_DEFAULT) > 0) {
+      H5O_info_t info;
+      if (H5Oget_info_by_name(g, p.c_str(), &info, H5P_DEFAULT) < 0 || info.type != H5O_TYPE_GROUP) {
+        throw Error(ErrorCode::kUnsupported, path, std::nullopt,
+                    "tensor " + format::Quote(tensor) + ": its prefix " + format::Quote(p) +
+                        " is also a tensor, which HDF5 groups cannot express");
+      }
+      g = H5Gopen2(g, p.c_str(), H5P_DEFAULT);
+    } else {
+      g = H5Gcreate2(g, p.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    }
+    if (g < 0) Fail(path, "cannot create group for " + format::Quote(tensor));
+    opened.push_back(g);
+  }
+  return g;
+}
+
+void Attribute(hid_t loc, const std::string& key, const MetadataValue& v, std::vector<std::string>& notes,
+               const std::string& path) {
+  if (std::holds_alternative<Bytes>(v)) {
+    notes.push_back("metadata " + key + ": bytes values are not written as HDF5 attributes; left out");
+    return;
+  }
+  const H5 space(H5Screate(H5S_SCALAR), H5Sclose);
+  // h5py reads a variable-length UTF-8 string attribute as str.
+  const H5 str_type(std::holds_alternative<std::string>(v) ? H5Tcopy(H5T_C_S1) : -1, H5Tclose);
+  hid_t type = -1;
+  const void* data = nullptr;
+  const char* str = nullptr;
+  if (const auto* s = std::get_if<std::string>(&v)) {
+    H5Tset_size(str_type.get(), H5T_VARIABLE);
+    H5Tset_cset(str_type.get(), H5T_CSET_UTF8);
+    type = str_type.get();
+    str = s->c_str();
+    data = &str;
+  } else if (const auto* i = std::get_if<int64_t>(&v)) {
+    type = H5T_STD_I64LE;
+    data = i;
+  } else {
+    type = H5T_IEEE_F64LE;
+    data = &std::get<double>(v);
+  }
+  const H5 attr(H5Acreate2(loc, key.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!attr.ok() || H5Awrite(attr.get(), type, data) < 0) Fail(path, "cannot write attribute " + format::Quote(key));
+}
+
+std::vector<std::string> Split(const std::string& name) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = name.find('.', start);
+    parts.push_back(name.substr(start, dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return parts;
+}
+
+}  // namespace
+
+std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  std::vector<std::string> notes;
+  const H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fapl_core(fapl.get(), 64 << 20, /*backing_store=*/0);
+  const H5 file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  if (!file.ok()) Fail(path, "cannot create an in-memory file");
+  const auto entries = a.entries();
+  const bool single = entries.size() == 1;
+  for (const auto& [k, v] : a.metadata_items()) Attribute(file.get(), k, v, notes, path);
+  for (const auto& e : entries) {
+    H5 entry_group(single ? -1 : H5Gcreate2(file.get(), e.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    const hid_t root = single ? file.get() : entry_group.get();
+    if (root < 0) Fail(path, "cannot create group " + format::Quote(e));
+    for (const auto& [k, v] : a.metadata_items(e)) Attribute(root, k, v, notes, path);
+    for (const auto& t : a.infos()) {
+      if (t.entry != e || t.role == Role::kSparseComponent) continue;
+      bool owned = false;
+      const hid_t type = FileType(t.dtype, &owned);
+      if (type < 0) {
+        throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
+                    "tensor " + format::Quote(FlatName(a, t)) + ": h5py has no dtype " + std::string(DTypeName(t.dtype)) +
+                        "; export to .pt or .safetensors instead");
+      }
+      const H5 type_owner(owned ? type : -1, H5Tclose);
+      const auto parts = Split(t.name);
+      for (const auto& p : parts) {
+        if (p.empty()) {
+          throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
+                      "tensor " + format::Quote(t.name) + ": an empty name component cannot be an HDF5 path");
+        }
+      }
+      std::vector<hid_t> opened;
+      const hid_t g = GroupFor(root, parts, opened, path, t.name);
+      std::vector<hsize_t> dims(t.sizes.begin(), t.sizes.end());
+      const H5 space(t.sizes.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                     H5Sclose);
+      const H5 ds(H5Dcreate2(g, parts.back().c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+      for (auto it = opened.rbegin(); it != opened.rend(); ++it) H5Gclose(*it);
+      if (!ds.ok()) Fail(path, "cannot create dataset " + format::Quote(t.name) + " (is the name used twice?)");
+      const at::Tensor x = a.tensor(t.name, t.entry).contiguous();
+      if (x.numel() > 0 && H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data_ptr()) < 0) {
+        Fail(path, "cannot write dataset " + format::Quote(t.name));
+      }
+    }
+  }
+  if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) Fail(path, "cannot flush");
+  const ssize_t size = H5Fget_file_image(file.get(), nullptr, 0);
+  if (size < 0) Fail(path, "cannot get the file image");
+  std::vector<char> image(static_cast<size_t>(size));
+  if (H5Fget_file_image(file.get(), image.data(), image.size()) != size) Fail(path, "cannot copy the file image");
+  AtomicFile out(path);
+  out.WriteAt(0, image.data(), image.size());
+  out.Publish(/*durable=*/true);
+  return notes;
+}
+
+}  // namespace tsar::exporter

@@ -1,0 +1,117 @@
+// Export to safetensors: an 8-byte little-endian header length, a JSON header
+// (padded with spaces to a multiple of 8, as the reference writer does), and
+// each tensor's contiguous bytes in tensor order. safetensors forbids shared
+// storage, so aliasing tensors are refused or, on request, copied apart.
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "format/endian.h"
+#include "format/reader.h"
+#include "writer/atomic_file.h"
+#include "writer/export_internal.h"
+
+namespace tsar::exporter {
+namespace {
+
+const char* Code(DType dt) {
+  switch (dt) {
+    case DType::kBool: return "BOOL";
+    case DType::kUInt8: return "U8";
+    case DType::kInt8: return "I8";
+    case DType::kInt16: return "I16";
+    case DType::kInt32: return "I32";
+    case DType::kInt64: return "I64";
+    case DType::kFloat16: return "F16";
+    case DType::kBFloat16: return "BF16";
+    case DType::kFloat32: return "F32";
+    case DType::kFloat64: return "F64";
+    case DType::kComplex64: return "C64";
+    case DType::kFloat8E5M2: return "F8_E5M2";
+    case DType::kFloat8E4M3FN: return "F8_E4M3";
+    case DType::kUInt16: return "U16";
+    case DType::kUInt32: return "U32";
+    case DType::kUInt64: return "U64";
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& path, const ExportOptions& options) {
+  std::vector<std::string> notes;
+  const auto infos = a.infos();
+  std::map<uint32_t, std::vector<std::string>> users;
+  for (const auto& t : infos) {
+    if (t.role != Role::kSparseComponent) users[t.storage].push_back(FlatName(a, t));
+  }
+  if (!options.materialize_shared) {
+    std::string shared;
+    for (const auto& [id, names] : users) {
+      if (names.size() < 2) continue;
+      std::string group;
+      for (const auto& n : names) group += (group.empty() ? "" : ", ") + format::Quote(n);
+      shared += (shared.empty() ? "" : "; ") + group;
+    }
+    if (!shared.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, a.path(), std::nullopt,
+                  "safetensors forbids tensors that share storage, and these do: " + shared +
+                      " (use --materialize-shared to write each as its own copy)");
+    }
+  }
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : a.metadata_items()) {
+    if (const auto* s = std::get_if<std::string>(&v)) {
+      meta[k] = *s;
+    } else if (const auto* i = std::get_if<int64_t>(&v)) {
+      meta[k] = std::to_string(*i);
+    } else if (const auto* d = std::get_if<double>(&v)) {
+      char buf[40];
+      std::snprintf(buf, sizeof buf, "%.17g", *d);
+      meta[k] = buf;
+    } else {
+      notes.push_back("metadata " + k + ": bytes values cannot be safetensors metadata (strings only); left out");
+    }
+  }
+  for (const auto& e : a.entries()) {
+    for (const auto& [k, v] : a.metadata_items(e)) {
+      notes.push_back("entry " + e + " metadata " + k + ": safetensors has no per-entry metadata; left out");
+    }
+  }
+  if (!meta.empty()) header["__metadata__"] = meta;
+  uint64_t offset = 0;
+  std::vector<at::Tensor> tensors;
+  for (const auto& t : infos) {
+    if (t.role == Role::kSparseComponent) continue;
+    const char* code = Code(t.dtype);
+    if (!code) {
+      throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
+                  "tensor " + format::Quote(FlatName(a, t)) + ": safetensors has no dtype " + std::string(DTypeName(t.dtype)));
+    }
+    at::Tensor x = a.tensor(t.name, t.entry).contiguous();
+    const uint64_t n = x.numel() * x.element_size();
+    header[FlatName(a, t)] = {{"dtype", code}, {"shape", t.sizes}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+    tensors.push_back(std::move(x));
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');
+  AtomicFile out(path);
+  uint8_t len[8];
+  format::StoreU64(len, json.size());
+  out.WriteAt(0, len, 8);
+  out.WriteAt(8, json.data(), json.size());
+  uint64_t pos = 8 + json.size();
+  for (const auto& x : tensors) {
+    const uint64_t n = x.numel() * x.element_size();
+    if (n) out.WriteAt(pos, x.data_ptr(), n);
+    pos += n;
+  }
+  out.Resize(pos);
+  out.Publish(/*durable=*/true);
+  return notes;
+}
+
+}  // namespace tsar::exporter
