@@ -48,6 +48,7 @@ struct Draft {
     nlohmann::ordered_json json;
   };
   std::vector<MetaRecord> meta;  // as added; Expected() lists them in file order
+  std::vector<std::pair<format::SparseSpec, uint32_t>> sparse;  // with its entry index
 
   void Entry(const std::string& name) {
     b.AddEntry(name);
@@ -63,6 +64,10 @@ struct Draft {
     b.AddTensor(std::move(t));
   }
   void Meta(MetadataSpec m) { b.AddMetadata(std::move(m)); }
+  uint32_t Sparse(format::SparseSpec s) {
+    sparse.emplace_back(s, b.entry_count() - 1);
+    return b.AddSparse(std::move(s));
+  }
 
   std::string Bytes() {
     b.Plan();
@@ -116,6 +121,18 @@ struct Draft {
     j["storages"] = storages;
     j["tensors"] = tensors;
     j["metadata"] = metadata;
+    nlohmann::ordered_json sparse_records = nlohmann::ordered_json::array();
+    for (const auto& [sp, entry] : sparse) {
+      static const char* const kLayouts[] = {"", "coo", "csr", "csc"};
+      sparse_records.push_back({{"entry", entry},
+                                {"name", sp.name},
+                                {"layout", kLayouts[static_cast<int>(sp.layout)]},
+                                {"coalesced", sp.coalesced},
+                                {"shape", sp.sizes},
+                                {"first_component", sp.first_component},
+                                {"component_count", sp.layout == format::SparseLayout::kCoo ? 2 : 3}});
+    }
+    j["sparse"] = sparse_records;
     return j.dump(2) + "\n";
   }
 };
@@ -200,7 +217,7 @@ struct Invalid {
 };
 
 std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::string& shared,
-                                      const std::string& meta) {
+                                      const std::string& meta, const std::string& sparse) {
   auto fixed = [](uint64_t o) { return [o](const std::string&) { return o; }; };
   auto tensor0 = [](uint64_t field) {
     return [field](const std::string& f) { return Table(f, 2) + field; };
@@ -389,6 +406,13 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
             true),
        ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 4) + 32; },
        "metadata records out of (entry, key) order"},
+      {"sparse_bad_layout", with(sparse, [](std::string& f) { f[Table(f, 3) + 12] = 4; }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 3) + 12; },
+       "sparse layout 4"},
+      {"sparse_component_elsewhere",
+       with(sparse, [](std::string& f) { Put32(f, Table(f, 2) + 48 + 32, 1); }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 2) + 48 + 32; },
+       "the first component of sparse #0 names sparse #1"},
   };
   return v;
 }
@@ -491,6 +515,57 @@ Draft EmptyViews() {
   return d;
 }
 
+// valid/sparse: a COO and a CSR sparse tensor (§4.6) next to a dense one,
+// so that readers meet sparse records and rules R54-R65. Each component is a
+// dense tensor of role 3 on its own storage.
+Draft SparseTensors() {
+  Draft d;
+  d.Entry("model");
+  auto component = [&d](const std::string& name, DType dtype, std::string bytes,
+                        std::vector<int64_t> sizes, std::vector<int64_t> strides, uint32_t sparse) {
+    TensorSpec t = T(name, d.Storage(std::move(bytes)), dtype, std::move(sizes), std::move(strides),
+                     0, Role::kSparseComponent);
+    t.sparse = sparse;
+    d.Tensor(std::move(t));
+  };
+  auto ints = [](std::initializer_list<int64_t> v, size_t width) {
+    std::string s(v.size() * width, '\0');
+    size_t i = 0;
+    for (int64_t x : v) {
+      auto* p = reinterpret_cast<uint8_t*>(s.data()) + width * i++;
+      if (width == 8) {
+        format::StoreU64(p, static_cast<uint64_t>(x));
+      } else {
+        format::StoreU32(p, static_cast<uint32_t>(x));
+      }
+    }
+    return s;
+  };
+  d.Tensor(T("bias", d.Storage(Floats({0.5f, -0.5f})), DType::kFloat32, {2}, {1}, 0,
+             Role::kParameter));
+  // adj = sparse_coo_tensor([[0, 2], [1, 0]], [1.0, 2.0], (3, 3)), coalesced.
+  format::SparseSpec coo;
+  coo.name = "adj";
+  coo.layout = format::SparseLayout::kCoo;
+  coo.coalesced = true;
+  coo.sizes = {3, 3};
+  coo.first_component = 1;
+  const uint32_t adj = d.Sparse(coo);
+  component("adj.indices", DType::kInt64, ints({0, 2, 1, 0}, 8), {2, 2}, {2, 1}, adj);
+  component("adj.values", DType::kFloat32, Floats({1.0f, 2.0f}), {2}, {1}, adj);
+  // m = sparse_csr_tensor([0, 1, 2], [1, 0], [3.0, 4.0], (2, 2)).
+  format::SparseSpec csr;
+  csr.name = "m";
+  csr.layout = format::SparseLayout::kCsr;
+  csr.sizes = {2, 2};
+  csr.first_component = 3;
+  const uint32_t m = d.Sparse(csr);
+  component("m.crow_indices", DType::kInt32, ints({0, 1, 2}, 4), {3}, {1}, m);
+  component("m.col_indices", DType::kInt32, ints({1, 0}, 4), {2}, {1}, m);
+  component("m.values", DType::kFloat32, Floats({3.0f, 4.0f}), {2}, {1}, m);
+  return d;
+}
+
 std::string Tsv(std::string s) {
   for (char& c : s) {
     if (c == '\t' || c == '\n') c = ' ';
@@ -502,7 +577,7 @@ std::string Tsv(std::string s) {
 
 std::vector<SampleFile> GenerateSamples() {
   std::vector<SampleFile> out;
-  std::string minimal, shared, meta;
+  std::string minimal, shared, meta, sparse;
   struct Named {
     const char* name;
     Draft (*make)();
@@ -510,7 +585,7 @@ std::vector<SampleFile> GenerateSamples() {
   const Named valid[] = {{"empty", [] { return Draft(); }}, {"minimal", Minimal},
                          {"shared", Shared},                {"dtypes", Dtypes},
                          {"entries_meta", EntriesMeta},     {"aligned", Aligned},
-                         {"empty_views", EmptyViews}};
+                         {"empty_views", EmptyViews},       {"sparse", SparseTensors}};
   for (const Named& n : valid) {
     Draft d = n.make();
     const std::string bytes = d.Bytes();
@@ -519,9 +594,10 @@ std::vector<SampleFile> GenerateSamples() {
     if (std::string(n.name) == "minimal") minimal = bytes;
     if (std::string(n.name) == "shared") shared = bytes;
     if (std::string(n.name) == "entries_meta") meta = bytes;
+    if (std::string(n.name) == "sparse") sparse = bytes;
   }
   std::string manifest = "file\tcode\toffset\tmessage\tdescription\n";
-  for (const Invalid& inv : InvalidCatalogue(minimal, shared, meta)) {
+  for (const Invalid& inv : InvalidCatalogue(minimal, shared, meta, sparse)) {
     const std::string bytes = inv.make();
     const std::string file = std::string(inv.name) + ".tsar";
     try {

@@ -68,6 +68,8 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
       EXPECT_EQ(e["storage"], t.storage);
       EXPECT_EQ(e["storage_offset"], t.storage_offset);
       EXPECT_EQ(e["requires_grad"], t.requires_grad);
+      static const char* const kRoles[] = {"tensor", "parameter", "buffer", "sparse_component"};
+      EXPECT_EQ(e["role"], kRoles[static_cast<int>(t.role)]) << tsar_path << " tensor #" << i;
       ASSERT_EQ(e["shape"].size(), t.ndim);
       for (uint32_t d = 0; d < t.ndim; ++d) {
         EXPECT_EQ(e["shape"][d], idx.sizes(t)[d]);
@@ -119,9 +121,26 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
         }
       }
     }
+    // Every sparse record (§4.6).
+    ASSERT_EQ(j["sparse"].size(), idx.sparse().size()) << tsar_path;
+    static const char* const kLayouts[] = {"", "coo", "csr", "csc"};
+    for (size_t i = 0; i < idx.sparse().size(); ++i) {
+      const format::SparseRecord& sp = idx.sparse()[i];
+      const auto& e = j["sparse"][i];
+      EXPECT_EQ(e["entry"], sp.entry) << tsar_path << " sparse #" << i;
+      EXPECT_EQ(e["name"], std::string(sp.name)) << tsar_path << " sparse #" << i;
+      EXPECT_EQ(e["layout"], kLayouts[static_cast<int>(sp.layout)]) << tsar_path;
+      EXPECT_EQ(e["coalesced"], sp.coalesced) << tsar_path << " sparse #" << i;
+      ASSERT_EQ(e["shape"].size(), sp.ndim) << tsar_path << " sparse #" << i;
+      for (uint32_t d = 0; d < sp.ndim; ++d) {
+        EXPECT_EQ(e["shape"][d], idx.dims()[sp.dims_index + d]) << tsar_path;
+      }
+      EXPECT_EQ(e["first_component"], sp.first_component) << tsar_path << " sparse #" << i;
+      EXPECT_EQ(e["component_count"], sp.component_count) << tsar_path << " sparse #" << i;
+    }
     ++checked;
   }
-  EXPECT_EQ(checked, 7);
+  EXPECT_EQ(checked, 8);
 }
 
 TEST(Samples, InvalidOnesFailAsTheManifestSays) {
