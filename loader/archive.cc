@@ -147,7 +147,7 @@ at::Tensor Archive::Impl::Make(uint32_t i) const {
   const format::TensorRecord& t = index().tensors()[i];
   const c10::ScalarType type = ToScalarType(t.dtype, "tensor " + QuoteName(std::string(t.name)));
   // make_tensor skips the dispatcher (as LibTorch's own unpickler does);
-  // the index validation (§6 R26) already proved the view in bounds.
+  // the index validation (§6 R53) already proved the view in bounds.
   at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
       c10::Storage(storages[t.storage]), c10::DispatchKeySet(c10::DispatchKey::CPU),
       c10::scalarTypeToTypeMeta(type));

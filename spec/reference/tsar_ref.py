@@ -96,9 +96,9 @@ def decode(data, path):
     EC, SC, TC, PC, MC, DC = counts
     def bstr(off, field):
         o, k = u32(off), u32(off + 4)
-        if o > blob_size or k > blob_size - o: fail("out_of_bounds", off, field, f"a range inside the blob of {blob_size} bytes", f"offset {o} length {k}")
-        if k == 0: fail("invalid_value", off + 4, field + " length", "at least 1", "0")
-        if k > 65535: fail("invalid_value", off + 4, field + " length", "at most 65535", k)
+        if o > blob_size or k > blob_size - o: fail("out_of_bounds", off, field + "_offset", f"a range inside the blob of {blob_size} bytes", f"offset {o} length {k}")
+        if k == 0: fail("invalid_value", off + 4, field + "_length", "at least 1", "0")
+        if k > 65535: fail("invalid_value", off + 4, field + "_length", "at most 65535", k)
         s = data[blob + o: blob + o + k]
         if not utf8ok(s): fail("invalid_value", off, field, "valid UTF-8", quote(s))
         return s
@@ -159,27 +159,25 @@ def decode(data, path):
         if dx and dv != 2: fail("invalid_value", off + 38, F("device_index"), "0 unless device_type is 2 (cuda)", dx)
         zero(off + 40, 8, F("reserved"))
         doff = tab[5] + 8 * di
-        numel, last = 1, 0
-        for d in range(nd):
+        for d in range(nd):  # R48, R49
             sz, sd = dims[di + d], dims[di + nd + d]
             if sz > I64MAX: fail("bad_shape", doff + 8 * d, F("size") + f" {d}", "at most 2^63-1", sz)
             if sd > I64MAX: fail("bad_shape", doff + 8 * (nd + d), F("stride") + f" {d}", "at most 2^63-1", sd)
+        sizes = dims[di:di + nd]
+        numel, last = (0 if 0 in sizes else 1), 0
+        for d in range(nd if numel else 0):  # R50, only when no size is 0
+            sz, sd = dims[di + d], dims[di + nd + d]
+            if numel * sz > I64MAX: fail("overflow", doff + 8 * d, F("size") + f" {d}", f"at most {I64MAX // numel} (an element count of at most 2^63-1)", sz)
             numel *= sz
-            bad = numel >= U64 or numel > I64MAX
-            if not bad and sz > 0:
-                span = (sz - 1) * sd; last += span
-                bad = span >= U64 or last >= U64
-            if bad: fail("overflow", doff, F("shape"), "element count and extent below 2^63", f"an overflow at dim {d}")
+            if last + (sz - 1) * sd >= U64: fail("overflow", doff + 8 * (nd + d), F("stride") + f" {d}", f"at most {(U64 - 1 - last) // (sz - 1)} (a last element offset below 2^64)", sd)
+            last += (sz - 1) * sd
         es = ESIZE[dt]
         begin = sof * es
-        if begin >= U64: fail("overflow", off + 24, F("storage_offset"), "storage_offset * element size below 2^64", sof)
+        if begin >= U64: fail("overflow", off + 24, F("storage_offset"), f"storage_offset * element size {es} below 2^64", sof)
         end = begin
         if numel > 0:
-            end = sof + last
-            ok = end < U64
-            if ok: end += 1; ok = end < U64
-            if ok: end *= es; ok = end < U64
-            if not ok: fail("overflow", off + 24, F("storage_offset"), "a byte extent below 2^64", "an overflow")
+            end = (sof + last + 1) * es
+            if end >= U64: fail("overflow", off + 24, F("storage_offset"), f"(storage_offset + last + 1) * element size {es} below 2^64", f"storage_offset {sof}, last {last}")
         if end > storages[st][1]: fail("out_of_bounds", off + 24, F("extent"), f"at most storage #{st} nbytes {storages[st][1]}", f"{end} bytes")
         tensors.append(dict(name=nm, entry=ent, storage=st, dtype=dt, role=role, rg=bool(tf & 1), ndim=nd, di=di,
                             sizes=dims[di:di + nd], strides=dims[di + nd:di + 2 * nd], sof=sof, sparse=sp, dv=dv, dx=dx))
@@ -213,13 +211,15 @@ def decode(data, path):
         sp = sparse[t["sparse"]]
         if i < sp["fc"] or i - sp["fc"] >= sp["cc"]:
             fail("invalid_value", tab[2] + 48 * i + 32, f"tensor #{i} {quote(t['name'])} sparse", "a sparse record whose components include it", t["sparse"])
+    by_entry = [[] for _ in entries]
+    for k, s in enumerate(sparse): by_entry[s["entry"]].append(k)
     for e, (en, ft, tc) in enumerate(entries):
-        seen = set()
-        items = [(tensors[ft + k]["name"], tab[2] + 48 * (ft + k)) for k in range(tc)]
-        items += [(s["name"], tab[3] + 32 * k) for k, s in enumerate(sparse) if s["entry"] == e]
-        for nm, off in items:
-            if nm in seen: fail("duplicate_name", off, f"name in entry {quote(en)}", "a name unique in its entry", quote(nm))
-            seen.add(nm)
+        seen = {}
+        items = [(tensors[ft + k]["name"], tab[2] + 48 * (ft + k), f"tensor #{ft + k}") for k in range(tc)]
+        items += [(sparse[k]["name"], tab[3] + 32 * k, f"sparse #{k}") for k in by_entry[e]]
+        for nm, off, rec in items:
+            if nm in seen: fail("duplicate_name", off, f"{rec} name", f"a name unique in entry {quote(en)}", f"{quote(nm)}, also {seen[nm]}")
+            seen[nm] = rec
     meta = []
     for i in range(MC):
         off = tab[4] + 32 * i; f = f"metadata #{i}"
