@@ -379,12 +379,10 @@ uint32_t Machine::RebuildTensor(const std::vector<uint32_t>& a) {
   }
   // Every addressable element must lie in the storage; an empty view addresses none.
   uint64_t last = t.storage_offset;
-  bool empty = false;
-  for (size_t k = 0; k < t.sizes.size(); ++k) {
+  const bool empty = std::find(t.sizes.begin(), t.sizes.end(), 0) != t.sizes.end();
+  for (size_t k = 0; k < t.sizes.size() && !empty; ++k) {
     uint64_t span;
-    if (t.sizes[k] == 0) {
-      empty = true;
-    } else if (!CheckedMul(static_cast<uint64_t>(t.sizes[k] - 1),
+    if (!CheckedMul(static_cast<uint64_t>(t.sizes[k] - 1),
                            static_cast<uint64_t>(t.strides[k]), &span) ||
                !CheckedAdd(last, span, &last)) {
       throw Error(ErrorCode::kOverflow, path_, op_offset_,
