@@ -55,6 +55,17 @@ void ByteSpan(const at::Tensor& t, uint64_t* begin, uint64_t* end) {
   *end = (last + 1) * esize;
 }
 
+// Runs a builder call; its misuse errors carry no file, so name the output.
+template <typename F>
+void WithPath(const std::string& path, F&& f) {
+  try {
+    f();
+  } catch (const Error& err) {
+    if (!err.path().empty()) throw;
+    throw Error(err.code(), path, std::nullopt, err.what());
+  }
+}
+
 }  // namespace
 
 Writer::Writer(std::string path, PackOptions options) : state_(std::make_unique<State>()) {
@@ -161,11 +172,7 @@ void Writer::finish() {
         spec.device_type = format::DeviceType::kCuda;
         spec.device_index = static_cast<uint16_t>(t.device().index());
       }
-      try {
-        b.AddTensor(std::move(spec));
-      } catch (const Error& err) {
-        throw Error(err.code(), st.path, std::nullopt, err.what());
-      }
+      WithPath(st.path, [&] { b.AddTensor(std::move(spec)); });
     }
   }
   const uint32_t none = format::kNone;
@@ -189,13 +196,9 @@ void Writer::finish() {
       m.type = format::MetaType::kBytes;
       m.bytes = std::get<Bytes>(kv.second).data;
     }
-    b.AddMetadata(std::move(m));
+    WithPath(st.path, [&] { b.AddMetadata(std::move(m)); });
   }
-  try {
-    b.Plan();
-  } catch (const Error& err) {
-    throw Error(err.code(), st.path, std::nullopt, err.what());
-  }
+  WithPath(st.path, [&] { b.Plan(); });
 
   AtomicFile out(st.path);
   out.Resize(b.file_size());
