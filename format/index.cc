@@ -3,6 +3,7 @@
 #include "format/index.h"
 
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "format/checksum.h"
@@ -18,37 +19,51 @@ std::string TensorField(uint32_t i, std::string_view name, const char* field) {
   return "tensor #" + Dec(i) + (name.empty() ? "" : " " + Quote(name)) + " " + field;
 }
 
+// A field name for messages, built only when a message needs it: `f` is a
+// string or a callable returning one.
+template <typename F>
+std::string Name(const F& f) {
+  if constexpr (std::is_invocable_v<const F&>) {
+    return f();
+  } else {
+    return std::string(f);
+  }
+}
+
 // Reads a string reference (§2.5) into the blob at `off`: R21-R24. `field`
-// is the record and the string ("tensor #3 name", "metadata #0 key"); the
-// reference's own fields are `field`_offset and `field`_length, as in §4.
+// names the record and the string ("tensor #3 name", "metadata #0 key"); the
+// reference's own fields are `field`_offset and `field`_length, as in §4. The
+// reference lies inside its record, which R19/R20 proved inside the index.
+template <typename F>
 std::string_view BlobString(const ByteReader& r, uint64_t off, uint64_t blob_offset,
-                            uint64_t blob_size, const std::string& field, bool utf8) {
-  const uint64_t o = r.U32(off, field + "_offset");
-  const uint64_t n = r.U32(off + 4, field + "_length");
+                            uint64_t blob_size, const F& field, bool utf8) {
+  const uint64_t o = LoadU32(r.data() + off);
+  const uint64_t n = LoadU32(r.data() + off + 4);
   if (o > blob_size || n > blob_size - o) {  // R21
-    r.Fail(ErrorCode::kOutOfBounds, off, field + "_offset",
+    r.Fail(ErrorCode::kOutOfBounds, off, Name(field) + "_offset",
            "a range inside the blob of " + Dec(blob_size) + " bytes",
            "offset " + Dec(o) + " length " + Dec(n));
   }
   if (n == 0) {  // R22
-    r.Fail(ErrorCode::kInvalidValue, off + 4, field + "_length", "at least 1", "0");
+    r.Fail(ErrorCode::kInvalidValue, off + 4, Name(field) + "_length", "at least 1", "0");
   }
   if (n > kMaxNameLength) {  // R23
-    r.Fail(ErrorCode::kInvalidValue, off + 4, field + "_length", "at most " + Dec(kMaxNameLength),
-           Dec(n));
+    r.Fail(ErrorCode::kInvalidValue, off + 4, Name(field) + "_length",
+           "at most " + Dec(kMaxNameLength), Dec(n));
   }
   std::string_view s(reinterpret_cast<const char*>(r.data() + blob_offset + o), n);
   if (utf8 && !IsValidUtf8(s)) {  // R24
-    r.Fail(ErrorCode::kInvalidValue, off, field, "valid UTF-8", Quote(s));
+    r.Fail(ErrorCode::kInvalidValue, off, Name(field), "valid UTF-8", Quote(s));
   }
   return s;
 }
 
-void RequireZero(const ByteReader& r, uint64_t off, uint64_t n, const std::string& field) {
-  r.Require(off, n, field);
+template <typename F>
+void RequireZero(const ByteReader& r, uint64_t off, uint64_t n, const F& field) {
+  if (off > r.size() || n > r.size() - off) r.Require(off, n, Name(field));
   for (uint64_t i = 0; i < n; ++i) {
     if (r.data()[off + i] != 0) {
-      r.Fail(ErrorCode::kReservedNonZero, off + i, field, "0",
+      r.Fail(ErrorCode::kReservedNonZero, off + i, Name(field), "0",
              "0x" + HexBytes(r.data() + off + i, 1));
     }
   }
@@ -161,6 +176,9 @@ uint64_t Index::StorageRecordOffset(uint32_t i) const {
 void Index::Decode(const std::string& path) {
   const Header& h = header_;
   const ByteReader r(head_.data(), head_.size(), path);
+  // Record fields are read unchecked: R19 and R20 proved every table lies
+  // inside the index, and each record's fields inside its record.
+  const uint8_t* const base = head_.data();
   const uint64_t index_end = h.index_offset + h.index_size;
 
   // R15: the checksum guards everything below, so it is checked first.
@@ -222,19 +240,19 @@ void Index::Decode(const std::string& path) {
   uint64_t next_tensor = 0;
   for (uint32_t i = 0; i < entry_count; ++i) {
     const uint64_t off = table_offset_[0] + uint64_t{i} * kEntryRecordSize;
-    const std::string field = "entry #" + Dec(i);
+    const auto field = [i] { return std::string("entry #") + Dec(i); };
     EntryRecord& e = entries_[i];
-    e.name = BlobString(r, off, blob, blob_size, field + " name", true);
-    e.first_tensor = r.U32(off + 8, field + " first_tensor");
-    e.tensor_count = r.U32(off + 12, field + " tensor_count");
+    e.name = BlobString(r, off, blob, blob_size, [&] { return field() + " name"; }, true);
+    e.first_tensor = LoadU32(base + off + 8);
+    e.tensor_count = LoadU32(base + off + 12);
     if (e.first_tensor != next_tensor) {  // R25
-      r.Fail(ErrorCode::kInvalidValue, off + 8, field + " first_tensor",
+      r.Fail(ErrorCode::kInvalidValue, off + 8, field() + " first_tensor",
              Dec(next_tensor) + " (entries partition the tensor table in order)",
              Dec(e.first_tensor));
     }
     next_tensor += e.tensor_count;
     if (next_tensor > tensor_count) {  // R26
-      r.Fail(ErrorCode::kOutOfBounds, off + 12, field + " tensor_count",
+      r.Fail(ErrorCode::kOutOfBounds, off + 12, field() + " tensor_count",
              "at most " + Dec(tensor_count - e.first_tensor), Dec(e.tensor_count));
     }
     names.push_back(e.name);
@@ -254,31 +272,31 @@ void Index::Decode(const std::string& path) {
   uint64_t prev_end = h.data_offset;
   for (uint32_t i = 0; i < storage_count; ++i) {
     const uint64_t off = table_offset_[1] + uint64_t{i} * kStorageRecordSize;
-    const std::string field = "storage #" + Dec(i);
+    const auto field = [i] { return std::string("storage #") + Dec(i); };
     StorageRecord& s = storages_[i];
-    s.offset = r.U64(off, field + " offset");
-    s.nbytes = r.U64(off + 8, field + " nbytes");
-    s.xxh3 = r.U64(off + 16, field + " xxh3");
-    RequireZero(r, off + 24, 8, field + " reserved");  // R29
+    s.offset = LoadU64(base + off);
+    s.nbytes = LoadU64(base + off + 8);
+    s.xxh3 = LoadU64(base + off + 16);
+    RequireZero(r, off + 24, 8, [&] { return field() + " reserved"; });  // R29
     if (s.offset > h.file_size || s.nbytes > h.file_size - s.offset) {  // R30
-      r.Fail(ErrorCode::kOutOfBounds, off + 8, field + " nbytes",
+      r.Fail(ErrorCode::kOutOfBounds, off + 8, field() + " nbytes",
              "a range inside the file of " + Dec(h.file_size) + " bytes",
              "offset " + Dec(s.offset) + " nbytes " + Dec(s.nbytes));
     }
     const uint64_t align = s.nbytes >= h.alignment ? h.alignment : kMinAlignment;
     if (s.offset % align != 0) {  // R31
-      r.Fail(ErrorCode::kMisaligned, off, field + " offset",
+      r.Fail(ErrorCode::kMisaligned, off, field() + " offset",
              "a multiple of " + Dec(align), Dec(s.offset));
     }
     if (s.offset < prev_end) {  // R32
-      r.Fail(ErrorCode::kOverlap, off, field + " offset",
+      r.Fail(ErrorCode::kOverlap, off, field() + " offset",
              "at least " + Dec(prev_end) + " (the end of the previous storage or index)",
              Dec(s.offset));
     }
     uint64_t want = 0;
     AlignUp(prev_end, align, &want);  // prev_end <= file_size: no overflow
     if (s.offset != want) {  // R33
-      r.Fail(ErrorCode::kInvalidValue, off, field + " offset",
+      r.Fail(ErrorCode::kInvalidValue, off, field() + " offset",
              Dec(want) + " (storages are packed in order without holes)", Dec(s.offset));
     }
     prev_end = s.offset + s.nbytes;
@@ -306,44 +324,44 @@ void Index::Decode(const std::string& path) {
     const uint64_t off = TensorRecordOffset(i);
     TensorRecord& t = tensors_[i];
     t.entry = entry;
-    t.name = BlobString(r, off, blob, blob_size, "tensor #" + Dec(i) + " name", true);  // R35
+    t.name = BlobString(r, off, blob, blob_size, [i] { return "tensor #" + Dec(i) + " name"; }, true);  // R35
     auto field = [&](const char* f) { return TensorField(i, t.name, f); };
-    t.storage = r.U32(off + 8, field("storage"));
+    t.storage = LoadU32(base + off + 8);
     if (t.storage >= storage_count) {  // R36
       r.Fail(ErrorCode::kOutOfBounds, off + 8, field("storage"),
              "less than storage_count " + Dec(storage_count), Dec(t.storage));
     }
-    const uint16_t dtype = r.U16(off + 12, field("dtype"));
+    const uint16_t dtype = LoadU16(base + off + 12);
     const auto dt = DTypeFromCode(dtype);
     if (!dt) {  // R37
       r.Fail(ErrorCode::kBadDtype, off + 12, field("dtype"), "a dtype code of §5 (1-18)",
              Dec(dtype));
     }
     t.dtype = *dt;
-    const uint8_t role = r.U8(off + 14, field("role"));
+    const uint8_t role = base[off + 14];
     if (role > kRoleMax) {  // R38
       r.Fail(ErrorCode::kInvalidValue, off + 14, field("role"), "0-3", Dec(role));
     }
     t.role = static_cast<Role>(role);
-    const uint8_t flags = r.U8(off + 15, field("flags"));
+    const uint8_t flags = base[off + 15];
     if (flags & ~kTensorFlagRequiresGrad) {  // R39
       r.Fail(ErrorCode::kReservedNonZero, off + 15, field("flags"), "bits 1-7 zero",
              "0x" + HexBytes(&flags, 1));
     }
     t.requires_grad = flags & kTensorFlagRequiresGrad;
-    t.ndim = r.U32(off + 16, field("ndim"));
+    t.ndim = LoadU32(base + off + 16);
     if (t.ndim > kMaxNdim) {  // R40
       r.Fail(ErrorCode::kBadShape, off + 16, field("ndim"), "at most " + Dec(kMaxNdim),
              Dec(t.ndim));
     }
-    t.dims_index = r.U32(off + 20, field("dims_index"));
+    t.dims_index = LoadU32(base + off + 20);
     if (t.dims_index > dims_count || 2 * uint64_t{t.ndim} > dims_count - t.dims_index) {  // R41
       r.Fail(ErrorCode::kOutOfBounds, off + 20, field("dims_index"),
              "2 * ndim dims inside the dims table of " + Dec(dims_count),
              Dec(t.dims_index) + " with ndim " + Dec(t.ndim));
     }
-    t.storage_offset = r.U64(off + 24, field("storage_offset"));
-    t.sparse = r.U32(off + 32, field("sparse"));
+    t.storage_offset = LoadU64(base + off + 24);
+    t.sparse = LoadU32(base + off + 32);
     if ((t.role == Role::kSparseComponent) != (t.sparse != kNone)) {  // R42
       r.Fail(ErrorCode::kInvalidValue, off + 32, field("sparse"),
              t.role == Role::kSparseComponent ? "a sparse record index for role 3"
@@ -354,18 +372,18 @@ void Index::Decode(const std::string& path) {
       r.Fail(ErrorCode::kOutOfBounds, off + 32, field("sparse"),
              "less than sparse_count " + Dec(sparse_count), Dec(t.sparse));
     }
-    const uint8_t device_type = r.U8(off + 36, field("device_type"));
+    const uint8_t device_type = base[off + 36];
     if (device_type > kDeviceTypeMax) {  // R44
       r.Fail(ErrorCode::kInvalidValue, off + 36, field("device_type"), "0-2", Dec(device_type));
     }
     t.device_type = static_cast<DeviceType>(device_type);
-    RequireZero(r, off + 37, 1, field("reserved"));  // R45
-    t.device_index = r.U16(off + 38, field("device_index"));
+    RequireZero(r, off + 37, 1, [&] { return field("reserved"); });  // R45
+    t.device_index = LoadU16(base + off + 38);
     if (t.device_index != 0 && t.device_type != DeviceType::kCuda) {  // R46
       r.Fail(ErrorCode::kInvalidValue, off + 38, field("device_index"),
              "0 unless device_type is 2 (cuda)", Dec(t.device_index));
     }
-    RequireZero(r, off + 40, 8, field("reserved"));  // R47
+    RequireZero(r, off + 40, 8, [&] { return field("reserved"); });  // R47
 
     // R48-R53: the view must stay inside its storage, in checked arithmetic
     // shared with the encoder (format/extent.h).
@@ -400,54 +418,54 @@ void Index::Decode(const std::string& path) {
   sparse_.resize(sparse_count);
   for (uint32_t i = 0; i < sparse_count; ++i) {
     const uint64_t off = table_offset_[3] + uint64_t{i} * kSparseRecordSize;
-    const std::string field = "sparse #" + Dec(i);
+    const auto field = [i] { return std::string("sparse #") + Dec(i); };
     SparseRecord& sp = sparse_[i];
-    sp.name = BlobString(r, off, blob, blob_size, field + " name", true);  // R54
-    sp.entry = r.U32(off + 8, field + " entry");
+    sp.name = BlobString(r, off, blob, blob_size, [&] { return field() + " name"; }, true);  // R54
+    sp.entry = LoadU32(base + off + 8);
     if (sp.entry >= entry_count) {  // R55
-      r.Fail(ErrorCode::kOutOfBounds, off + 8, field + " entry",
+      r.Fail(ErrorCode::kOutOfBounds, off + 8, field() + " entry",
              "less than entry_count " + Dec(entry_count), Dec(sp.entry));
     }
-    const uint8_t layout = r.U8(off + 12, field + " layout");
+    const uint8_t layout = base[off + 12];
     if (layout == 0 || layout > kSparseLayoutMax) {  // R56
-      r.Fail(ErrorCode::kInvalidValue, off + 12, field + " layout", "1-3", Dec(layout));
+      r.Fail(ErrorCode::kInvalidValue, off + 12, field() + " layout", "1-3", Dec(layout));
     }
     sp.layout = static_cast<SparseLayout>(layout);
-    const uint8_t flags = r.U8(off + 13, field + " flags");
+    const uint8_t flags = base[off + 13];
     if (flags & ~kSparseFlagCoalesced) {  // R57
-      r.Fail(ErrorCode::kReservedNonZero, off + 13, field + " flags", "bits 1-7 zero",
+      r.Fail(ErrorCode::kReservedNonZero, off + 13, field() + " flags", "bits 1-7 zero",
              "0x" + HexBytes(&flags, 1));
     }
     sp.coalesced = flags & kSparseFlagCoalesced;
-    RequireZero(r, off + 14, 2, field + " reserved");  // R58
-    sp.ndim = r.U32(off + 16, field + " ndim");
-    sp.dims_index = r.U32(off + 20, field + " dims_index");
+    RequireZero(r, off + 14, 2, [&] { return field() + " reserved"; });  // R58
+    sp.ndim = LoadU32(base + off + 16);
+    sp.dims_index = LoadU32(base + off + 20);
     if (sp.ndim > kMaxNdim) {  // R59
-      r.Fail(ErrorCode::kBadShape, off + 16, field + " ndim", "at most " + Dec(kMaxNdim),
+      r.Fail(ErrorCode::kBadShape, off + 16, field() + " ndim", "at most " + Dec(kMaxNdim),
              Dec(sp.ndim));
     }
     if (sp.dims_index > dims_count || sp.ndim > dims_count - sp.dims_index) {  // R60
-      r.Fail(ErrorCode::kOutOfBounds, off + 20, field + " dims_index",
+      r.Fail(ErrorCode::kOutOfBounds, off + 20, field() + " dims_index",
              "ndim dims inside the dims table of " + Dec(dims_count), Dec(sp.dims_index));
     }
     for (uint32_t d = 0; d < sp.ndim; ++d) {  // R61
       if (dims_[sp.dims_index + d] < 0) {
         r.Fail(ErrorCode::kBadShape, dim_offset(uint64_t{sp.dims_index} + d),
-               field + " size " + Dec(d), "at most 2^63-1",
+               field() + " size " + Dec(d), "at most 2^63-1",
                Dec(static_cast<uint64_t>(dims_[sp.dims_index + d])));
       }
     }
-    sp.first_component = r.U32(off + 24, field + " first_component");
-    sp.component_count = r.U32(off + 28, field + " component_count");
+    sp.first_component = LoadU32(base + off + 24);
+    sp.component_count = LoadU32(base + off + 28);
     const uint32_t want = sp.layout == SparseLayout::kCoo ? 2 : 3;
     if (sp.component_count != want) {  // R62
-      r.Fail(ErrorCode::kInvalidValue, off + 28, field + " component_count", Dec(want),
+      r.Fail(ErrorCode::kInvalidValue, off + 28, field() + " component_count", Dec(want),
              Dec(sp.component_count));
     }
     const EntryRecord& e = entries_[sp.entry];
     if (sp.first_component < e.first_tensor ||
         uint64_t{sp.first_component} + want > uint64_t{e.first_tensor} + e.tensor_count) {  // R63
-      r.Fail(ErrorCode::kOutOfBounds, off + 24, field + " first_component",
+      r.Fail(ErrorCode::kOutOfBounds, off + 24, field() + " first_component",
              "components inside entry #" + Dec(sp.entry) + "'s tensors",
              Dec(sp.first_component));
     }
@@ -518,50 +536,50 @@ void Index::Decode(const std::string& path) {
   metadata_.resize(metadata_count);
   for (uint32_t i = 0; i < metadata_count; ++i) {
     const uint64_t off = table_offset_[4] + uint64_t{i} * kMetadataRecordSize;
-    const std::string field = "metadata #" + Dec(i);
+    const auto field = [i] { return std::string("metadata #") + Dec(i); };
     MetadataRecord& m = metadata_[i];
-    m.key = BlobString(r, off, blob, blob_size, field + " key", true);  // R67
-    const uint8_t type = r.U8(off + 8, field + " type");
+    m.key = BlobString(r, off, blob, blob_size, [&] { return field() + " key"; }, true);  // R67
+    const uint8_t type = base[off + 8];
     if (type == 0 || type > kMetaTypeMax) {  // R68
-      r.Fail(ErrorCode::kInvalidValue, off + 8, field + " type", "1-4", Dec(type));
+      r.Fail(ErrorCode::kInvalidValue, off + 8, field() + " type", "1-4", Dec(type));
     }
     m.type = static_cast<MetaType>(type);
-    RequireZero(r, off + 9, 3, field + " reserved");  // R69
-    m.entry = r.U32(off + 12, field + " entry");
+    RequireZero(r, off + 9, 3, [&] { return field() + " reserved"; });  // R69
+    m.entry = LoadU32(base + off + 12);
     if (m.entry != kNone && m.entry >= entry_count) {  // R70
-      r.Fail(ErrorCode::kOutOfBounds, off + 12, field + " entry",
+      r.Fail(ErrorCode::kOutOfBounds, off + 12, field() + " entry",
              "0xffffffff or less than entry_count " + Dec(entry_count), Dec(m.entry));
     }
-    const uint64_t value = r.U64(off + 16, field + " value");
-    const uint64_t length = r.U64(off + 24, field + " value_length");
+    const uint64_t value = LoadU64(base + off + 16);
+    const uint64_t length = LoadU64(base + off + 24);
     if (m.type == MetaType::kInt || m.type == MetaType::kFloat) {
       if (length != 0) {  // R71
-        r.Fail(ErrorCode::kInvalidValue, off + 24, field + " value_length",
+        r.Fail(ErrorCode::kInvalidValue, off + 24, field() + " value_length",
                "0 for integer and float values", Dec(length));
       }
       m.int_value = static_cast<int64_t>(value);
       m.float_value = BitsToDouble(value);
     } else {
       if (value > blob_size || length > blob_size - value) {  // R72
-        r.Fail(ErrorCode::kOutOfBounds, off + 16, field + " value",
+        r.Fail(ErrorCode::kOutOfBounds, off + 16, field() + " value",
                "a range inside the blob of " + Dec(blob_size) + " bytes",
                "offset " + Dec(value) + " length " + Dec(length));
       }
       m.bytes = std::string_view(reinterpret_cast<const char*>(head_.data() + blob + value),
                                  static_cast<size_t>(length));
       if (m.type == MetaType::kString && !IsValidUtf8(m.bytes)) {  // R73
-        r.Fail(ErrorCode::kInvalidValue, off + 16, field + " value", "valid UTF-8",
+        r.Fail(ErrorCode::kInvalidValue, off + 16, field() + " value", "valid UTF-8",
                Quote(m.bytes));
       }
     }
     if (i > 0) {
       const MetadataRecord& p = metadata_[i - 1];
       if (p.entry == m.entry && p.key == m.key) {  // R74
-        r.Fail(ErrorCode::kDuplicateName, off, field + " key",
+        r.Fail(ErrorCode::kDuplicateName, off, field() + " key",
                "a key unique in its scope", Quote(m.key));
       }
       if (p.entry > m.entry || (p.entry == m.entry && p.key > m.key)) {  // R75
-        r.Fail(ErrorCode::kInvalidValue, off, field + " key",
+        r.Fail(ErrorCode::kInvalidValue, off, field() + " key",
                "records sorted by (entry, key)", Quote(m.key) + " after " + Quote(p.key));
       }
     }
