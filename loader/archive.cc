@@ -103,12 +103,17 @@ Archive Archive::open(const std::string& path, const OpenOptions& options) {
 
   auto impl = std::make_shared<Impl>();
   impl->core = std::make_shared<const ArchiveCore>(path, std::move(index), std::move(mapping));
-  const auto& storages = impl->core->index.storages();
-  impl->storages.reserve(storages.size());
-  for (const auto& s : storages) impl->storages.push_back(MakeStorage(impl->core, s));
+  const size_t storage_count = impl->core->index.storages().size();
+  impl->storages.resize(storage_count);
+  impl->storage_once = std::make_unique<std::once_flag[]>(storage_count);
   Archive archive(std::move(impl));
   if (options.verify == VerifyMode::kFull) archive.verify();
   return archive;
+}
+
+const c10::Storage& Archive::Impl::Storage(uint32_t i) const {
+  std::call_once(storage_once[i], [&] { storages[i] = MakeStorage(core, index().storages()[i]); });
+  return storages[i];
 }
 
 uint32_t Archive::Impl::Entry(const std::string& entry) const {
@@ -149,7 +154,7 @@ at::Tensor Archive::Impl::Make(uint32_t i) const {
   // make_tensor skips the dispatcher (as LibTorch's own unpickler does);
   // the index validation (§6 R53) already proved the view in bounds.
   at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(storages[t.storage]), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::Storage(Storage(t.storage)), c10::DispatchKeySet(c10::DispatchKey::CPU),
       c10::scalarTypeToTypeMeta(type));
   c10::TensorImpl* impl = out.unsafeGetTensorImpl();
   impl->set_sizes_and_strides(c10::IntArrayRef(index().sizes(t), t.ndim),

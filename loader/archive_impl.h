@@ -4,6 +4,7 @@
 #include <c10/core/Storage.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,11 @@ struct ArchiveCore {
 
 struct Archive::Impl {
   std::shared_ptr<const ArchiveCore> core;
-  std::vector<c10::Storage> storages;  // one per archive storage, never resized
+
+  // The c10::Storage of archive storage i, made on first use (so open() costs
+  // no allocation per storage); thread-safe; one per storage for the life of
+  // the Archive, which is what makes tensors of one storage alias again.
+  const c10::Storage& Storage(uint32_t i) const;
 
   const format::Index& index() const { return core->index; }
   // Entry index for a user-given entry name ("" = first); throws kNotFound.
@@ -34,6 +39,9 @@ struct Archive::Impl {
   uint32_t Find(const std::string& name, const std::string& entry) const;
   at::Tensor Make(uint32_t tensor) const;
   std::string QualifiedName(uint32_t tensor) const;
+
+  mutable std::vector<c10::Storage> storages;        // null until first use
+  std::unique_ptr<std::once_flag[]> storage_once;    // one per storage
 };
 
 // Fault handler registry (loader/fault_handler.cc).

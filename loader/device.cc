@@ -42,7 +42,7 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
     const uint32_t s = index.tensors()[e.first_tensor + i].storage;
     if (device_bytes[s].defined()) continue;
     const auto nbytes = static_cast<int64_t>(index.storages()[s].nbytes);
-    at::Tensor host = at::empty({0}, at::kByte).set_(impl.storages[s], 0, {nbytes}, {1});
+    at::Tensor host = at::empty({0}, at::kByte).set_(impl.Storage(s), 0, {nbytes}, {1});
     device_bytes[s] = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device));
     if (!staging.defined()) {
       staging = at::empty({kStagingBytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
