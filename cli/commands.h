@@ -13,5 +13,8 @@ using Run = std::function<int()>;
 Run AddPack(CLI::App& app);
 Run AddInspect(CLI::App& app);
 Run AddVerify(CLI::App& app);
+Run AddExport(CLI::App& app);
+Run AddDiff(CLI::App& app);
+Run AddResidency(CLI::App& app);
 
 }  // namespace tsar::cli

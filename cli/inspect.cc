@@ -6,28 +6,13 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/describe.h"
 #include "tsar/archive.h"
 
 namespace tsar::cli {
 namespace {
 
-const char* RoleName(Role r) {
-  switch (r) {
-    case Role::kParameter: return "parameter";
-    case Role::kBuffer: return "buffer";
-    case Role::kSparseComponent: return "sparse_component";
-    case Role::kTensor: break;
-  }
-  return "tensor";
-}
 
-std::string Dims(const std::vector<int64_t>& v) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
-  o << "]";
-  return o.str();
-}
 
 bool Contiguous(const TensorInfo& t) {
   int64_t expect = 1;
@@ -44,29 +29,7 @@ uint64_t TensorBytes(const TensorInfo& t) {
   return n * ElementSize(t.dtype);
 }
 
-nlohmann::ordered_json MetaJson(const MetadataValue& v) {
-  if (const auto* s = std::get_if<std::string>(&v)) return *s;
-  if (const auto* i = std::get_if<int64_t>(&v)) return *i;
-  if (const auto* d = std::get_if<double>(&v)) return *d;
-  std::string hex;
-  char buf[4];
-  for (unsigned char c : std::get<Bytes>(v).data) {
-    std::snprintf(buf, sizeof buf, "%02x", c);
-    hex += buf;
-  }
-  return {{"bytes_hex", hex}};
-}
 
-std::string MetaText(const MetadataValue& v) {
-  if (const auto* s = std::get_if<std::string>(&v)) return "\"" + *s + "\" (string)";
-  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i) + " (int)";
-  if (const auto* d = std::get_if<double>(&v)) {
-    std::ostringstream o;
-    o << *d << " (float)";
-    return o.str();
-  }
-  return std::to_string(std::get<Bytes>(v).data.size()) + " bytes (bytes)";
-}
 
 int RunInspect(const std::string& path, bool json) {
   const Archive a = Archive::open(path);

@@ -23,6 +23,9 @@ int main(int argc, char** argv) {
       "  tsar pack model.pt -o model.tsar      # torch.save, TorchScript, safetensors or HDF5 in\n"
       "  tsar inspect model.tsar               # what is inside\n"
       "  tsar verify model.tsar                # check every checksum\n"
+      "  tsar export model.tsar -o model.safetensors   # or .pt, .h5\n"
+      "  tsar diff old.tsar new.tsar           # same tensors, same bytes?\n"
+      "  tsar residency model.tsar             # page cache and the processes sharing it\n"
       "Run `tsar SUBCOMMAND --help` for details. Exit codes: 0 ok, 1 check failed,\n"
       "2 usage, 3 bad or unreadable input.");
   std::map<CLI::App*, Run> runs;
@@ -34,6 +37,9 @@ int main(int argc, char** argv) {
   add(&AddPack);
   add(&AddInspect);
   add(&AddVerify);
+  add(&AddExport);
+  add(&AddDiff);
+  add(&AddResidency);
 
   try {
     app.parse(argc, argv);

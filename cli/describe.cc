@@ -1,0 +1,78 @@
+// Value formatting of the tsar command line (cli/describe.h).
+#include "cli/describe.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace tsar::cli {
+
+const char* RoleName(Role r) {
+  switch (r) {
+    case Role::kParameter:
+      return "parameter";
+    case Role::kBuffer:
+      return "buffer";
+    case Role::kSparseComponent:
+      return "sparse_component";
+    case Role::kTensor:
+      break;
+  }
+  return "tensor";
+}
+
+std::string Dims(const std::vector<int64_t>& v) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
+  o << "]";
+  return o.str();
+}
+
+std::string Hex(const std::string& bytes, size_t max) {
+  std::string out;
+  char buf[4];
+  for (size_t i = 0; i < bytes.size() && i < max; ++i) {
+    std::snprintf(buf, sizeof buf, "%02x", static_cast<unsigned char>(bytes[i]));
+    out += buf;
+  }
+  if (bytes.size() > max) out += "...";
+  return out;
+}
+
+nlohmann::ordered_json MetaJson(const MetadataValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return *s;
+  if (const auto* i = std::get_if<int64_t>(&v)) return *i;
+  if (const auto* d = std::get_if<double>(&v)) return *d;
+  return {{"bytes_hex", Hex(std::get<Bytes>(v).data, SIZE_MAX)}};
+}
+
+std::string MetaText(const MetadataValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) {
+    std::string q = "\"";
+    char buf[8];
+    for (size_t i = 0; i < s->size() && i < 80; ++i) {
+      const auto c = static_cast<unsigned char>((*s)[i]);
+      if (c == '"' || c == '\\') {
+        q += '\\';
+        q += static_cast<char>(c);
+      } else if (c < 0x20 || c == 0x7f) {
+        std::snprintf(buf, sizeof buf, "\\x%02x", c);
+        q += buf;
+      } else {
+        q += static_cast<char>(c);
+      }
+    }
+    return q + (s->size() > 80 ? "\"... (string)" : "\" (string)");
+  }
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i) + " (int)";
+  if (const auto* d = std::get_if<double>(&v)) {
+    std::ostringstream o;
+    o.precision(17);
+    o << *d << " (float)";
+    return o.str();
+  }
+  const std::string& b = std::get<Bytes>(v).data;
+  return Hex(b, 16) + " (bytes, " + std::to_string(b.size()) + ")";
+}
+
+}  // namespace tsar::cli

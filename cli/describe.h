@@ -1,0 +1,26 @@
+// How the tsar command line writes values for people and for JSON: roles,
+// shapes, metadata values (shared by inspect, diff and residency).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "tsar/archive.h"
+
+namespace tsar::cli {
+
+// "parameter", "buffer", "sparse_component" or "tensor".
+const char* RoleName(Role r);
+// "[2, 3]".
+std::string Dims(const std::vector<int64_t>& v);
+// Lower-case hex of up to `max` bytes, "..." when cut.
+std::string Hex(const std::string& bytes, size_t max);
+// A metadata value as JSON: string, integer, float, or {"bytes_hex": "..."}.
+nlohmann::ordered_json MetaJson(const MetadataValue& v);
+// A metadata value on one line: "\"run1\" (string)", "10 (int)", "0.5 (float)",
+// "00ff10 (bytes, 3)"; control characters escaped, long strings shortened.
+std::string MetaText(const MetadataValue& v);
+
+}  // namespace tsar::cli
