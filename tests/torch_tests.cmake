@@ -20,6 +20,7 @@ target_compile_definitions(tsar_tests PRIVATE
   TSAR_FIXTURES_DIR="${TSAR_FIXTURES_DIR}"
   TSAR_TEST_WORKER="$<TARGET_FILE:tsar_test_worker>"
   TSAR_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+  TSAR_IMPORT_FIXTURES_DIR="${CMAKE_BINARY_DIR}/import_fixtures"
   TSAR_CLI="$<TARGET_FILE:tsar_cli>")
 
 add_test(NAME fixtures.models
@@ -27,7 +28,7 @@ add_test(NAME fixtures.models
 set_tests_properties(fixtures.models PROPERTIES FIXTURES_SETUP models TIMEOUT 300)
 
 gtest_discover_tests(tsar_tests DISCOVERY_TIMEOUT 60
-  PROPERTIES FIXTURES_REQUIRED models TIMEOUT 300)
+  PROPERTIES FIXTURES_REQUIRED "models;imports" TIMEOUT 300)
 
 # The restricted pickle reader, on fixtures Python makes at test time.
 add_executable(tsar_pickle_tests writer/pickle_test.cc)

@@ -359,8 +359,9 @@ class Hdf5Importer {
     Handle space(Check(H5Dget_space(dataset), what + ": cannot read its dataspace"), &H5Sclose);
     Classified kind = Classify(type.get());
     if (std::holds_alternative<std::string>(kind)) {
-      Unsupported(what, "a numeric dataset", "a " + std::get<std::string>(kind) + " dataset");
-      return;
+      // Every dataset is a tensor in this layout: one that cannot be is an
+      // error, not something to drop silently from a model.
+      Fail(what + ": expected a numeric dataset, found a " + std::get<std::string>(kind) + " dataset");
     }
     // External raw-data files and virtual datasets would read other files
     // named inside this one; they are never followed.

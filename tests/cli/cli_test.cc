@@ -158,6 +158,22 @@ TEST_F(CliTest, BadInputsExitThreeWithOneLineAndNoOutput) {
     EXPECT_TRUE(OneErrorLine(r, c.file)) << c.file;
     EXPECT_FALSE(Exists(Path("out.tsar"))) << c.file;
   }
+  const std::string imports = TSAR_IMPORT_FIXTURES_DIR;
+  const Case other_formats[] = {
+      {"strings.h5", "dataset \"/meta/names\": expected a numeric dataset, found a string dataset"},
+      {"bad_duplicate.safetensors", "appears twice"},
+      {"bad_overlap.safetensors", "overlap"},
+      {"bad_length.safetensors", "data_offsets: expected"},
+  };
+  for (const auto& c : other_formats) {
+    const Result r = Tsar("pack " + imports + "/" + c.file + " -o " + Path("out.tsar"));
+    EXPECT_EQ(r.code, 3) << c.file;
+    EXPECT_TRUE(OneErrorLine(r, c.needle)) << c.file;
+    EXPECT_TRUE(OneErrorLine(r, c.file)) << c.file;
+    EXPECT_FALSE(Exists(Path("out.tsar"))) << c.file;
+  }
+  const Result sharded = Tsar("pack -q " + imports + "/sharded/model.safetensors.index.json -o " + Path("s.tsar"));
+  EXPECT_EQ(sharded.code, 0) << sharded.err;
   const Result r = Tsar("pack " + Fixture("tied_sd.pt") + " -o " + Path("no/such/dir/out.tsar"));
   EXPECT_EQ(r.code, 3);
   EXPECT_TRUE(OneErrorLine(r, "cannot create a file in directory"));
