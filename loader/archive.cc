@@ -184,13 +184,19 @@ std::vector<std::string> Archive::names(const std::string& entry) const {
   std::vector<std::string> out;
   out.reserve(e.tensor_count);
   for (uint32_t i = 0; i < e.tensor_count; ++i) {
-    out.emplace_back(impl_->index().tensors()[e.first_tensor + i].name);
+    const format::TensorRecord& rec = impl_->index().tensors()[e.first_tensor + i];
+    if (rec.role != format::Role::kSparseComponent) {
+      out.emplace_back(rec.name);
+    } else if (impl_->index().sparse()[rec.sparse].first_component == e.first_tensor + i) {
+      out.emplace_back(impl_->index().sparse()[rec.sparse].name);
+    }
   }
   return out;
 }
 
 bool Archive::contains(const std::string& name, const std::string& entry) const {
-  return impl_->index().FindTensor(impl_->Entry(entry), name) != format::kNone;
+  const uint32_t e = impl_->Entry(entry);
+  return impl_->index().FindTensor(e, name) != format::kNone || impl_->FindSparse(e, name) != format::kNone;
 }
 
 namespace {
@@ -228,6 +234,11 @@ std::vector<StorageInfo> Archive::storages() const {
 }
 
 at::Tensor Archive::tensor(const std::string& name, const std::string& entry) const {
+  const uint32_t e = impl_->Entry(entry);
+  if (impl_->index().FindTensor(e, name) == format::kNone) {
+    const uint32_t s = impl_->FindSparse(e, name);
+    if (s != format::kNone) return impl_->MakeSparse(s);
+  }
   return impl_->Make(impl_->Find(name, entry));
 }
 
@@ -237,8 +248,14 @@ torch::OrderedDict<std::string, at::Tensor> Archive::state_dict(const std::strin
   out.reserve(e.tensor_count);
   for (uint32_t i = 0; i < e.tensor_count; ++i) {
     const uint32_t t = e.first_tensor + i;
-    if (impl_->index().tensors()[t].role == format::Role::kSparseComponent) continue;
-    out.insert(std::string(impl_->index().tensors()[t].name), impl_->Make(t));
+    const format::TensorRecord& rec = impl_->index().tensors()[t];
+    if (rec.role == format::Role::kSparseComponent) {
+      // A sparse tensor takes the place of its first component.
+      const format::SparseRecord& sp = impl_->index().sparse()[rec.sparse];
+      if (sp.first_component == t) out.insert(std::string(sp.name), impl_->MakeSparse(rec.sparse));
+      continue;
+    }
+    out.insert(std::string(rec.name), impl_->Make(t));
   }
   return out;
 }

@@ -38,6 +38,10 @@ struct Archive::Impl {
   // Tensor-table index; throws kNotFound naming what exists.
   uint32_t Find(const std::string& name, const std::string& entry) const;
   at::Tensor Make(uint32_t tensor) const;
+  // Sparse records (loader/sparse.cc): index in the sparse table or kNone;
+  // the sparse tensor over its component views (kInvalidValue if inconsistent).
+  uint32_t FindSparse(uint32_t entry, std::string_view name) const;
+  at::Tensor MakeSparse(uint32_t sparse) const;
   std::string QualifiedName(uint32_t tensor) const;
 
   mutable std::vector<c10::Storage> storages;        // null until first use

@@ -106,7 +106,9 @@ class Archive {
   uint64_t file_size() const;
 
   // Entry names in file order. Functions taking `entry` use the first entry
-  // when it is empty. An unknown entry throws kNotFound.
+  // when it is empty. An unknown entry throws kNotFound. Names are those a
+  // user sees: a sparse tensor (spec §4.6) by its own name, in the place of
+  // its first component; its components only through infos().
   std::vector<std::string> entries() const;
   std::vector<std::string> names(const std::string& entry = "") const;
   bool contains(const std::string& name, const std::string& entry = "") const;
@@ -114,7 +116,9 @@ class Archive {
   std::vector<TensorInfo> infos() const;  // every tensor of every entry
   std::vector<StorageInfo> storages() const;
 
-  // The tensor, a zero-copy view of the mapping (kNotFound if absent).
+  // The tensor, a zero-copy view of the mapping (kNotFound if absent). A
+  // sparse tensor is built over zero-copy views of its components, after
+  // LibTorch checked its indices (kInvalidValue naming it if they are wrong).
   // Tensors that shared a storage when packed share one c10::Storage again,
   // with the same storage offsets and strides. requires_grad is as packed.
   at::Tensor tensor(const std::string& name, const std::string& entry = "") const;

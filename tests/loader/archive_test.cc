@@ -222,6 +222,27 @@ TEST_F(ArchiveTest, ManyThreadsReadOneArchive) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+TEST_F(ArchiveTest, SparseRecordsComeBackAsSparseTensorsOverTheirComponents) {
+  // samples/valid/sparse.tsar: adj = COO [[0, 2], [1, 0]] -> [1, 2] in 3x3, coalesced;
+  // m = CSR crow [0, 1, 2], col [1, 0], values [3, 4] in 2x2 (tests/format/samples_gen.cc).
+  const Archive a = Archive::open(std::string(TSAR_SOURCE_DIR) + "/samples/valid/sparse.tsar");
+  EXPECT_EQ(a.names(), (std::vector<std::string>{"bias", "adj", "m"}));
+  EXPECT_TRUE(a.contains("adj"));
+  const at::Tensor adj = a.tensor("adj");
+  ASSERT_TRUE(adj.is_sparse());
+  EXPECT_TRUE(adj.is_coalesced());
+  at::Tensor want = at::zeros({3, 3});
+  want[0][1] = 1.0;
+  want[2][0] = 2.0;
+  EXPECT_TRUE(at::equal(adj.to_dense(), want));
+  EXPECT_EQ(adj._values().data_ptr(), a.tensor("adj.values").data_ptr()) << "values must be a view, not a copy";
+  const at::Tensor m = a.tensor("m");
+  EXPECT_EQ(m.layout(), at::kSparseCsr);
+  EXPECT_TRUE(at::equal(m.to_dense(), at::tensor({0.0f, 3.0f, 4.0f, 0.0f}).view({2, 2})));
+  const auto sd = a.state_dict();
+  EXPECT_EQ(sd.keys(), (std::vector<std::string>{"bias", "adj", "m"}));
+}
+
 TEST_F(ArchiveTest, ToDeviceSaysWhenThereIsNoCuda) {
   pack(Path("g.tsar"), std::vector<std::pair<std::string, at::Tensor>>{{"x", at::ones({2})}});
   const Archive a = Archive::open(Path("g.tsar"));
