@@ -13,6 +13,7 @@ packages=(
   clang libclang-rt-14-dev                          # libFuzzer + sanitizers
   python3-torch python3-torchvision python3-h5py python3-numpy   # test fixtures
   util-linux mount                                  # unshare, mount (read-only mount test)
+  gnuplot-nox                                       # benchmark charts (bench/run.sh)
 )
 missing=()
 for p in "${packages[@]}"; do
