@@ -18,20 +18,9 @@ namespace {
 
 using testing::Fixture;
 
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result Sh(const std::string& cmd) {
-  const std::string dir = testing::TempDir();
-  const std::string full = "(" + cmd + ") > " + dir + "/out 2> " + dir + "/err";
-  const int status = std::system(full.c_str());
-  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, testing::ReadAll(dir + "/out"),
-           testing::ReadAll(dir + "/err")};
-  std::system(("rm -rf " + dir).c_str());
-  return r;
-}
+using testing::OneErrorLine;
+using testing::Result;
+using testing::Sh;
 
 const std::string kTsar = TSAR_CLI;
 const std::string kSource = TSAR_SOURCE_DIR;
@@ -48,14 +37,6 @@ class CliTest : public ::testing::Test {
   }
   std::string dir_;
 };
-
-// One line on stderr, prefixed "tsar: ".
-::testing::AssertionResult OneErrorLine(const Result& r, const std::string& needle) {
-  if (r.err.rfind("tsar: ", 0) != 0) return ::testing::AssertionFailure() << "stderr: " << r.err;
-  if (std::count(r.err.begin(), r.err.end(), '\n') != 1) return ::testing::AssertionFailure() << "not one line: " << r.err;
-  if (r.err.find(needle) == std::string::npos) return ::testing::AssertionFailure() << "lacks " << needle << ": " << r.err;
-  return ::testing::AssertionSuccess();
-}
 
 TEST_F(CliTest, HelpVersionAndUsageErrors) {
   Result r = Tsar("--help");

@@ -23,33 +23,15 @@ namespace {
 
 using Json = nlohmann::json;
 
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result Sh(const std::string& cmd) {
-  const std::string dir = testing::TempDir();
-  const std::string full = "(" + cmd + ") > " + dir + "/out 2> " + dir + "/err";
-  const int status = std::system(full.c_str());
-  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, testing::ReadAll(dir + "/out"),
-           testing::ReadAll(dir + "/err")};
-  std::system(("rm -rf " + dir).c_str());
-  return r;
-}
+using testing::Finish;
+using testing::Line;
+using testing::OneErrorLine;
+using testing::Result;
+using testing::Sh;
+using testing::Worker;
 
 const std::string kTsar = TSAR_CLI;
 const std::string kWorker = TSAR_TEST_WORKER;
-
-// One line on stderr, prefixed "tsar: ".
-::testing::AssertionResult OneErrorLine(const Result& r, const std::string& needle) {
-  if (r.err.rfind("tsar: ", 0) != 0) return ::testing::AssertionFailure() << "stderr: " << r.err;
-  if (std::count(r.err.begin(), r.err.end(), '\n') != 1)
-    return ::testing::AssertionFailure() << "not one line: " << r.err;
-  if (r.err.find(needle) == std::string::npos)
-    return ::testing::AssertionFailure() << "lacks " << needle << ": " << r.err;
-  return ::testing::AssertionSuccess();
-}
 
 bool Has(const std::string& text, const std::string& line) {
   return ("\n" + text).find("\n" + line + "\n") != std::string::npos;
@@ -339,43 +321,7 @@ TEST_F(DiffResidencyTest, DiffOfAnInvalidArchiveExitsThreeWithOneLine) {
 
 // ---------------------------------------------------------------- residency
 
-struct Worker {
-  pid_t pid = -1;
-  int to_child = -1;  // closing it releases a --hold worker
-  FILE* from_child = nullptr;
-};
-
-Worker Start(const std::string& archive) {
-  int in[2], out[2];
-  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) std::abort();
-  Worker w;
-  w.pid = fork();
-  if (w.pid == 0) {
-    dup2(in[0], 0);
-    dup2(out[1], 1);
-    execl(kWorker.c_str(), kWorker.c_str(), archive.c_str(), "--hold", nullptr);
-    _exit(127);
-  }
-  close(in[0]);
-  close(out[1]);
-  w.to_child = in[1];
-  w.from_child = fdopen(out[0], "r");
-  return w;
-}
-
-std::string Line(Worker& w) {
-  char buf[256] = {0};
-  if (!std::fgets(buf, sizeof buf, w.from_child)) return "";
-  return buf;
-}
-
-int Finish(Worker& w) {
-  close(w.to_child);
-  fclose(w.from_child);
-  int status = 0;
-  waitpid(w.pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+Worker Start(const std::string& archive) { return testing::Start({kWorker, archive, "--hold"}); }
 
 TEST_F(DiffResidencyTest, ResidencyShowsTheWorkersSharingOneCopyAndEviction) {
   const std::string path = Path("model.tsar");

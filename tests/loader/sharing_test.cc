@@ -13,50 +13,10 @@
 namespace tsar {
 namespace {
 
-struct Worker {
-  pid_t pid = -1;
-  int to_child = -1;   // close to release a --hold worker
-  FILE* from_child = nullptr;
-};
-
-// Starts tsar_test_worker (optionally as user `uid`, or through `sh -c` wrapper).
-Worker Start(const std::vector<std::string>& argv, uid_t uid = 0) {
-  int in[2], out[2];
-  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) std::abort();
-  Worker w;
-  w.pid = fork();
-  if (w.pid == 0) {
-    dup2(in[0], 0);
-    dup2(out[1], 1);
-    close(in[1]);
-    close(out[0]);
-    if (uid != 0 && (setgid(uid) != 0 || setuid(uid) != 0)) _exit(125);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(in[0]);
-  close(out[1]);
-  w.to_child = in[1];
-  w.from_child = fdopen(out[0], "r");
-  return w;
-}
-
-std::string Line(Worker& w) {
-  char buf[256] = {0};
-  if (!std::fgets(buf, sizeof buf, w.from_child)) return "";
-  return buf;
-}
-
-int Finish(Worker& w) {
-  close(w.to_child);
-  fclose(w.from_child);
-  int status = 0;
-  waitpid(w.pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using testing::Finish;
+using testing::Line;
+using testing::Start;
+using testing::Worker;
 
 const std::string kWorker = std::string(TSAR_TEST_WORKER);
 

@@ -1,11 +1,16 @@
 // Helpers for loader/writer tests: temp dirs, fixture paths, /proc readers.
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <climits>
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -99,6 +104,83 @@ template <typename F>
     return ::testing::AssertionSuccess();
   }
   return ::testing::AssertionFailure() << "no tsar::Error";
+}
+
+// --- child processes --------------------------------------------------------
+
+// The exit code and output of a shell command.
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+inline Result Sh(const std::string& cmd) {
+  const std::string dir = TempDir();
+  const std::string full = "(" + cmd + ") > " + dir + "/out 2> " + dir + "/err";
+  const int status = std::system(full.c_str());
+  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadAll(dir + "/out"), ReadAll(dir + "/err")};
+  std::system(("rm -rf " + dir).c_str());
+  return r;
+}
+
+// The CLI's error convention: one line on stderr, prefixed "tsar: ", naming `needle`.
+inline ::testing::AssertionResult OneErrorLine(const Result& r, const std::string& needle) {
+  if (r.err.rfind("tsar: ", 0) != 0) return ::testing::AssertionFailure() << "stderr: " << r.err;
+  if (std::count(r.err.begin(), r.err.end(), '\n') != 1) {
+    return ::testing::AssertionFailure() << "not one line: " << r.err;
+  }
+  if (r.err.find(needle) == std::string::npos) {
+    return ::testing::AssertionFailure() << "lacks " << needle << ": " << r.err;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// A child process with a pipe to its stdin and one from its stdout (e.g.
+// tsar_test_worker --hold, which keeps its mapping until stdin closes).
+struct Worker {
+  pid_t pid = -1;
+  int to_child = -1;
+  FILE* from_child = nullptr;
+};
+
+// Starts argv[0] with `argv`, optionally as user `uid` (needs root).
+inline Worker Start(const std::vector<std::string>& argv, uid_t uid = 0) {
+  int in[2], out[2];
+  // Close-on-exec, so a later child does not hold an earlier child's stdin open.
+  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) std::abort();
+  Worker w;
+  w.pid = fork();
+  if (w.pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    if (uid != 0 && (setgid(uid) != 0 || setuid(uid) != 0)) _exit(125);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  w.to_child = in[1];
+  w.from_child = fdopen(out[0], "r");
+  return w;
+}
+
+// The child's next line of output ("" at end of file).
+inline std::string Line(Worker& w) {
+  char buf[256] = {0};
+  if (!std::fgets(buf, sizeof buf, w.from_child)) return "";
+  return buf;
+}
+
+// Closes the child's stdin and waits; its exit code, or -1 if killed.
+inline int Finish(Worker& w) {
+  close(w.to_child);
+  fclose(w.from_child);
+  int status = 0;
+  waitpid(w.pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace tsar::testing
