@@ -59,3 +59,8 @@ add_test(NAME fixtures.imports
 set_tests_properties(fixtures.imports PROPERTIES FIXTURES_SETUP imports TIMEOUT 300)
 gtest_discover_tests(tsar_import_tests DISCOVERY_TIMEOUT 60
   PROPERTIES FIXTURES_REQUIRED imports ENVIRONMENT TSAR_IMPORT_FIXTURES=${CMAKE_BINARY_DIR}/import_fixtures)
+
+# samples/container: the Dockerfile's sources exist, the manifests parse and mount read-only.
+add_test(NAME samples.container
+  COMMAND ${TSAR_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/samples/container_test.py)
+set_tests_properties(samples.container PROPERTIES ENVIRONMENT "TSAR_CLI=$<TARGET_FILE:tsar_cli>" TIMEOUT 300)
