@@ -115,7 +115,14 @@ TEST_F(BindTest, RefusesATrainingModeModuleOverASharedMapping) {
   OpenOptions cow;
   cow.mode = MapMode::kCopyOnWrite;
   EXPECT_EQ(tsar::bind(*net, Archive::open(Path("t.tsar"), cow)).bound.size(), 9u);
-  net->forward(torch::randn({4, 32}));  // train-mode BatchNorm writes its running stats: private pages
+  // Train-mode BatchNorm writes its running stats (private pages), and
+  // autograd works through the bound parameters.
+  const int64_t version = net->fc1->weight._version();
+  net->forward(torch::randn({4, 32})).sum().backward();
+  EXPECT_TRUE(net->fc1->weight.grad().defined());
+  EXPECT_GT(net->fc1->weight.grad().abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(net->fc1->weight._version(), version);
+  EXPECT_TRUE(net->fc1->weight.is_leaf());
 }
 
 TEST_F(BindTest, TorchScriptResnet18BoundAfterZeroingIsBitIdenticalToPython) {
