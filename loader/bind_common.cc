@@ -6,7 +6,6 @@
 #include <c10/core/TensorImpl.h>
 
 #include <sstream>
-#include <unordered_set>
 
 #include "format/reader.h"
 #include "loader/archive_impl.h"
@@ -48,14 +47,15 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
 
   BindReport report;
   std::vector<uint32_t> match(slots.size(), format::kNone);
-  std::unordered_set<uint32_t> used;
+  const format::EntryRecord& e = index.entries()[entry];
+  std::vector<bool> used(e.tensor_count);  // by position in the entry
   for (size_t i = 0; i < slots.size(); ++i) {
     const uint32_t t = index.FindTensor(entry, slots[i].name);
     if (t == format::kNone) {
       report.missing.push_back(slots[i].name);
       continue;
     }
-    used.insert(t);
+    used[t - e.first_tensor] = true;
     const format::TensorRecord& rec = index.tensors()[t];
     const at::Tensor& mine = slots[i].tensor;
     const auto want = FromScalarType(mine.scalar_type());
@@ -74,10 +74,9 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     }
     match[i] = t;
   }
-  const auto& e = index.entries()[entry];
   for (uint32_t i = 0; i < e.tensor_count; ++i) {
     const uint32_t t = e.first_tensor + i;
-    if (!used.count(t) && index.tensors()[t].role != format::Role::kSparseComponent) {
+    if (!used[i] && index.tensors()[t].role != format::Role::kSparseComponent) {
       report.unexpected.push_back(std::string(index.tensors()[t].name));
     }
   }
