@@ -1,16 +1,43 @@
 #!/usr/bin/python3
 """make_model.py OUTDIR: the built-in sample model of the demo: torchvision's
-resnet18 (random weights, fixed seed) saved by torch.save (weights) and
-torch.jit.save (architecture + weights)."""
+resnet18 (random weights, seed 0).
+
+OUTDIR/resnet18.pt          torch.save(state_dict): what `tsar pack` packs.
+OUTDIR/resnet18_ts.pt       torch.jit.save of the whole model: what a baseline
+                            worker loads (architecture and weights, a private copy).
+OUTDIR/resnet18_arch_ts.pt  the TorchScript architecture with every floating
+                            point parameter and buffer replaced by a stride-0
+                            view of one zero (right names, shapes, dtypes; ~90 KB):
+                            what a tsar worker loads before tsar::bind.
+"""
 import os
 import sys
 
 import torch
 import torchvision
 
-out = sys.argv[1]
-os.makedirs(out, exist_ok=True)
-torch.manual_seed(0)
-model = torchvision.models.resnet18(weights=None).eval()
-torch.save(model.state_dict(), os.path.join(out, "resnet18.pt"))
-torch.jit.save(torch.jit.script(model), os.path.join(out, "resnet18_ts.pt"))
+
+def strip_weights(model):
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_floating_point():
+                module._parameters[name] = torch.nn.Parameter(
+                    torch.zeros(1, dtype=p.dtype).expand(p.shape), requires_grad=p.requires_grad)
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_floating_point():
+                module._buffers[name] = torch.zeros(1, dtype=b.dtype).expand(b.shape)
+    return model
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval()
+    torch.save(model.state_dict(), os.path.join(out, "resnet18.pt"))
+    torch.jit.save(torch.jit.script(model), os.path.join(out, "resnet18_ts.pt"))
+    torch.jit.save(torch.jit.script(strip_weights(model)), os.path.join(out, "resnet18_arch_ts.pt"))
+
+
+if __name__ == "__main__":
+    main()

@@ -46,11 +46,15 @@ run_group() {  # label, worker args...
   bind=$(cat "$work"/err.* | awk '/^bind_ms/ {s+=$2; k++} END {if (k) printf "%.2f ms", s/k; else print "-"}')
   printf '%-30s %2d workers | start %7s ms avg | bind %8s | summed Pss %7.1f MiB, of it archive pages %6.1f MiB\n' \
     "$label" "$n" "$avg" "$bind" "$(awk -v p="$pss" 'BEGIN {print p/1024}')" "$(awk -v p="$weights" 'BEGIN {print p/1024}')"
+  # One request to the first worker: both groups must answer the same.
+  echo run >&"${fifos[0]}"
+  until grep -q '^out' "$work/out.1" 2>/dev/null; do sleep 0.05; done
+  printf '%-30s first answer: %s\n' "" "$(grep '^out' "$work/out.1")"
   for fd in "${fifos[@]}"; do exec {fd}>&-; done
   wait "${pids[@]}" 2>/dev/null || true
   rm -f "$work"/in.* "$work"/out.* "$work"/err.*
 }
 
-echo "model: resnet18, $(du -h "$work/resnet18.tsar" | cut -f1) of weights; start = torch::jit::load of the architecture (+ bind for tsar)"
-run_group "tsar (mmap, shared page cache)" --archive "$work/resnet18.tsar" --model "$work/resnet18_ts.pt"
+echo "model: resnet18, $(du -h "$work/resnet18.tsar" | cut -f1) of weights; start = torch::jit::load (tsar: of the weightless architecture, then open + bind)"
+run_group "tsar (mmap, shared page cache)" --archive "$work/resnet18.tsar" --model "$work/resnet18_arch_ts.pt"
 run_group "baseline (torch::jit::load)" --baseline "$work/resnet18_ts.pt" --model "$work/resnet18_ts.pt"

@@ -3,7 +3,8 @@
 // on stdin is a request ("run" runs the model on a fixed input), each answer a
 // line on stdout. Start many: they share one copy of the weights in RAM.
 //
-//   tsar_worker --archive model.tsar --model model_ts.pt [--baseline model.pt]
+//   tsar_worker --archive model.tsar --model model_arch_ts.pt
+//   tsar_worker --baseline model_ts.pt --model model_ts.pt
 //
 // With --baseline FILE it loads weights the usual way instead (torch::jit::load
 // of FILE, a private copy per process), for comparison.
