@@ -9,6 +9,6 @@ work=$(mktemp -d /tmp/tsar-demo-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 samples/cpp-server/make_model.py "$work"
 build/cli/tsar pack "$work/resnet18.pt" -o "$work/resnet18.tsar"
-build/cli/tsar inspect "$work/resnet18.tsar" | head -6
+build/cli/tsar inspect "$work/resnet18.tsar" | sed -n 1,6p   # (sed, not head: no SIGPIPE under pipefail)
 build/cli/tsar verify "$work/resnet18.tsar"
 samples/cpp-server/run_workers.sh build "$work" "${TSAR_DEMO_WORKERS:-8}"
