@@ -34,9 +34,9 @@ class Recorder {
 
 // Everything a benchmark needs to know about its surroundings.
 struct Context {
-  std::string data;  // temp dir holding the generated inputs
-  std::string self;  // this executable, for child processes
-  std::string tsar;  // the tsar CLI
+  std::string data;    // temp dir holding the generated inputs
+  std::string self;    // this executable, for child processes
+  std::string tsar;    // the tsar CLI
   double scale = 1.0;  // multiplies repetition counts (--quick uses less)
   Recorder* rec = nullptr;
   std::string Path(const std::string& name) const { return data + "/" + name; }
@@ -47,7 +47,8 @@ class Stopwatch {
  public:
   Stopwatch() : t0_(std::chrono::steady_clock::now()) {}
   double Ms() const {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_)
+        .count();
   }
   double Seconds() const { return Ms() / 1000.0; }
 
@@ -95,7 +96,7 @@ class Child {
 
  private:
   pid_t pid_ = -1;
-  int in_ = -1;    // our end of its stdin
+  int in_ = -1;               // our end of its stdin
   std::FILE* out_ = nullptr;  // our end of its stdout
 };
 

@@ -23,7 +23,8 @@ void GenerateMany(const std::string& dir) {
   }
 
   Writer w(dir + "/many.tsar");
-  for (int i = 0; i < kManyTensors; ++i) w.add(ManyName(i), tensors[static_cast<size_t>(i)], Role::kParameter);
+  for (int i = 0; i < kManyTensors; ++i)
+    w.add(ManyName(i), tensors[static_cast<size_t>(i)], Role::kParameter);
   w.finish();
 
   // safetensors: u64 LE header size, a JSON header (padded with spaces to a
@@ -34,18 +35,21 @@ void GenerateMany(const std::string& dir) {
   for (int i = 0; i < kManyTensors; ++i) {
     const at::Tensor& t = tensors[static_cast<size_t>(i)];
     const uint64_t n = t.nbytes();
-    header[ManyName(i)] = {{"dtype", "F32"}, {"shape", ManyShape(i)}, {"data_offsets", {offset, offset + n}}};
+    header[ManyName(i)] = {
+        {"dtype", "F32"}, {"shape", ManyShape(i)}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   std::string file(8, '\0');
-  for (int b = 0; b < 8; ++b) file[b] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * b)) & 0xff);
+  for (int b = 0; b < 8; ++b)
+    file[b] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * b)) & 0xff);
   file += text;
   for (const auto& t : tensors) file.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
   const std::string path = dir + "/many.safetensors";
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0 || write(fd, file.data(), file.size()) != static_cast<ssize_t>(file.size()) || close(fd) != 0) {
+  if (fd < 0 || write(fd, file.data(), file.size()) != static_cast<ssize_t>(file.size()) ||
+      close(fd) != 0) {
     Die("cannot write " + path);
   }
 }

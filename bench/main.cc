@@ -78,7 +78,8 @@ int Run(const std::vector<std::string>& args) {
     const std::string out = ctx.Path(std::string(name) + ".tsar");
     if (Exists(out)) continue;
     std::fprintf(stderr, "tsar_bench: packing %s\n", out.c_str());
-    if (RunCommand({ctx.tsar, "pack", "-q", ctx.Path(std::string(name) + "_sd.pt"), "-o", out}, true) != 0) {
+    if (RunCommand({ctx.tsar, "pack", "-q", ctx.Path(std::string(name) + "_sd.pt"), "-o", out},
+                   true) != 0) {
       Die("tsar pack failed for " + out);
     }
   }
@@ -86,8 +87,9 @@ int Run(const std::vector<std::string>& args) {
     std::fprintf(stderr, "tsar_bench: writing the 100000-tensor inputs\n");
     GenerateMany(ctx.data);
   }
-  for (const char* f : {"stack_sd.pt", "stack_ts.pt", "stack.tsar", "resnet18_sd.pt", "resnet18_ts.pt",
-                        "resnet18_arch_ts.pt", "resnet18.tsar", "many.tsar", "many.safetensors"}) {
+  for (const char* f :
+       {"stack_sd.pt", "stack_ts.pt", "stack.tsar", "resnet18_sd.pt", "resnet18_ts.pt",
+        "resnet18_arch_ts.pt", "resnet18.tsar", "many.tsar", "many.safetensors"}) {
     rec.Info(std::string("bytes.") + f, std::to_string(FileSize(ctx.Path(f))));
   }
   rec.Info("torch_threads", std::to_string(at::get_num_threads()));

@@ -22,9 +22,11 @@ class Layer : public torch::nn::Module {
 };
 
 std::unordered_map<std::string, at::Tensor> ToMap(const c10::IValue& dict) {
-  if (!dict.isGenericDict()) Die("expected a dict from torch::pickle_load, found " + dict.tagKind());
+  if (!dict.isGenericDict())
+    Die("expected a dict from torch::pickle_load, found " + dict.tagKind());
   std::unordered_map<std::string, at::Tensor> out;
-  for (const auto& kv : dict.toGenericDict()) out.emplace(kv.key().toStringRef(), kv.value().toTensor());
+  for (const auto& kv : dict.toGenericDict())
+    out.emplace(kv.key().toStringRef(), kv.value().toTensor());
   return out;
 }
 
@@ -54,8 +56,8 @@ std::string ManyName(int i) {
 }
 
 std::vector<int64_t> ManyShape(int i) {
-  static const std::vector<std::vector<int64_t>> kShapes = {
-      {16}, {4, 8}, {2, 3, 4}, {64}, {8, 8}, {3, 5}, {1, 1, 32}, {7}};
+  static const std::vector<std::vector<int64_t>> kShapes = {{16},   {4, 8}, {2, 3, 4},  {64},
+                                                            {8, 8}, {3, 5}, {1, 1, 32}, {7}};
   return kShapes[static_cast<size_t>(i) % kShapes.size()];
 }
 
@@ -65,7 +67,8 @@ std::shared_ptr<torch::nn::Module> MakeManyModule() {
   for (int b = 0; b < kManyBlocks; ++b) {
     auto block = blocks->register_module(std::to_string(b), std::make_shared<torch::nn::Module>());
     for (int j = 0; j < kManyPerBlock; ++j) {
-      block->register_parameter("t" + std::to_string(j), at::empty(ManyShape(b * kManyPerBlock + j)));
+      block->register_parameter("t" + std::to_string(j),
+                                at::empty(ManyShape(b * kManyPerBlock + j)));
     }
   }
   return root;

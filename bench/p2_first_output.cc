@@ -22,7 +22,8 @@ namespace tsar::bench {
 namespace {
 
 int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -77,9 +78,11 @@ void RunP2FirstOutput(const Context& ctx) {
         checksums[m] = kv["checksum"];
         if (r < 0) continue;  // the first round warms the page cache
         ctx.rec->Add("P2", kase, v.total, "ms", r, std::stod(kv["total_ms"]));
-        for (const auto& [key, label] : v.parts) ctx.rec->Add("P2", kase, label, "ms", r, std::stod(kv[key]));
+        for (const auto& [key, label] : v.parts)
+          ctx.rec->Add("P2", kase, label, "ms", r, std::stod(kv[key]));
         if (m == 0) {
-          ctx.rec->Add("P2", kase, "process start before main() (LibTorch loading; not in any total)", "ms", r,
+          ctx.rec->Add("P2", kase,
+                       "process start before main() (LibTorch loading; not in any total)", "ms", r,
                        (std::stoll(kv["main_ns"]) - spawned) / 1e6);
         }
       }
@@ -89,7 +92,8 @@ void RunP2FirstOutput(const Context& ctx) {
     bool same = true;
     for (const auto& c : checksums) {
       all += (all.empty() ? "" : " ") + c;
-      same = same && std::abs(std::stod(c) - std::stod(checksums.back())) <= 1e-4 * (1 + std::abs(std::stod(c)));
+      same = same && std::abs(std::stod(c) - std::stod(checksums.back())) <=
+                         1e-4 * (1 + std::abs(std::stod(c)));
     }
     ctx.rec->Info("P2.same_output." + std::string(side), (same ? "yes: " : "NO: ") + all);
   }
@@ -134,9 +138,11 @@ int ChildFirstOutput(const std::vector<std::string>& args) {
     forward();
     steady_ms = std::min(steady_ms, again.Ms());
   }
-  std::printf("main_ns %lld\narch_ms %.4f\nopen_bind_ms %.4f\nforward_ms %.4f\ntotal_ms %.4f\nsteady_ms %.4f\nchecksum %.9g\n",
-              static_cast<long long>(main_ns), arch_ms, open_bind_ms, forward_ms, total_ms, steady_ms,
-              y.sum().item<double>());
+  std::printf(
+      "main_ns %lld\narch_ms %.4f\nopen_bind_ms %.4f\nforward_ms %.4f\ntotal_ms %.4f\nsteady_ms "
+      "%.4f\nchecksum %.9g\n",
+      static_cast<long long>(main_ns), arch_ms, open_bind_ms, forward_ms, total_ms, steady_ms,
+      y.sum().item<double>());
   return 0;
 }
 

@@ -30,8 +30,9 @@ struct JsonIndex {
 // JSON document is a temporary (freed here, as a reader frees it); the index
 // it returns is the reader's equivalent of an open Archive.
 JsonIndex ReadSafetensorsIndex(const std::string& path) {
-  static const std::unordered_map<std::string, int> kDtypes = {
-      {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I64", 8}, {"I32", 4}, {"I8", 1}, {"U8", 1}, {"BOOL", 1}};
+  static const std::unordered_map<std::string, int> kDtypes = {{"F32", 4}, {"F16", 2}, {"BF16", 2},
+                                                               {"F64", 8}, {"I64", 8}, {"I32", 4},
+                                                               {"I8", 1},  {"U8", 1},  {"BOOL", 1}};
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) Die("cannot open " + path);
   const uint64_t file_size = FileSize(path);
@@ -56,13 +57,16 @@ JsonIndex ReadSafetensorsIndex(const std::string& path) {
     if (name == "__metadata__") continue;
     const auto dt = kDtypes.find(v.at("dtype").get_ref<const std::string&>());
     if (dt == kDtypes.end()) Die(name + ": unknown dtype");
-    JsonTensor t{dt->second, v.at("shape").get<std::vector<int64_t>>(), v.at("data_offsets").at(0).get<uint64_t>(),
+    JsonTensor t{dt->second, v.at("shape").get<std::vector<int64_t>>(),
+                 v.at("data_offsets").at(0).get<uint64_t>(),
                  v.at("data_offsets").at(1).get<uint64_t>()};
     uint64_t bytes = static_cast<uint64_t>(t.dtype_size);
     for (int64_t d : t.shape) {
-      if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) Die(name + ": bad shape");
+      if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes))
+        Die(name + ": bad shape");
     }
-    if (t.begin > t.end || t.end > data_size || t.end - t.begin != bytes) Die(name + ": bad data_offsets");
+    if (t.begin > t.end || t.end > data_size || t.end - t.begin != bytes)
+      Die(name + ": bad data_offsets");
     if (!by_name.emplace(name, tensors.size()).second) Die(name + ": duplicate");
     tensors.push_back(std::move(t));
   }

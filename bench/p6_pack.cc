@@ -16,7 +16,8 @@ void RunP6Pack(const Context& ctx) {
   const std::string out_api = ctx.Path("p6_api.tsar");
   const std::string out_cp = ctx.Path("p6_copy.pt");
   const double bytes = static_cast<double>(FileSize(input));
-  const Archive source = Archive::open(ctx.Path("stack.tsar"), {MapMode::kShared, true, Prefetch::kPopulate});
+  const Archive source =
+      Archive::open(ctx.Path("stack.tsar"), {MapMode::kShared, true, Prefetch::kPopulate});
   const auto tensors = source.state_dict();
   ReadFile(input);  // warm
   // What every `tsar` run pays before it reads a byte: loading LibTorch.

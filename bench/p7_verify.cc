@@ -23,12 +23,15 @@ void RunP7Verify(const Context& ctx) {
     {
       Stopwatch sw;
       a.verify();
-      if (r >= 0) ctx.rec->Add("P7", kase, "tsar verify (XXH3-64)", "GB/s", r, bytes / sw.Seconds() / kGB);
+      if (r >= 0)
+        ctx.rec->Add("P7", kase, "tsar verify (XXH3-64)", "GB/s", r, bytes / sw.Seconds() / kGB);
     }
     Stopwatch sw;
     std::memcpy(buf, a.data(), n);
     asm volatile("" : : "r"(buf) : "memory");
-    if (r >= 0) ctx.rec->Add("P7", kase, "memcpy (pre-faulted destination)", "GB/s", r, n / sw.Seconds() / kGB);
+    if (r >= 0)
+      ctx.rec->Add("P7", kase, "memcpy (pre-faulted destination)", "GB/s", r,
+                   n / sw.Seconds() / kGB);
   }
   std::free(buf);
 }

@@ -100,10 +100,12 @@ ResNet18::ResNet18() : parts_(std::make_shared<Parts>()) {
   int64_t in = 64;
   const int64_t widths[] = {64, 128, 256, 512};
   for (int l = 0; l < 4; ++l) {
-    auto layer = register_module("layer" + std::to_string(l + 1), std::make_shared<torch::nn::Module>());
+    auto layer =
+        register_module("layer" + std::to_string(l + 1), std::make_shared<torch::nn::Module>());
     for (int b = 0; b < 2; ++b) {
       const int64_t stride = (l > 0 && b == 0) ? 2 : 1;
-      parts_->blocks.push_back(layer->register_module(std::to_string(b), std::make_shared<Block>(in, widths[l], stride)));
+      parts_->blocks.push_back(layer->register_module(
+          std::to_string(b), std::make_shared<Block>(in, widths[l], stride)));
       in = widths[l];
     }
   }

@@ -36,7 +36,9 @@ int ExitCodeFor(const Error& e) {
 }
 
 Progress::Progress(std::string label, uint64_t total, bool enabled)
-    : label_(std::move(label)), total_(total), enabled_(enabled && isatty(STDERR_FILENO) && total >= (64u << 20)),
+    : label_(std::move(label)),
+      total_(total),
+      enabled_(enabled && isatty(STDERR_FILENO) && total >= (64u << 20)),
       start_(Now()) {}
 
 Progress::~Progress() { Done(); }

@@ -30,17 +30,21 @@ int RunExport(const ExportArgs& a) {
 
 Run AddExport(CLI::App& app) {
   auto args = std::make_shared<ExportArgs>();
-  CLI::App* sub = app.add_subcommand("export", "Write an archive as torch.save (.pt), safetensors or HDF5");
+  CLI::App* sub =
+      app.add_subcommand("export", "Write an archive as torch.save (.pt), safetensors or HDF5");
   sub->add_option("archive", args->archive, "The .tsar file")->required();
-  sub->add_option("-o,--output", args->output, "Output file; its extension picks the format")->required();
+  sub->add_option("-o,--output", args->output, "Output file; its extension picks the format")
+      ->required();
   sub->add_option("--format", args->format, "pt, safetensors or h5 (overrides the extension)");
   sub->add_flag("--materialize-shared", args->materialize_shared,
-                "safetensors only: write tensors that share storage as separate copies\n(default: refuse, naming them)");
+                "safetensors only: write tensors that share storage as separate copies\n(default: "
+                "refuse, naming them)");
   sub->add_flag("-q,--quiet", args->quiet, "No notes or summary");
   sub->footer(
       "Formats:\n"
       "  .pt/.pth/.bin  torch.load reads it; shared storages stay shared; one entry gives a\n"
-      "                 state_dict (OrderedDict with _metadata), several a dict of them + metadata\n"
+      "                 state_dict (OrderedDict with _metadata), several a dict of them + "
+      "metadata\n"
       "  .safetensors   one flat namespace (entry/name with several entries); string metadata\n"
       "  .h5/.hdf5      h5py layout: dotted names as groups, metadata as attributes\n"
       "Examples:\n"

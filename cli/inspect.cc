@@ -1,7 +1,6 @@
 // `tsar inspect ARCHIVE [--json]`: what an archive holds, for people and scripts.
-#include <nlohmann/json.hpp>
-
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -11,8 +10,6 @@
 
 namespace tsar::cli {
 namespace {
-
-
 
 bool Contiguous(const TensorInfo& t) {
   int64_t expect = 1;
@@ -28,8 +25,6 @@ uint64_t TensorBytes(const TensorInfo& t) {
   for (int64_t s : t.sizes) n *= static_cast<uint64_t>(s);
   return n * ElementSize(t.dtype);
 }
-
-
 
 int RunInspect(const std::string& path, bool json) {
   const Archive a = Archive::open(path);
@@ -81,28 +76,33 @@ int RunInspect(const std::string& path, bool json) {
     return kExitOk;
   }
 
-  std::printf("%s: tsar format %u.%u, %zu tensors in %zu entr%s, %zu storages, %s of data, %s file, alignment %u\n",
-              path.c_str(), a.format_major(), a.format_minor(), infos.size(), a.entries().size(),
-              a.entries().size() == 1 ? "y" : "ies", storages.size(), HumanBytes(data).c_str(),
-              HumanBytes(a.file_size()).c_str(), a.alignment());
+  std::printf(
+      "%s: tsar format %u.%u, %zu tensors in %zu entr%s, %zu storages, %s of data, %s file, "
+      "alignment %u\n",
+      path.c_str(), a.format_major(), a.format_minor(), infos.size(), a.entries().size(),
+      a.entries().size() == 1 ? "y" : "ies", storages.size(), HumanBytes(data).c_str(),
+      HumanBytes(a.file_size()).c_str(), a.alignment());
   size_t width = 4;
   for (const auto& t : infos) width = std::max(width, t.name.size());
   width = std::min<size_t>(width, 60);
   for (const auto& e : a.entries()) {
     std::printf("\nentry \"%s\"\n", e.c_str());
-    std::printf("  %-*s  %-9s  %-22s %-9s %10s  %s\n", static_cast<int>(width), "NAME", "DTYPE", "SHAPE", "STORAGE",
-                "BYTES", "ROLE");
+    std::printf("  %-*s  %-9s  %-22s %-9s %10s  %s\n", static_cast<int>(width), "NAME", "DTYPE",
+                "SHAPE", "STORAGE", "BYTES", "ROLE");
     for (const auto& t : infos) {
       if (t.entry != e) continue;
       std::string shape = Dims(t.sizes);
       if (!Contiguous(t)) shape += " strides " + Dims(t.strides);
       if (t.storage_offset) shape += " +" + std::to_string(t.storage_offset);
-      std::string storage = "#" + std::to_string(t.storage) + (users[t.storage] > 1 ? " shared" : "");
+      std::string storage =
+          "#" + std::to_string(t.storage) + (users[t.storage] > 1 ? " shared" : "");
       std::printf("  %-*s  %-9s  %-22s %-9s %10s  %s%s\n", static_cast<int>(width), t.name.c_str(),
                   std::string(DTypeName(t.dtype)).c_str(), shape.c_str(), storage.c_str(),
-                  HumanBytes(TensorBytes(t)).c_str(), RoleName(t.role), t.requires_grad ? " requires_grad" : "");
+                  HumanBytes(TensorBytes(t)).c_str(), RoleName(t.role),
+                  t.requires_grad ? " requires_grad" : "");
     }
-    for (const auto& [k, v] : a.metadata_items(e)) std::printf("  metadata %s = %s\n", k.c_str(), MetaText(v).c_str());
+    for (const auto& [k, v] : a.metadata_items(e))
+      std::printf("  metadata %s = %s\n", k.c_str(), MetaText(v).c_str());
   }
   const auto meta = a.metadata_items();
   if (!meta.empty()) {
@@ -117,7 +117,8 @@ int RunInspect(const std::string& path, bool json) {
 Run AddInspect(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
-  CLI::App* sub = app.add_subcommand("inspect", "Show the tensors, storages and metadata of an archive");
+  CLI::App* sub =
+      app.add_subcommand("inspect", "Show the tensors, storages and metadata of an archive");
   sub->add_option("archive", *path, "The .tsar file")->required();
   sub->add_flag("--json", *json, "One JSON object on stdout (schema in the README)");
   sub->footer(

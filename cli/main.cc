@@ -14,9 +14,9 @@ int main(int argc, char** argv) {
       "tsar: the tensor archive. Packs PyTorch weights into one read-only, page-aligned,\n"
       "checksummed file that model servers map zero-copy and share through the page cache.",
       "tsar"};
-  app.set_version_flag("--version",
-                       "tsar " TSAR_VERSION_STRING " (format " + std::to_string(TSAR_FORMAT_MAJOR) + "." +
-                           std::to_string(TSAR_FORMAT_MINOR) + ")");
+  app.set_version_flag("--version", "tsar " TSAR_VERSION_STRING " (format " +
+                                        std::to_string(TSAR_FORMAT_MAJOR) + "." +
+                                        std::to_string(TSAR_FORMAT_MINOR) + ")");
   app.require_subcommand(1, 1);
   app.footer(
       "Examples:\n"

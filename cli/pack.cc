@@ -59,7 +59,9 @@ int RunPack(const PackArgs& a) {
     auto [name, file] = SplitPair(e, "--entry");
     sources.push_back({name, file});
   }
-  if (sources.empty()) throw Error(ErrorCode::kInvalidArgument, "", std::nullopt, "pack: expected at least one INPUT or --entry NAME=FILE");
+  if (sources.empty())
+    throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
+                "pack: expected at least one INPUT or --entry NAME=FILE");
 
   PackOptions options;
   options.alignment = a.align;
@@ -84,7 +86,8 @@ int RunPack(const PackArgs& a) {
       for (const auto& n : entry_names) {
         if (n == e.name) {
           throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
-                      "entry " + format::Quote(e.name) + " already comes from another input; name entries with --entry NAME=FILE");
+                      "entry " + format::Quote(e.name) +
+                          " already comes from another input; name entries with --entry NAME=FILE");
         }
       }
       entry_names.push_back(e.name);
@@ -93,11 +96,13 @@ int RunPack(const PackArgs& a) {
       tensors += e.tensors.size();
     }
     for (auto& m : in.metadata) {
-      if (!m.entry.empty() && !s.rename.empty() && in.entries.size() > 1) m.entry = s.rename + "." + m.entry;
+      if (!m.entry.empty() && !s.rename.empty() && in.entries.size() > 1)
+        m.entry = s.rename + "." + m.entry;
       writer.add_metadata(m.key, m.value, m.entry);
     }
     if (!a.quiet) {
-      for (const auto& line : in.skipped) std::fprintf(stderr, "tsar: note: %s: %s\n", s.path.c_str(), line.c_str());
+      for (const auto& line : in.skipped)
+        std::fprintf(stderr, "tsar: note: %s: %s\n", s.path.c_str(), line.c_str());
     }
     imported.push_back(std::move(in));
   }
@@ -108,9 +113,11 @@ int RunPack(const PackArgs& a) {
   writer.finish();
   if (progress) progress->Done();
   if (!a.quiet) {
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("packed %zu tensors in %zu entr%s (%s of data) into %s in %.2f s\n", tensors, entry_names.size(),
-                entry_names.size() == 1 ? "y" : "ies", HumanBytes(total).c_str(), a.output.c_str(), secs);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("packed %zu tensors in %zu entr%s (%s of data) into %s in %.2f s\n", tensors,
+                entry_names.size(), entry_names.size() == 1 ? "y" : "ies",
+                HumanBytes(total).c_str(), a.output.c_str(), secs);
   }
   return kExitOk;
 }
@@ -119,17 +126,24 @@ int RunPack(const PackArgs& a) {
 
 Run AddPack(CLI::App& app) {
   auto args = std::make_shared<PackArgs>();
-  CLI::App* sub = app.add_subcommand("pack", "Pack model weights into a .tsar archive (atomically)");
+  CLI::App* sub =
+      app.add_subcommand("pack", "Pack model weights into a .tsar archive (atomically)");
   sub->add_option("inputs", args->inputs,
                   "Input files, detected by content: torch.save (.pt/.pth/.bin), TorchScript,\n"
                   "safetensors (or a sharded *.safetensors.index.json), HDF5 (h5py)");
-  sub->add_option("-o,--output", args->output, "Archive to write; replaced atomically, never half-written")->required();
+  sub->add_option("-o,--output", args->output,
+                  "Archive to write; replaced atomically, never half-written")
+      ->required();
   sub->add_option("--entry", args->entries, "NAME=FILE: pack FILE as the entry NAME (repeatable)");
-  sub->add_option("--meta", args->meta, "KEY=VALUE archive metadata; integers and floats are typed (repeatable)");
-  sub->add_option("--align", args->align, "Alignment of storages of at least this size (power of two, >= 64)")
+  sub->add_option("--meta", args->meta,
+                  "KEY=VALUE archive metadata; integers and floats are typed (repeatable)");
+  sub->add_option("--align", args->align,
+                  "Alignment of storages of at least this size (power of two, >= 64)")
       ->default_val(4096)
       ->check(CLI::Range(64u, 1u << 30));
-  sub->add_flag("--strict", args->strict, "Refuse inputs holding values other than tensors, numbers and strings\n(default: skip them with a note)");
+  sub->add_flag("--strict", args->strict,
+                "Refuse inputs holding values other than tensors, numbers and strings\n(default: "
+                "skip them with a note)");
   sub->add_flag("-q,--quiet", args->quiet, "No progress bar, notes or summary");
   sub->footer(
       "Examples:\n"

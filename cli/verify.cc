@@ -51,8 +51,8 @@ int VerifyOne(const std::string& path) {
     std::string list;
     for (const auto& n : names[id]) list += (list.empty() ? "" : ", ") + ("\"" + n + "\"");
     std::printf("DAMAGED %s: storage #%u at offset %llu (%s): tensors %s\n", path.c_str(), id,
-                static_cast<unsigned long long>(storages[id].offset), HumanBytes(storages[id].nbytes).c_str(),
-                list.c_str());
+                static_cast<unsigned long long>(storages[id].offset),
+                HumanBytes(storages[id].nbytes).c_str(), list.c_str());
   }
   PrintError(path + ": " + std::to_string(bad.size()) + " of " + std::to_string(storages.size()) +
              " storages fail their XXH3-64 checksum");

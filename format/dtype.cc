@@ -38,11 +38,9 @@ struct Alias {
   DType dtype;
 };
 constexpr Alias kAliases[] = {
-    {"float", DType::kFloat32},    {"half", DType::kFloat16},
-    {"double", DType::kFloat64},   {"long", DType::kInt64},
-    {"int", DType::kInt32},        {"short", DType::kInt16},
-    {"cfloat", DType::kComplex64}, {"cdouble", DType::kComplex128},
-    {"chalf", DType::kComplex32},
+    {"float", DType::kFloat32},    {"half", DType::kFloat16},       {"double", DType::kFloat64},
+    {"long", DType::kInt64},       {"int", DType::kInt32},          {"short", DType::kInt16},
+    {"cfloat", DType::kComplex64}, {"cdouble", DType::kComplex128}, {"chalf", DType::kComplex32},
 };
 
 }  // namespace

@@ -11,8 +11,8 @@ std::string Compose(const std::string& path, std::optional<uint64_t> offset,
   std::string out = path.empty() ? std::string() : path + ": ";
   if (offset) {
     char buf[64];
-    std::snprintf(buf, sizeof(buf), "offset %llu (0x%llx): ",
-                  static_cast<unsigned long long>(*offset),
+    std::snprintf(buf, sizeof(buf),
+                  "offset %llu (0x%llx): ", static_cast<unsigned long long>(*offset),
                   static_cast<unsigned long long>(*offset));
     out += buf;
   }
@@ -23,25 +23,44 @@ std::string Compose(const std::string& path, std::optional<uint64_t> offset,
 
 const char* ErrorCodeName(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::kIo: return "io";
-    case ErrorCode::kNotFound: return "not_found";
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kTruncated: return "truncated";
-    case ErrorCode::kBadMagic: return "bad_magic";
-    case ErrorCode::kUnsupportedVersion: return "unsupported_version";
-    case ErrorCode::kReservedNonZero: return "reserved_non_zero";
-    case ErrorCode::kOutOfBounds: return "out_of_bounds";
-    case ErrorCode::kOverlap: return "overlap";
-    case ErrorCode::kMisaligned: return "misaligned";
-    case ErrorCode::kOverflow: return "overflow";
-    case ErrorCode::kBadDtype: return "bad_dtype";
-    case ErrorCode::kBadShape: return "bad_shape";
-    case ErrorCode::kDuplicateName: return "duplicate_name";
-    case ErrorCode::kChecksumMismatch: return "checksum_mismatch";
-    case ErrorCode::kInvalidValue: return "invalid_value";
-    case ErrorCode::kBadInput: return "bad_input";
-    case ErrorCode::kUnsupported: return "unsupported";
-    case ErrorCode::kBindMismatch: return "bind_mismatch";
+    case ErrorCode::kIo:
+      return "io";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kTruncated:
+      return "truncated";
+    case ErrorCode::kBadMagic:
+      return "bad_magic";
+    case ErrorCode::kUnsupportedVersion:
+      return "unsupported_version";
+    case ErrorCode::kReservedNonZero:
+      return "reserved_non_zero";
+    case ErrorCode::kOutOfBounds:
+      return "out_of_bounds";
+    case ErrorCode::kOverlap:
+      return "overlap";
+    case ErrorCode::kMisaligned:
+      return "misaligned";
+    case ErrorCode::kOverflow:
+      return "overflow";
+    case ErrorCode::kBadDtype:
+      return "bad_dtype";
+    case ErrorCode::kBadShape:
+      return "bad_shape";
+    case ErrorCode::kDuplicateName:
+      return "duplicate_name";
+    case ErrorCode::kChecksumMismatch:
+      return "checksum_mismatch";
+    case ErrorCode::kInvalidValue:
+      return "invalid_value";
+    case ErrorCode::kBadInput:
+      return "bad_input";
+    case ErrorCode::kUnsupported:
+      return "unsupported";
+    case ErrorCode::kBindMismatch:
+      return "bind_mismatch";
   }
   return "unknown";
 }
@@ -56,8 +75,7 @@ Error::Error(ErrorCode code, std::string path, std::optional<uint64_t> offset,
 Error Error::Field(ErrorCode code, const std::string& path, uint64_t offset,
                    const std::string& field, const std::string& expected,
                    const std::string& found) {
-  return Error(code, path, offset,
-               field + ": expected " + expected + ", found " + found);
+  return Error(code, path, offset, field + ": expected " + expected + ", found " + found);
 }
 
 }  // namespace tsar

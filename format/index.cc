@@ -85,8 +85,8 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
   h.major = r.U16(kOffMajor, "major");
   h.minor = r.U16(kOffMinor, "minor");
   if (h.major != kMajorVersion) {  // R3
-    r.Fail(ErrorCode::kUnsupportedVersion, kOffMajor, "major",
-           "major " + Dec(kMajorVersion), Dec(h.major));
+    r.Fail(ErrorCode::kUnsupportedVersion, kOffMajor, "major", "major " + Dec(kMajorVersion),
+           Dec(h.major));
   }
   h.header_size = r.U32(kOffHeaderSize, "header_size");
   const bool exact = h.minor <= kMinorVersion;
@@ -119,7 +119,7 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
            Dec(h.index_size));
   }
   const uint64_t index_end = h.index_offset + h.index_size;  // both bounded: no overflow
-  if (index_end > h.file_size) {  // R9
+  if (index_end > h.file_size) {                             // R9
     r.Fail(ErrorCode::kOutOfBounds, kOffIndexSize, "index_size",
            "index_offset + index_size <= file_size " + Dec(h.file_size), Dec(h.index_size));
   }
@@ -137,8 +137,8 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
   h.alignment = r.U32(kOffAlignment, "alignment");
   if (h.alignment < kMinAlignment || h.alignment > kMaxAlignment ||
       (h.alignment & (h.alignment - 1)) != 0) {  // R12
-    r.Fail(ErrorCode::kInvalidValue, kOffAlignment, "alignment",
-           "a power of two in [64, 2^30]", Dec(h.alignment));
+    r.Fail(ErrorCode::kInvalidValue, kOffAlignment, "alignment", "a power of two in [64, 2^30]",
+           Dec(h.alignment));
   }
   h.flags = r.U32(kOffFlags, "flags");
   if (h.flags != 0) {  // R13
@@ -157,8 +157,7 @@ Index Index::Parse(std::vector<uint8_t> head, uint64_t file_size, const std::str
   Index index;
   index.header_ = DecodeHeader(head.data(), head.size(), file_size, path);
   if (head.size() < index.header_.data_offset) {  // R14
-    ByteReader(head.data(), head.size(), path)
-        .Require(0, index.header_.data_offset, "index");
+    ByteReader(head.data(), head.size(), path).Require(0, index.header_.data_offset, "index");
   }
   head.resize(index.header_.data_offset);
   index.head_ = std::move(head);
@@ -202,19 +201,17 @@ void Index::Decode(const std::string& path) {
   const uint32_t dims_count = r.U32(ih + 20, "dims_count");
   const uint64_t blob_size = r.U64(ih + 24, "blob_size");
   RequireZero(r, ih + 32, 32, "index reserved");  // R17
-  const uint64_t counts[6] = {entry_count, storage_count, tensor_count,
+  const uint64_t counts[6] = {entry_count,  storage_count,  tensor_count,
                               sparse_count, metadata_count, dims_count};
-  const uint64_t record_sizes[6] = {kEntryRecordSize,    kStorageRecordSize,
-                                    kTensorRecordSize,   kSparseRecordSize,
-                                    kMetadataRecordSize, kDimSize};
-  static const char* const kCountFields[6] = {"entry_count",    "storage_count",
-                                              "tensor_count",   "sparse_count",
-                                              "metadata_count", "dims_count"};
+  const uint64_t record_sizes[6] = {kEntryRecordSize,  kStorageRecordSize,  kTensorRecordSize,
+                                    kSparseRecordSize, kMetadataRecordSize, kDimSize};
+  static const char* const kCountFields[6] = {"entry_count",  "storage_count",  "tensor_count",
+                                              "sparse_count", "metadata_count", "dims_count"};
   uint64_t pos = ih + kIndexHeaderSize;
   for (int t = 0; t < 6; ++t) {
     table_offset_[t] = pos;
     const uint64_t bytes = counts[t] * record_sizes[t];  // < 2^32 * 48: no overflow
-    if (bytes > index_end - pos) {  // R18
+    if (bytes > index_end - pos) {                       // R18
       r.Fail(ErrorCode::kOutOfBounds, ih + 4 * t, kCountFields[t],
              "a table that fits in index_size " + Dec(h.index_size),
              Dec(counts[t]) + " records of " + Dec(record_sizes[t]) + " bytes");
@@ -242,7 +239,8 @@ void Index::Decode(const std::string& path) {
     const uint64_t off = table_offset_[0] + uint64_t{i} * kEntryRecordSize;
     const auto field = [i] { return std::string("entry #") + Dec(i); };
     EntryRecord& e = entries_[i];
-    e.name = BlobString(r, off, blob, blob_size, [&] { return field() + " name"; }, true);
+    e.name = BlobString(
+        r, off, blob, blob_size, [&] { return field() + " name"; }, true);
     e.first_tensor = LoadU32(base + off + 8);
     e.tensor_count = LoadU32(base + off + 12);
     if (e.first_tensor != next_tensor) {  // R25
@@ -278,15 +276,15 @@ void Index::Decode(const std::string& path) {
     s.nbytes = LoadU64(base + off + 8);
     s.xxh3 = LoadU64(base + off + 16);
     RequireZero(r, off + 24, 8, [&] { return field() + " reserved"; });  // R29
-    if (s.offset > h.file_size || s.nbytes > h.file_size - s.offset) {  // R30
+    if (s.offset > h.file_size || s.nbytes > h.file_size - s.offset) {   // R30
       r.Fail(ErrorCode::kOutOfBounds, off + 8, field() + " nbytes",
              "a range inside the file of " + Dec(h.file_size) + " bytes",
              "offset " + Dec(s.offset) + " nbytes " + Dec(s.nbytes));
     }
     const uint64_t align = s.nbytes >= h.alignment ? h.alignment : kMinAlignment;
     if (s.offset % align != 0) {  // R31
-      r.Fail(ErrorCode::kMisaligned, off, field() + " offset",
-             "a multiple of " + Dec(align), Dec(s.offset));
+      r.Fail(ErrorCode::kMisaligned, off, field() + " offset", "a multiple of " + Dec(align),
+             Dec(s.offset));
     }
     if (s.offset < prev_end) {  // R32
       r.Fail(ErrorCode::kOverlap, off, field() + " offset",
@@ -295,7 +293,7 @@ void Index::Decode(const std::string& path) {
     }
     uint64_t want = 0;
     AlignUp(prev_end, align, &want);  // prev_end <= file_size: no overflow
-    if (s.offset != want) {  // R33
+    if (s.offset != want) {           // R33
       r.Fail(ErrorCode::kInvalidValue, off, field() + " offset",
              Dec(want) + " (storages are packed in order without holes)", Dec(s.offset));
     }
@@ -324,7 +322,8 @@ void Index::Decode(const std::string& path) {
     const uint64_t off = TensorRecordOffset(i);
     TensorRecord& t = tensors_[i];
     t.entry = entry;
-    t.name = BlobString(r, off, blob, blob_size, [i] { return "tensor #" + Dec(i) + " name"; }, true);  // R35
+    t.name = BlobString(
+        r, off, blob, blob_size, [i] { return "tensor #" + Dec(i) + " name"; }, true);  // R35
     auto field = [&](const char* f) { return TensorField(i, t.name, f); };
     t.storage = LoadU32(base + off + 8);
     if (t.storage >= storage_count) {  // R36
@@ -401,8 +400,8 @@ void Index::Decode(const std::string& path) {
                           : on_stride ? dim_offset(uint64_t{t.dims_index} + t.ndim + v.dim)
                                       : off + 24;
       const bool bad_shape = v.fault == Fault::kSizeNegative || v.fault == Fault::kStrideNegative;
-      r.Fail(bad_shape ? ErrorCode::kBadShape : ErrorCode::kOverflow, at,
-             field(text.field.c_str()), text.expected, text.found);
+      r.Fail(bad_shape ? ErrorCode::kBadShape : ErrorCode::kOverflow, at, field(text.field.c_str()),
+             text.expected, text.found);
     }
     const StorageRecord& s = storages_[t.storage];
     if (v.end > s.nbytes) {  // R53
@@ -420,7 +419,8 @@ void Index::Decode(const std::string& path) {
     const uint64_t off = table_offset_[3] + uint64_t{i} * kSparseRecordSize;
     const auto field = [i] { return std::string("sparse #") + Dec(i); };
     SparseRecord& sp = sparse_[i];
-    sp.name = BlobString(r, off, blob, blob_size, [&] { return field() + " name"; }, true);  // R54
+    sp.name = BlobString(
+        r, off, blob, blob_size, [&] { return field() + " name"; }, true);  // R54
     sp.entry = LoadU32(base + off + 8);
     if (sp.entry >= entry_count) {  // R55
       r.Fail(ErrorCode::kOutOfBounds, off + 8, field() + " entry",
@@ -466,14 +466,12 @@ void Index::Decode(const std::string& path) {
     if (sp.first_component < e.first_tensor ||
         uint64_t{sp.first_component} + want > uint64_t{e.first_tensor} + e.tensor_count) {  // R63
       r.Fail(ErrorCode::kOutOfBounds, off + 24, field() + " first_component",
-             "components inside entry #" + Dec(sp.entry) + "'s tensors",
-             Dec(sp.first_component));
+             "components inside entry #" + Dec(sp.entry) + "'s tensors", Dec(sp.first_component));
     }
     for (uint32_t c = 0; c < want; ++c) {  // R64
       if (tensors_[sp.first_component + c].sparse != i) {
         r.Fail(ErrorCode::kInvalidValue, TensorRecordOffset(sp.first_component + c) + 32,
-               TensorField(sp.first_component + c, tensors_[sp.first_component + c].name,
-                           "sparse"),
+               TensorField(sp.first_component + c, tensors_[sp.first_component + c].name, "sparse"),
                Dec(i), Dec(tensors_[sp.first_component + c].sparse));
       }
     }
@@ -483,9 +481,8 @@ void Index::Decode(const std::string& path) {
     if (t.sparse == kNone) continue;
     const SparseRecord& sp = sparse_[t.sparse];
     if (i < sp.first_component || i - sp.first_component >= sp.component_count) {
-      r.Fail(ErrorCode::kInvalidValue, TensorRecordOffset(i) + 32,
-             TensorField(i, t.name, "sparse"), "a sparse record whose components include it",
-             Dec(t.sparse));
+      r.Fail(ErrorCode::kInvalidValue, TensorRecordOffset(i) + 32, TensorField(i, t.name, "sparse"),
+             "a sparse record whose components include it", Dec(t.sparse));
     }
   }
 
@@ -538,7 +535,8 @@ void Index::Decode(const std::string& path) {
     const uint64_t off = table_offset_[4] + uint64_t{i} * kMetadataRecordSize;
     const auto field = [i] { return std::string("metadata #") + Dec(i); };
     MetadataRecord& m = metadata_[i];
-    m.key = BlobString(r, off, blob, blob_size, [&] { return field() + " key"; }, true);  // R67
+    m.key = BlobString(
+        r, off, blob, blob_size, [&] { return field() + " key"; }, true);  // R67
     const uint8_t type = base[off + 8];
     if (type == 0 || type > kMetaTypeMax) {  // R68
       r.Fail(ErrorCode::kInvalidValue, off + 8, field() + " type", "1-4", Dec(type));
@@ -575,12 +573,12 @@ void Index::Decode(const std::string& path) {
     if (i > 0) {
       const MetadataRecord& p = metadata_[i - 1];
       if (p.entry == m.entry && p.key == m.key) {  // R74
-        r.Fail(ErrorCode::kDuplicateName, off, field() + " key",
-               "a key unique in its scope", Quote(m.key));
+        r.Fail(ErrorCode::kDuplicateName, off, field() + " key", "a key unique in its scope",
+               Quote(m.key));
       }
       if (p.entry > m.entry || (p.entry == m.entry && p.key > m.key)) {  // R75
-        r.Fail(ErrorCode::kInvalidValue, off, field() + " key",
-               "records sorted by (entry, key)", Quote(m.key) + " after " + Quote(p.key));
+        r.Fail(ErrorCode::kInvalidValue, off, field() + " key", "records sorted by (entry, key)",
+               Quote(m.key) + " after " + Quote(p.key));
       }
     }
   }

@@ -24,8 +24,8 @@ class ByteReader {
   // Throws kTruncated unless [off, off + n) lies inside the bytes.
   void Require(uint64_t off, uint64_t n, const std::string& field) const {
     if (off > size_ || n > size_ - off) {
-      throw Error::Field(ErrorCode::kTruncated, path_, off, field,
-                         std::to_string(n) + " bytes", Available(off));
+      throw Error::Field(ErrorCode::kTruncated, path_, off, field, std::to_string(n) + " bytes",
+                         Available(off));
     }
   }
   uint8_t U8(uint64_t off, const std::string& field) const {
@@ -54,8 +54,7 @@ class ByteReader {
 
  private:
   std::string Available(uint64_t off) const {
-    return off >= size_ ? std::string("end of data")
-                        : std::to_string(size_ - off) + " bytes";
+    return off >= size_ ? std::string("end of data") : std::to_string(size_ - off) + " bytes";
   }
 
   const uint8_t* data_;

@@ -33,9 +33,11 @@ class Fd {
 void PreadAll(int fd, uint8_t* out, uint64_t n, const std::string& path) {
   uint64_t done = 0;
   while (done < n) {
-    const ssize_t got = pread(fd, out + done, static_cast<size_t>(n - done), static_cast<off_t>(done));
+    const ssize_t got =
+        pread(fd, out + done, static_cast<size_t>(n - done), static_cast<off_t>(done));
     if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw Error(ErrorCode::kIo, path, done, std::string("cannot read: ") + std::strerror(errno));
+    if (got < 0)
+      throw Error(ErrorCode::kIo, path, done, std::string("cannot read: ") + std::strerror(errno));
     if (got == 0) throw Error(ErrorCode::kTruncated, path, done, "file shrank while being read");
     done += static_cast<uint64_t>(got);
   }
@@ -43,13 +45,14 @@ void PreadAll(int fd, uint8_t* out, uint64_t n, const std::string& path) {
 
 void DeleteCoreRef(void* ctx) { delete static_cast<std::shared_ptr<const ArchiveCore>*>(ctx); }
 
-c10::Storage MakeStorage(const std::shared_ptr<const ArchiveCore>& core, const format::StorageRecord& s) {
+c10::Storage MakeStorage(const std::shared_ptr<const ArchiveCore>& core,
+                         const format::StorageRecord& s) {
   uint8_t* p = core->mapping->data() + s.offset;
   c10::DataPtr dp(p, new std::shared_ptr<const ArchiveCore>(core), &DeleteCoreRef,
                   c10::Device(c10::kCPU));
   // Not resizable: an out-of-range set_ then throws instead of reallocating (a copy).
-  return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(s.nbytes),
-                      std::move(dp), /*allocator=*/nullptr, /*resizable=*/false);
+  return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(s.nbytes), std::move(dp),
+                      /*allocator=*/nullptr, /*resizable=*/false);
 }
 
 std::string QuoteName(const std::string& s) { return format::Quote(s); }
@@ -72,7 +75,8 @@ Archive Archive::open(const std::string& path, const OpenOptions& options) {
   Fd fd(raw);
   struct stat st;
   if (fstat(fd.get(), &st) != 0) {
-    throw Error(ErrorCode::kIo, path, std::nullopt, std::string("cannot stat: ") + std::strerror(errno));
+    throw Error(ErrorCode::kIo, path, std::nullopt,
+                std::string("cannot stat: ") + std::strerror(errno));
   }
   if (!S_ISREG(st.st_mode)) {
     throw Error(ErrorCode::kInvalidArgument, path, std::nullopt, "not a regular file");
@@ -94,11 +98,14 @@ Archive Archive::open(const std::string& path, const OpenOptions& options) {
       Mapping::Create(fd.get(), file_size, options.mode, options.prefetch, path, &refused);
   if (refused) {
     if (!options.fallback_to_read) {
-      throw Error(ErrorCode::kIo, path, std::nullopt, std::string("cannot mmap: ") + std::strerror(errno));
+      throw Error(ErrorCode::kIo, path, std::nullopt,
+                  std::string("cannot mmap: ") + std::strerror(errno));
     }
-    std::fprintf(stderr, "tsar: warning: %s: mmap refused (%s); reading into private memory instead\n",
+    std::fprintf(stderr,
+                 "tsar: warning: %s: mmap refused (%s); reading into private memory instead\n",
                  path.c_str(), std::strerror(errno));
-    mapping = Mapping::Create(fd.get(), file_size, MapMode::kRead, options.prefetch, path, &refused);
+    mapping =
+        Mapping::Create(fd.get(), file_size, MapMode::kRead, options.prefetch, path, &refused);
   }
 
   auto impl = std::make_shared<Impl>();
@@ -119,13 +126,15 @@ const c10::Storage& Archive::Impl::Storage(uint32_t i) const {
 uint32_t Archive::Impl::Entry(const std::string& entry) const {
   const auto& entries = index().entries();
   if (entry.empty()) {
-    if (entries.empty()) throw Error(ErrorCode::kNotFound, core->path, std::nullopt, "the archive has no entries");
+    if (entries.empty())
+      throw Error(ErrorCode::kNotFound, core->path, std::nullopt, "the archive has no entries");
     return 0;
   }
   const uint32_t e = index().FindEntry(entry);
   if (e == format::kNone) {
     std::string have;
-    for (const auto& x : entries) have += (have.empty() ? "" : ", ") + QuoteName(std::string(x.name));
+    for (const auto& x : entries)
+      have += (have.empty() ? "" : ", ") + QuoteName(std::string(x.name));
     throw Error(ErrorCode::kNotFound, core->path, std::nullopt,
                 "entry " + QuoteName(entry) + ": expected one of " + have);
   }
@@ -196,7 +205,8 @@ std::vector<std::string> Archive::names(const std::string& entry) const {
 
 bool Archive::contains(const std::string& name, const std::string& entry) const {
   const uint32_t e = impl_->Entry(entry);
-  return impl_->index().FindTensor(e, name) != format::kNone || impl_->FindSparse(e, name) != format::kNone;
+  return impl_->index().FindTensor(e, name) != format::kNone ||
+         impl_->FindSparse(e, name) != format::kNone;
 }
 
 namespace {
@@ -222,7 +232,8 @@ TensorInfo Archive::info(const std::string& name, const std::string& entry) cons
 
 std::vector<TensorInfo> Archive::infos() const {
   std::vector<TensorInfo> out;
-  for (uint32_t i = 0; i < impl_->index().tensors().size(); ++i) out.push_back(MakeInfo(impl_->index(), i));
+  for (uint32_t i = 0; i < impl_->index().tensors().size(); ++i)
+    out.push_back(MakeInfo(impl_->index(), i));
   return out;
 }
 
@@ -263,16 +274,21 @@ torch::OrderedDict<std::string, at::Tensor> Archive::state_dict(const std::strin
 namespace {
 MetadataValue ToValue(const format::MetadataRecord& m) {
   switch (m.type) {
-    case format::MetaType::kString: return std::string(m.bytes);
-    case format::MetaType::kInt: return m.int_value;
-    case format::MetaType::kFloat: return m.float_value;
-    case format::MetaType::kBytes: return Bytes{std::string(m.bytes)};
+    case format::MetaType::kString:
+      return std::string(m.bytes);
+    case format::MetaType::kInt:
+      return m.int_value;
+    case format::MetaType::kFloat:
+      return m.float_value;
+    case format::MetaType::kBytes:
+      return Bytes{std::string(m.bytes)};
   }
   return int64_t{0};
 }
 }  // namespace
 
-std::optional<MetadataValue> Archive::metadata(const std::string& key, const std::string& entry) const {
+std::optional<MetadataValue> Archive::metadata(const std::string& key,
+                                               const std::string& entry) const {
   const uint32_t e = entry.empty() ? format::kNone : impl_->Entry(entry);
   for (const auto& m : impl_->index().metadata()) {
     if (m.entry == e && m.key == key) return ToValue(m);
@@ -280,7 +296,8 @@ std::optional<MetadataValue> Archive::metadata(const std::string& key, const std
   return std::nullopt;
 }
 
-std::vector<std::pair<std::string, MetadataValue>> Archive::metadata_items(const std::string& entry) const {
+std::vector<std::pair<std::string, MetadataValue>> Archive::metadata_items(
+    const std::string& entry) const {
   const uint32_t e = entry.empty() ? format::kNone : impl_->Entry(entry);
   std::vector<std::pair<std::string, MetadataValue>> out;
   for (const auto& m : impl_->index().metadata()) {
@@ -311,7 +328,8 @@ void Archive::verify() const {
     if (got == s.xxh3) continue;
     std::string tensors;
     for (uint32_t t = 0; t < index.tensors().size(); ++t) {
-      if (index.tensors()[t].storage == i) tensors += (tensors.empty() ? "" : ", ") + QuoteName(impl_->QualifiedName(t));
+      if (index.tensors()[t].storage == i)
+        tensors += (tensors.empty() ? "" : ", ") + QuoteName(impl_->QualifiedName(t));
     }
     char want[24], found[24];
     std::snprintf(want, sizeof want, "0x%016llx", static_cast<unsigned long long>(s.xxh3));

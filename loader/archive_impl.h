@@ -44,8 +44,8 @@ struct Archive::Impl {
   at::Tensor MakeSparse(uint32_t sparse) const;
   std::string QualifiedName(uint32_t tensor) const;
 
-  mutable std::vector<c10::Storage> storages;        // null until first use
-  std::unique_ptr<std::once_flag[]> storage_once;    // one per storage
+  mutable std::vector<c10::Storage> storages;      // null until first use
+  std::unique_ptr<std::once_flag[]> storage_once;  // one per storage
 };
 
 // Fault handler registry (loader/fault_handler.cc).

@@ -61,8 +61,10 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     const auto want = FromScalarType(mine.scalar_type());
     std::string why;
     if (!want || *want != rec.dtype) {
-      why = "dtype " + (want ? std::string(DTypeName(*want)) : std::string(c10::toString(mine.scalar_type()))) + " vs archive " +
-            std::string(DTypeName(rec.dtype));
+      why =
+          "dtype " +
+          (want ? std::string(DTypeName(*want)) : std::string(c10::toString(mine.scalar_type()))) +
+          " vs archive " + std::string(DTypeName(rec.dtype));
     }
     if (!mine.sizes().equals(c10::IntArrayRef(index.sizes(rec), rec.ndim))) {
       why += std::string(why.empty() ? "" : ", ") + "shape " + Shape(mine.sizes()) +

@@ -45,7 +45,8 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
     at::Tensor host = at::empty({0}, at::kByte).set_(impl.Storage(s), 0, {nbytes}, {1});
     device_bytes[s] = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device));
     if (!staging.defined()) {
-      staging = at::empty({kStagingBytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      staging =
+          at::empty({kStagingBytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
     }
     for (int64_t done = 0; done < nbytes;) {
       if (used == kStagingBytes) {
@@ -66,10 +67,11 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
     const auto& t = index.tensors()[e.first_tensor + i];
     if (t.role == format::Role::kSparseComponent) continue;
     const c10::ScalarType type = ToScalarType(t.dtype, std::string(t.name));
-    at::Tensor v = at::empty({0}, at::TensorOptions().dtype(type).device(device))
-                       .set_(device_bytes[t.storage].storage(), static_cast<int64_t>(t.storage_offset),
-                             c10::IntArrayRef(index.sizes(t), t.ndim),
-                             c10::IntArrayRef(index.strides(t), t.ndim));
+    at::Tensor v =
+        at::empty({0}, at::TensorOptions().dtype(type).device(device))
+            .set_(device_bytes[t.storage].storage(), static_cast<int64_t>(t.storage_offset),
+                  c10::IntArrayRef(index.sizes(t), t.ndim),
+                  c10::IntArrayRef(index.strides(t), t.ndim));
     if (t.requires_grad) v.set_requires_grad(true);
     out.insert(std::string(t.name), v);
   }

@@ -58,7 +58,8 @@ std::unique_ptr<Mapping> Mapping::Create(int fd, uint64_t size, MapMode mode, Pr
   m->is_mmap_ = true;
   if (prefetch == Prefetch::kWillNeed) madvise(p, len, MADV_WILLNEED);
   if (prefetch == Prefetch::kLock) {
-    if (mlock(p, len) != 0) IoError(path, "cannot mlock " + std::to_string(size) + " bytes (see ulimit -l)", errno);
+    if (mlock(p, len) != 0)
+      IoError(path, "cannot mlock " + std::to_string(size) + " bytes (see ulimit -l)", errno);
     m->locked_ = true;
   }
   return m;

@@ -16,29 +16,48 @@ namespace tsar {
 
 c10::ScalarType ToScalarType(DType dtype, const std::string& what) {
   switch (dtype) {
-    case DType::kBool: return c10::ScalarType::Bool;
-    case DType::kUInt8: return c10::ScalarType::Byte;
-    case DType::kInt8: return c10::ScalarType::Char;
-    case DType::kInt16: return c10::ScalarType::Short;
-    case DType::kInt32: return c10::ScalarType::Int;
-    case DType::kInt64: return c10::ScalarType::Long;
-    case DType::kFloat16: return c10::ScalarType::Half;
-    case DType::kBFloat16: return c10::ScalarType::BFloat16;
-    case DType::kFloat32: return c10::ScalarType::Float;
-    case DType::kFloat64: return c10::ScalarType::Double;
-    case DType::kComplex32: return c10::ScalarType::ComplexHalf;
-    case DType::kComplex64: return c10::ScalarType::ComplexFloat;
-    case DType::kComplex128: return c10::ScalarType::ComplexDouble;
+    case DType::kBool:
+      return c10::ScalarType::Bool;
+    case DType::kUInt8:
+      return c10::ScalarType::Byte;
+    case DType::kInt8:
+      return c10::ScalarType::Char;
+    case DType::kInt16:
+      return c10::ScalarType::Short;
+    case DType::kInt32:
+      return c10::ScalarType::Int;
+    case DType::kInt64:
+      return c10::ScalarType::Long;
+    case DType::kFloat16:
+      return c10::ScalarType::Half;
+    case DType::kBFloat16:
+      return c10::ScalarType::BFloat16;
+    case DType::kFloat32:
+      return c10::ScalarType::Float;
+    case DType::kFloat64:
+      return c10::ScalarType::Double;
+    case DType::kComplex32:
+      return c10::ScalarType::ComplexHalf;
+    case DType::kComplex64:
+      return c10::ScalarType::ComplexFloat;
+    case DType::kComplex128:
+      return c10::ScalarType::ComplexDouble;
 #ifdef TSAR_HAVE_FLOAT8
-    case DType::kFloat8E5M2: return c10::ScalarType::Float8_e5m2;
-    case DType::kFloat8E4M3FN: return c10::ScalarType::Float8_e4m3fn;
+    case DType::kFloat8E5M2:
+      return c10::ScalarType::Float8_e5m2;
+    case DType::kFloat8E4M3FN:
+      return c10::ScalarType::Float8_e4m3fn;
 #endif
 #ifdef TSAR_HAVE_UINT_WIDE
-    case DType::kUInt16: return c10::ScalarType::UInt16;
-    case DType::kUInt32: return c10::ScalarType::UInt32;
-    case DType::kUInt64: return c10::ScalarType::UInt64;
+    case DType::kUInt16:
+      return c10::ScalarType::UInt16;
+    case DType::kUInt32:
+      return c10::ScalarType::UInt32;
+    case DType::kUInt64:
+      return c10::ScalarType::UInt64;
 #endif
-    default: break;
+    default:
+      break;
   }
   throw Error(ErrorCode::kUnsupported, "", std::nullopt,
               what + ": dtype " + std::string(DTypeName(dtype)) +
@@ -47,29 +66,48 @@ c10::ScalarType ToScalarType(DType dtype, const std::string& what) {
 
 std::optional<DType> FromScalarType(c10::ScalarType type) {
   switch (type) {
-    case c10::ScalarType::Bool: return DType::kBool;
-    case c10::ScalarType::Byte: return DType::kUInt8;
-    case c10::ScalarType::Char: return DType::kInt8;
-    case c10::ScalarType::Short: return DType::kInt16;
-    case c10::ScalarType::Int: return DType::kInt32;
-    case c10::ScalarType::Long: return DType::kInt64;
-    case c10::ScalarType::Half: return DType::kFloat16;
-    case c10::ScalarType::BFloat16: return DType::kBFloat16;
-    case c10::ScalarType::Float: return DType::kFloat32;
-    case c10::ScalarType::Double: return DType::kFloat64;
-    case c10::ScalarType::ComplexHalf: return DType::kComplex32;
-    case c10::ScalarType::ComplexFloat: return DType::kComplex64;
-    case c10::ScalarType::ComplexDouble: return DType::kComplex128;
+    case c10::ScalarType::Bool:
+      return DType::kBool;
+    case c10::ScalarType::Byte:
+      return DType::kUInt8;
+    case c10::ScalarType::Char:
+      return DType::kInt8;
+    case c10::ScalarType::Short:
+      return DType::kInt16;
+    case c10::ScalarType::Int:
+      return DType::kInt32;
+    case c10::ScalarType::Long:
+      return DType::kInt64;
+    case c10::ScalarType::Half:
+      return DType::kFloat16;
+    case c10::ScalarType::BFloat16:
+      return DType::kBFloat16;
+    case c10::ScalarType::Float:
+      return DType::kFloat32;
+    case c10::ScalarType::Double:
+      return DType::kFloat64;
+    case c10::ScalarType::ComplexHalf:
+      return DType::kComplex32;
+    case c10::ScalarType::ComplexFloat:
+      return DType::kComplex64;
+    case c10::ScalarType::ComplexDouble:
+      return DType::kComplex128;
 #ifdef TSAR_HAVE_FLOAT8
-    case c10::ScalarType::Float8_e5m2: return DType::kFloat8E5M2;
-    case c10::ScalarType::Float8_e4m3fn: return DType::kFloat8E4M3FN;
+    case c10::ScalarType::Float8_e5m2:
+      return DType::kFloat8E5M2;
+    case c10::ScalarType::Float8_e4m3fn:
+      return DType::kFloat8E4M3FN;
 #endif
 #ifdef TSAR_HAVE_UINT_WIDE
-    case c10::ScalarType::UInt16: return DType::kUInt16;
-    case c10::ScalarType::UInt32: return DType::kUInt32;
-    case c10::ScalarType::UInt64: return DType::kUInt64;
+    case c10::ScalarType::UInt16:
+      return DType::kUInt16;
+    case c10::ScalarType::UInt32:
+      return DType::kUInt32;
+    case c10::ScalarType::UInt64:
+      return DType::kUInt64;
 #endif
-    default: return std::nullopt;
+    default:
+      return std::nullopt;
   }
 }
 

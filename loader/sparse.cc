@@ -33,14 +33,19 @@ at::Tensor Archive::Impl::MakeSparse(uint32_t s) const {
   if (sp.layout == format::SparseLayout::kCoo) {
     const at::Tensor& indices = c[0];
     if (indices.scalar_type() != at::kLong || indices.dim() != 2 || values.dim() < 1 ||
-        indices.size(1) != values.size(0) || indices.size(0) + values.dim() - 1 != static_cast<int64_t>(sizes.size())) {
-      return fail("expected int64 indices [sparse_dim, nnz] and values [nnz, dense sizes...] matching the sizes");
+        indices.size(1) != values.size(0) ||
+        indices.size(0) + values.dim() - 1 != static_cast<int64_t>(sizes.size())) {
+      return fail(
+          "expected int64 indices [sparse_dim, nnz] and values [nnz, dense sizes...] matching the "
+          "sizes");
     }
   } else {
-    if (sizes.size() < 2 || c[0].dim() != 1 || c[1].dim() != 1 || c[0].scalar_type() != c[1].scalar_type() ||
+    if (sizes.size() < 2 || c[0].dim() != 1 || c[1].dim() != 1 ||
+        c[0].scalar_type() != c[1].scalar_type() ||
         (c[0].scalar_type() != at::kLong && c[0].scalar_type() != at::kInt) || values.dim() != 1 ||
         c[1].size(0) != values.size(0)) {
-      return fail("expected compressed and plain int32/int64 indices and 1-d values of equal length");
+      return fail(
+          "expected compressed and plain int32/int64 indices and 1-d values of equal length");
     }
   }
   try {
@@ -50,8 +55,10 @@ at::Tensor Archive::Impl::MakeSparse(uint32_t s) const {
         at::Tensor t = at::sparse_coo_tensor(c[0], values, sizes, o.layout(at::kSparse));
         return sp.coalesced ? t._coalesced_(true) : t;
       }
-      case format::SparseLayout::kCsr: return at::sparse_csr_tensor(c[0], c[1], values, sizes, o.layout(at::kSparseCsr));
-      case format::SparseLayout::kCsc: return at::sparse_csc_tensor(c[0], c[1], values, sizes, o.layout(at::kSparseCsc));
+      case format::SparseLayout::kCsr:
+        return at::sparse_csr_tensor(c[0], c[1], values, sizes, o.layout(at::kSparseCsr));
+      case format::SparseLayout::kCsc:
+        return at::sparse_csc_tensor(c[0], c[1], values, sizes, o.layout(at::kSparseCsc));
     }
   } catch (const c10::Error& e) {
     std::string msg = e.what_without_backtrace();

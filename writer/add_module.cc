@@ -10,14 +10,18 @@ namespace tsar {
 namespace {
 
 void AddNn(Writer& w, const torch::nn::Module& m, const std::string& prefix) {
-  for (const auto& p : m.named_parameters(/*recurse=*/false)) w.add(prefix + p.key(), p.value(), Role::kParameter);
-  for (const auto& b : m.named_buffers(/*recurse=*/false)) w.add(prefix + b.key(), b.value(), Role::kBuffer);
+  for (const auto& p : m.named_parameters(/*recurse=*/false))
+    w.add(prefix + p.key(), p.value(), Role::kParameter);
+  for (const auto& b : m.named_buffers(/*recurse=*/false))
+    w.add(prefix + b.key(), b.value(), Role::kBuffer);
   for (const auto& c : m.named_children()) AddNn(w, *c.value(), prefix + c.key() + ".");
 }
 
 void AddJit(Writer& w, const torch::jit::Module& m, const std::string& prefix) {
-  for (const auto& p : m.named_parameters(/*recurse=*/false)) w.add(prefix + p.name, p.value, Role::kParameter);
-  for (const auto& b : m.named_buffers(/*recurse=*/false)) w.add(prefix + b.name, b.value, Role::kBuffer);
+  for (const auto& p : m.named_parameters(/*recurse=*/false))
+    w.add(prefix + p.name, p.value, Role::kParameter);
+  for (const auto& b : m.named_buffers(/*recurse=*/false))
+    w.add(prefix + b.name, b.value, Role::kBuffer);
   for (const auto& c : m.named_children()) AddJit(w, c.value, prefix + c.name + ".");
 }
 

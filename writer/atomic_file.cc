@@ -38,7 +38,8 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), dir_(DirOf(pa
   }
   struct stat st;
   if (stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    throw Error(ErrorCode::kInvalidArgument, path_, std::nullopt, "output: is a directory, expected a file name");
+    throw Error(ErrorCode::kInvalidArgument, path_, std::nullopt,
+                "output: is a directory, expected a file name");
   }
 #ifdef O_TMPFILE
   fd_ = open(dir_.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, kMode);
@@ -68,7 +69,8 @@ void AtomicFile::Fail(const std::string& what, int err) const {
 }
 
 void AtomicFile::Resize(uint64_t size) {
-  if (ftruncate(fd_, static_cast<off_t>(size)) != 0) Fail("cannot size the output to " + std::to_string(size) + " bytes", errno);
+  if (ftruncate(fd_, static_cast<off_t>(size)) != 0)
+    Fail("cannot size the output to " + std::to_string(size) + " bytes", errno);
 }
 
 void AtomicFile::WriteAt(uint64_t offset, const void* data, uint64_t size) {

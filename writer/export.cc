@@ -5,7 +5,8 @@
 namespace tsar::exporter {
 namespace {
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 }  // namespace
 
@@ -23,8 +24,9 @@ Format FormatFromPath(const std::string& path) {
   }
   if (EndsWith(path, ".safetensors")) return Format::kSafetensors;
   if (EndsWith(path, ".h5") || EndsWith(path, ".hdf5")) return Format::kHdf5;
-  throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
-              "output: expected an extension .pt, .pth, .bin, .safetensors, .h5 or .hdf5 (or --format)");
+  throw Error(
+      ErrorCode::kInvalidArgument, path, std::nullopt,
+      "output: expected an extension .pt, .pth, .bin, .safetensors, .h5 or .hdf5 (or --format)");
 }
 
 std::string FlatName(const Archive& archive, const TensorInfo& t) {
@@ -34,9 +36,12 @@ std::string FlatName(const Archive& archive, const TensorInfo& t) {
 std::vector<std::string> Export(const Archive& archive, const std::string& path, Format format,
                                 const ExportOptions& options) {
   switch (format) {
-    case Format::kTorchSave: return ExportTorchSave(archive, path);
-    case Format::kSafetensors: return ExportSafetensors(archive, path, options);
-    case Format::kHdf5: return ExportHdf5(archive, path);
+    case Format::kTorchSave:
+      return ExportTorchSave(archive, path);
+    case Format::kSafetensors:
+      return ExportSafetensors(archive, path, options);
+    case Format::kHdf5:
+      return ExportHdf5(archive, path);
   }
   return {};
 }

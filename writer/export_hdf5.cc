@@ -37,16 +37,26 @@ class H5 {
 hid_t FileType(DType dt, bool* owned) {
   *owned = false;
   switch (dt) {
-    case DType::kUInt8: return H5T_STD_U8LE;
-    case DType::kInt8: return H5T_STD_I8LE;
-    case DType::kInt16: return H5T_STD_I16LE;
-    case DType::kInt32: return H5T_STD_I32LE;
-    case DType::kInt64: return H5T_STD_I64LE;
-    case DType::kUInt16: return H5T_STD_U16LE;
-    case DType::kUInt32: return H5T_STD_U32LE;
-    case DType::kUInt64: return H5T_STD_U64LE;
-    case DType::kFloat32: return H5T_IEEE_F32LE;
-    case DType::kFloat64: return H5T_IEEE_F64LE;
+    case DType::kUInt8:
+      return H5T_STD_U8LE;
+    case DType::kInt8:
+      return H5T_STD_I8LE;
+    case DType::kInt16:
+      return H5T_STD_I16LE;
+    case DType::kInt32:
+      return H5T_STD_I32LE;
+    case DType::kInt64:
+      return H5T_STD_I64LE;
+    case DType::kUInt16:
+      return H5T_STD_U16LE;
+    case DType::kUInt32:
+      return H5T_STD_U32LE;
+    case DType::kUInt64:
+      return H5T_STD_U64LE;
+    case DType::kFloat32:
+      return H5T_IEEE_F32LE;
+    case DType::kFloat64:
+      return H5T_IEEE_F64LE;
     case DType::kFloat16: {  // h5py's IEEE half: 1 sign, 5 exponent, 10 mantissa bits
       const hid_t t = H5Tcopy(H5T_IEEE_F32LE);
       H5Tset_fields(t, 15, 10, 5, 0, 10);
@@ -74,19 +84,21 @@ hid_t FileType(DType dt, bool* owned) {
       *owned = true;
       return t;
     }
-    default: return -1;
+    default:
+      return -1;
   }
 }
 
 // The group for the dotted prefix of `name` under `root`, creating it.
-hid_t GroupFor(hid_t root, const std::vector<std::string>& parts, std::vector<hid_t>& opened, const std::string& path,
-               const std::string& tensor) {
+hid_t GroupFor(hid_t root, const std::vector<std::string>& parts, std::vector<hid_t>& opened,
+               const std::string& path, const std::string& tensor) {
   hid_t g = root;
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     const std::string& p = parts[i];
     if (H5Lexists(g, p.c_str(), H5P_DEFAULT) > 0) {
       H5O_info_t info;
-      if (H5Oget_info_by_name(g, p.c_str(), &info, H5P_DEFAULT) < 0 || info.type != H5O_TYPE_GROUP) {
+      if (H5Oget_info_by_name(g, p.c_str(), &info, H5P_DEFAULT) < 0 ||
+          info.type != H5O_TYPE_GROUP) {
         throw Error(ErrorCode::kUnsupported, path, std::nullopt,
                     "tensor " + format::Quote(tensor) + ": its prefix " + format::Quote(p) +
                         " is also a tensor, which HDF5 groups cannot express");
@@ -101,10 +113,11 @@ hid_t GroupFor(hid_t root, const std::vector<std::string>& parts, std::vector<hi
   return g;
 }
 
-void Attribute(hid_t loc, const std::string& key, const MetadataValue& v, std::vector<std::string>& notes,
-               const std::string& path) {
+void Attribute(hid_t loc, const std::string& key, const MetadataValue& v,
+               std::vector<std::string>& notes, const std::string& path) {
   if (std::holds_alternative<Bytes>(v)) {
-    notes.push_back("metadata " + key + ": bytes values are not written as HDF5 attributes; left out");
+    notes.push_back("metadata " + key +
+                    ": bytes values are not written as HDF5 attributes; left out");
     return;
   }
   const H5 space(H5Screate(H5S_SCALAR), H5Sclose);
@@ -126,8 +139,10 @@ void Attribute(hid_t loc, const std::string& key, const MetadataValue& v, std::v
     type = H5T_IEEE_F64LE;
     data = &std::get<double>(v);
   }
-  const H5 attr(H5Acreate2(loc, key.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!attr.ok() || H5Awrite(attr.get(), type, data) < 0) Fail(path, "cannot write attribute " + format::Quote(key));
+  const H5 attr(H5Acreate2(loc, key.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                H5Aclose);
+  if (!attr.ok() || H5Awrite(attr.get(), type, data) < 0)
+    Fail(path, "cannot write attribute " + format::Quote(key));
 }
 
 std::vector<std::string> Split(const std::string& name) {
@@ -155,7 +170,9 @@ std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
   const bool single = entries.size() == 1;
   for (const auto& [k, v] : a.metadata_items()) Attribute(file.get(), k, v, notes, path);
   for (const auto& e : entries) {
-    H5 entry_group(single ? -1 : H5Gcreate2(file.get(), e.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    H5 entry_group(
+        single ? -1 : H5Gcreate2(file.get(), e.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+        H5Gclose);
     const hid_t root = single ? file.get() : entry_group.get();
     if (root < 0) Fail(path, "cannot create group " + format::Quote(e));
     for (const auto& [k, v] : a.metadata_items(e)) Attribute(root, k, v, notes, path);
@@ -165,7 +182,8 @@ std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
       const hid_t type = FileType(t.dtype, &owned);
       if (type < 0) {
         throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
-                    "tensor " + format::Quote(FlatName(a, t)) + ": h5py has no dtype " + std::string(DTypeName(t.dtype)) +
+                    "tensor " + format::Quote(FlatName(a, t)) + ": h5py has no dtype " +
+                        std::string(DTypeName(t.dtype)) +
                         "; export to .pt or .safetensors instead");
       }
       const H5 type_owner(owned ? type : -1, H5Tclose);
@@ -173,19 +191,26 @@ std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
       for (const auto& p : parts) {
         if (p.empty()) {
           throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
-                      "tensor " + format::Quote(t.name) + ": an empty name component cannot be an HDF5 path");
+                      "tensor " + format::Quote(t.name) +
+                          ": an empty name component cannot be an HDF5 path");
         }
       }
       std::vector<hid_t> opened;
       const hid_t g = GroupFor(root, parts, opened, path, t.name);
       std::vector<hsize_t> dims(t.sizes.begin(), t.sizes.end());
-      const H5 space(t.sizes.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+      const H5 space(t.sizes.empty()
+                         ? H5Screate(H5S_SCALAR)
+                         : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                      H5Sclose);
-      const H5 ds(H5Dcreate2(g, parts.back().c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+      const H5 ds(H5Dcreate2(g, parts.back().c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                             H5P_DEFAULT),
+                  H5Dclose);
       for (auto it = opened.rbegin(); it != opened.rend(); ++it) H5Gclose(*it);
-      if (!ds.ok()) Fail(path, "cannot create dataset " + format::Quote(t.name) + " (is the name used twice?)");
+      if (!ds.ok())
+        Fail(path, "cannot create dataset " + format::Quote(t.name) + " (is the name used twice?)");
       const at::Tensor x = a.tensor(t.name, t.entry).contiguous();
-      if (x.numel() > 0 && H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data_ptr()) < 0) {
+      if (x.numel() > 0 &&
+          H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data_ptr()) < 0) {
         Fail(path, "cannot write dataset " + format::Quote(t.name));
       }
     }
@@ -194,7 +219,8 @@ std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
   const ssize_t size = H5Fget_file_image(file.get(), nullptr, 0);
   if (size < 0) Fail(path, "cannot get the file image");
   std::vector<char> image(static_cast<size_t>(size));
-  if (H5Fget_file_image(file.get(), image.data(), image.size()) != size) Fail(path, "cannot copy the file image");
+  if (H5Fget_file_image(file.get(), image.data(), image.size()) != size)
+    Fail(path, "cannot copy the file image");
   AtomicFile out(path);
   out.WriteAt(0, image.data(), image.size());
   out.Publish(/*durable=*/true);

@@ -17,19 +17,32 @@ namespace {
 // The torch.<X>Storage class for a dtype (the typed storages torch.load knows).
 const char* StorageClass(DType dt) {
   switch (dt) {
-    case DType::kBool: return "BoolStorage";
-    case DType::kUInt8: return "ByteStorage";
-    case DType::kInt8: return "CharStorage";
-    case DType::kInt16: return "ShortStorage";
-    case DType::kInt32: return "IntStorage";
-    case DType::kInt64: return "LongStorage";
-    case DType::kFloat16: return "HalfStorage";
-    case DType::kBFloat16: return "BFloat16Storage";
-    case DType::kFloat32: return "FloatStorage";
-    case DType::kFloat64: return "DoubleStorage";
-    case DType::kComplex64: return "ComplexFloatStorage";
-    case DType::kComplex128: return "ComplexDoubleStorage";
-    default: return nullptr;
+    case DType::kBool:
+      return "BoolStorage";
+    case DType::kUInt8:
+      return "ByteStorage";
+    case DType::kInt8:
+      return "CharStorage";
+    case DType::kInt16:
+      return "ShortStorage";
+    case DType::kInt32:
+      return "IntStorage";
+    case DType::kInt64:
+      return "LongStorage";
+    case DType::kFloat16:
+      return "HalfStorage";
+    case DType::kBFloat16:
+      return "BFloat16Storage";
+    case DType::kFloat32:
+      return "FloatStorage";
+    case DType::kFloat64:
+      return "DoubleStorage";
+    case DType::kComplex64:
+      return "ComplexFloatStorage";
+    case DType::kComplex128:
+      return "ComplexDoubleStorage";
+    default:
+      return nullptr;
   }
 }
 
@@ -45,7 +58,9 @@ class Pickler {
   void Reduce() { out_ += 'R'; }
   void Build() { out_ += 'b'; }
   void PersId() { out_ += 'Q'; }
-  void Global(const std::string& module, const std::string& name) { out_ += "c" + module + "\n" + name + "\n"; }
+  void Global(const std::string& module, const std::string& name) {
+    out_ += "c" + module + "\n" + name + "\n";
+  }
   void Bool(bool b) { out_ += b ? '\x88' : '\x89'; }
   void None() { out_ += 'N'; }
   void Str(const std::string& s) {
@@ -53,7 +68,8 @@ class Pickler {
     Raw32(static_cast<uint32_t>(s.size()));
     out_ += s;
   }
-  void Bytes(const std::string& s) {  // protocol 3 opcode; Python's unpickler reads it in any protocol
+  void Bytes(
+      const std::string& s) {  // protocol 3 opcode; Python's unpickler reads it in any protocol
     out_ += 'B';
     Raw32(static_cast<uint32_t>(s.size()));
     out_ += s;
@@ -135,15 +151,19 @@ std::vector<std::string> ExportTorchSave(const Archive& a, const std::string& pa
   std::vector<int> storage_dtype(storages.size(), -1);
   for (const auto& t : infos) {
     if (!StorageClass(t.dtype)) {
-      throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
-                  "tensor " + format::Quote(t.entry + "/" + t.name) + ": dtype " + std::string(DTypeName(t.dtype)) +
-                      " cannot be written for torch.load of LibTorch 1.13; export to .safetensors instead");
+      throw Error(
+          ErrorCode::kUnsupported, a.path(), std::nullopt,
+          "tensor " + format::Quote(t.entry + "/" + t.name) + ": dtype " +
+              std::string(DTypeName(t.dtype)) +
+              " cannot be written for torch.load of LibTorch 1.13; export to .safetensors instead");
     }
     int& d = storage_dtype[t.storage];
     if (d >= 0 && d != static_cast<int>(t.dtype)) {
-      throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
-                  "tensor " + format::Quote(t.entry + "/" + t.name) + ": shares storage #" + std::to_string(t.storage) +
-                      " with a tensor of another dtype, which torch.save's typed storages cannot express");
+      throw Error(
+          ErrorCode::kUnsupported, a.path(), std::nullopt,
+          "tensor " + format::Quote(t.entry + "/" + t.name) + ": shares storage #" +
+              std::to_string(t.storage) +
+              " with a tensor of another dtype, which torch.save's typed storages cannot express");
     }
     d = static_cast<int>(t.dtype);
   }
@@ -210,7 +230,9 @@ std::vector<std::string> ExportTorchSave(const Archive& a, const std::string& pa
       }
     }
     for (const auto& [k, v] : a.metadata_items(entry)) {
-      if (k != "torch._metadata") notes.push_back("entry " + entry + " metadata " + k + ": torch.save state_dicts have no place for it; left out");
+      if (k != "torch._metadata")
+        notes.push_back("entry " + entry + " metadata " + k +
+                        ": torch.save state_dicts have no place for it; left out");
     }
   };
   if (single) {

@@ -17,29 +17,47 @@ namespace {
 
 const char* Code(DType dt) {
   switch (dt) {
-    case DType::kBool: return "BOOL";
-    case DType::kUInt8: return "U8";
-    case DType::kInt8: return "I8";
-    case DType::kInt16: return "I16";
-    case DType::kInt32: return "I32";
-    case DType::kInt64: return "I64";
-    case DType::kFloat16: return "F16";
-    case DType::kBFloat16: return "BF16";
-    case DType::kFloat32: return "F32";
-    case DType::kFloat64: return "F64";
-    case DType::kComplex64: return "C64";
-    case DType::kFloat8E5M2: return "F8_E5M2";
-    case DType::kFloat8E4M3FN: return "F8_E4M3";
-    case DType::kUInt16: return "U16";
-    case DType::kUInt32: return "U32";
-    case DType::kUInt64: return "U64";
-    default: return nullptr;
+    case DType::kBool:
+      return "BOOL";
+    case DType::kUInt8:
+      return "U8";
+    case DType::kInt8:
+      return "I8";
+    case DType::kInt16:
+      return "I16";
+    case DType::kInt32:
+      return "I32";
+    case DType::kInt64:
+      return "I64";
+    case DType::kFloat16:
+      return "F16";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kFloat32:
+      return "F32";
+    case DType::kFloat64:
+      return "F64";
+    case DType::kComplex64:
+      return "C64";
+    case DType::kFloat8E5M2:
+      return "F8_E5M2";
+    case DType::kFloat8E4M3FN:
+      return "F8_E4M3";
+    case DType::kUInt16:
+      return "U16";
+    case DType::kUInt32:
+      return "U32";
+    case DType::kUInt64:
+      return "U64";
+    default:
+      return nullptr;
   }
 }
 
 }  // namespace
 
-std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& path, const ExportOptions& options) {
+std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& path,
+                                           const ExportOptions& options) {
   std::vector<std::string> notes;
   const auto infos = a.infos();
   std::map<uint32_t, std::vector<std::string>> users;
@@ -72,12 +90,14 @@ std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& 
       std::snprintf(buf, sizeof buf, "%.17g", *d);
       meta[k] = buf;
     } else {
-      notes.push_back("metadata " + k + ": bytes values cannot be safetensors metadata (strings only); left out");
+      notes.push_back("metadata " + k +
+                      ": bytes values cannot be safetensors metadata (strings only); left out");
     }
   }
   for (const auto& e : a.entries()) {
     for (const auto& [k, v] : a.metadata_items(e)) {
-      notes.push_back("entry " + e + " metadata " + k + ": safetensors has no per-entry metadata; left out");
+      notes.push_back("entry " + e + " metadata " + k +
+                      ": safetensors has no per-entry metadata; left out");
     }
   }
   if (!meta.empty()) header["__metadata__"] = meta;
@@ -88,11 +108,13 @@ std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& 
     const char* code = Code(t.dtype);
     if (!code) {
       throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
-                  "tensor " + format::Quote(FlatName(a, t)) + ": safetensors has no dtype " + std::string(DTypeName(t.dtype)));
+                  "tensor " + format::Quote(FlatName(a, t)) + ": safetensors has no dtype " +
+                      std::string(DTypeName(t.dtype)));
     }
     at::Tensor x = a.tensor(t.name, t.entry).contiguous();
     const uint64_t n = x.numel() * x.element_size();
-    header[FlatName(a, t)] = {{"dtype", code}, {"shape", t.sizes}, {"data_offsets", {offset, offset + n}}};
+    header[FlatName(a, t)] = {
+        {"dtype", code}, {"shape", t.sizes}, {"data_offsets", {offset, offset + n}}};
     offset += n;
     tensors.push_back(std::move(x));
   }

@@ -14,12 +14,18 @@ namespace tsar::importer {
 
 const char* InputKindName(InputKind kind) {
   switch (kind) {
-    case InputKind::kTorchSave: return "torch.save";
-    case InputKind::kTorchScript: return "TorchScript";
-    case InputKind::kSafetensors: return "safetensors";
-    case InputKind::kSafetensorsIndex: return "safetensors index";
-    case InputKind::kHdf5: return "HDF5";
-    case InputKind::kUnknown: break;
+    case InputKind::kTorchSave:
+      return "torch.save";
+    case InputKind::kTorchScript:
+      return "TorchScript";
+    case InputKind::kSafetensors:
+      return "safetensors";
+    case InputKind::kSafetensorsIndex:
+      return "safetensors index";
+    case InputKind::kHdf5:
+      return "HDF5";
+    case InputKind::kUnknown:
+      break;
   }
   return "unknown";
 }
@@ -35,13 +41,16 @@ InputKind Detect(const std::string& path) {
   const ssize_t n = pread(fd, b, sizeof b, 0);
   const off_t size = lseek(fd, 0, SEEK_END);
   close(fd);
-  if (n < 0) throw Error(ErrorCode::kIo, path, std::nullopt, std::string("cannot read: ") + std::strerror(errno));
+  if (n < 0)
+    throw Error(ErrorCode::kIo, path, std::nullopt,
+                std::string("cannot read: ") + std::strerror(errno));
   static const uint8_t kHdf5[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
   if (n >= 8 && std::memcmp(b, kHdf5, 8) == 0) return InputKind::kHdf5;
   if (n >= 4 && b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4) {
     try {
       caffe2::serialize::PyTorchStreamReader reader(path);
-      if (reader.hasRecord("constants.pkl") || reader.hasRecord("code/__torch__.py")) return InputKind::kTorchScript;
+      if (reader.hasRecord("constants.pkl") || reader.hasRecord("code/__torch__.py"))
+        return InputKind::kTorchScript;
       if (reader.hasRecord("data.pkl")) return InputKind::kTorchSave;
     } catch (const c10::Error&) {
       // A damaged or foreign zip: the torch.save importer names what is wrong.
@@ -50,7 +59,8 @@ InputKind Detect(const std::string& path) {
   }
   if (n >= 9) {
     const uint64_t header = format::LoadU64(b);
-    if (b[8] == '{' && header >= 2 && header <= static_cast<uint64_t>(size) - 8) return InputKind::kSafetensors;
+    if (b[8] == '{' && header >= 2 && header <= static_cast<uint64_t>(size) - 8)
+      return InputKind::kSafetensors;
   }
   size_t i = 0;
   while (i < static_cast<size_t>(n) && std::isspace(b[i])) ++i;
@@ -60,12 +70,18 @@ InputKind Detect(const std::string& path) {
 
 Imported Import(const std::string& path, const ImportOptions& options) {
   switch (Detect(path)) {
-    case InputKind::kTorchSave: return ImportTorchSave(path, options);
-    case InputKind::kTorchScript: return ImportTorchScript(path, options);
-    case InputKind::kSafetensors: return ImportSafetensors(path, options);
-    case InputKind::kSafetensorsIndex: return ImportSafetensorsIndex(path, options);
-    case InputKind::kHdf5: return ImportHdf5(path, options);
-    case InputKind::kUnknown: break;
+    case InputKind::kTorchSave:
+      return ImportTorchSave(path, options);
+    case InputKind::kTorchScript:
+      return ImportTorchScript(path, options);
+    case InputKind::kSafetensors:
+      return ImportSafetensors(path, options);
+    case InputKind::kSafetensorsIndex:
+      return ImportSafetensorsIndex(path, options);
+    case InputKind::kHdf5:
+      return ImportHdf5(path, options);
+    case InputKind::kUnknown:
+      break;
   }
   uint8_t b[8] = {0};
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -74,12 +90,15 @@ Imported Import(const std::string& path, const ImportOptions& options) {
   std::string hint;
   if (n >= 5 && std::memcmp(b, format::kMagic, 5) == 0) hint = " (it is already a tsar archive)";
   if (n >= 2 && b[0] == 0x80 && b[1] <= 5) {
-    hint = " (it looks like a legacy torch.save file from before PyTorch 1.6: re-save it with "
-           "torch.save(obj, f, _use_new_zipfile_serialization=True))";
+    hint =
+        " (it looks like a legacy torch.save file from before PyTorch 1.6: re-save it with "
+        "torch.save(obj, f, _use_new_zipfile_serialization=True))";
   }
-  throw Error(ErrorCode::kBadInput, path, std::nullopt,
-              "expected a torch.save zip, a TorchScript archive, a safetensors file or index, or an "
-              "HDF5 file, found none of them" + hint);
+  throw Error(
+      ErrorCode::kBadInput, path, std::nullopt,
+      "expected a torch.save zip, a TorchScript archive, a safetensors file or index, or an "
+      "HDF5 file, found none of them" +
+          hint);
 }
 
 }  // namespace tsar::importer

@@ -361,7 +361,8 @@ class Hdf5Importer {
     if (std::holds_alternative<std::string>(kind)) {
       // Every dataset is a tensor in this layout: one that cannot be is an
       // error, not something to drop silently from a model.
-      Fail(what + ": expected a numeric dataset, found a " + std::get<std::string>(kind) + " dataset");
+      Fail(what + ": expected a numeric dataset, found a " + std::get<std::string>(kind) +
+           " dataset");
     }
     // External raw-data files and virtual datasets would read other files
     // named inside this one; they are never followed.

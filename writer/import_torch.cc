@@ -14,7 +14,8 @@
 namespace tsar::importer {
 namespace {
 
-[[noreturn]] void Bad(const std::string& path, std::optional<uint64_t> offset, const std::string& msg) {
+[[noreturn]] void Bad(const std::string& path, std::optional<uint64_t> offset,
+                      const std::string& msg) {
   throw Error(ErrorCode::kBadInput, path, offset, msg);
 }
 
@@ -28,7 +29,8 @@ std::string FirstLine(const std::exception& e) {
 // Checks the zip local file header in front of the record data at
 // `data_offset` (which PyTorchStreamReader located): stored (not
 // compressed), and exactly `nbytes` long. Returns nothing; throws kBadInput.
-void CheckStoredRecord(const MappedInput& in, uint64_t data_offset, const std::string& key, uint64_t nbytes) {
+void CheckStoredRecord(const MappedInput& in, uint64_t data_offset, const std::string& key,
+                       uint64_t nbytes) {
   const std::string suffix = "/data/" + key;
   const uint8_t* d = in.data();
   if (data_offset < 30 || data_offset > in.size()) {
@@ -46,10 +48,17 @@ void CheckStoredRecord(const MappedInput& in, uint64_t data_offset, const std::s
     const uint16_t extra_len = format::LoadU16(d + p + 28);
     if (p + 30 + name_len + extra_len != data_offset) continue;
     const std::string name(reinterpret_cast<const char*>(d + p + 30), name_len);
-    if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) break;
-    if (method != 0) Bad(in.path(), p + 8, "record " + format::Quote(name) + ": expected stored (method 0), found compression method " + std::to_string(method));
+    if (name.size() < suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      break;
+    if (method != 0)
+      Bad(in.path(), p + 8,
+          "record " + format::Quote(name) +
+              ": expected stored (method 0), found compression method " + std::to_string(method));
     if (data_offset > in.size() || nbytes > in.size() - data_offset) {
-      Bad(in.path(), data_offset, "record " + format::Quote(name) + ": expected " + std::to_string(nbytes) + " bytes inside the file, found the end of the file");
+      Bad(in.path(), data_offset,
+          "record " + format::Quote(name) + ": expected " + std::to_string(nbytes) +
+              " bytes inside the file, found the end of the file");
     }
     if (flags & 0x08) {
       // torch.save streams records, so the sizes follow the data in a data
@@ -59,11 +68,15 @@ void CheckStoredRecord(const MappedInput& in, uint64_t data_offset, const std::s
       const uint64_t left = in.size() - q;
       if (left >= 4 && d[q] == 'P' && d[q + 1] == 'K' && d[q + 2] == 7 && d[q + 3] == 8) q += 4;
       const uint64_t rest = in.size() - q;
-      const bool small = rest >= 12 && format::LoadU32(d + q + 4) == nbytes && format::LoadU32(d + q + 8) == nbytes;
-      const bool big = rest >= 20 && format::LoadU64(d + q + 4) == nbytes && format::LoadU64(d + q + 12) == nbytes;
+      const bool small = rest >= 12 && format::LoadU32(d + q + 4) == nbytes &&
+                         format::LoadU32(d + q + 8) == nbytes;
+      const bool big = rest >= 20 && format::LoadU64(d + q + 4) == nbytes &&
+                       format::LoadU64(d + q + 12) == nbytes;
       if (!small && !big) {
-        Bad(in.path(), data_offset + nbytes, "record " + format::Quote(name) + ": expected a data descriptor of " +
-                                                 std::to_string(nbytes) + " bytes (numel x element size from data.pkl) after the data, found none");
+        Bad(in.path(), data_offset + nbytes,
+            "record " + format::Quote(name) + ": expected a data descriptor of " +
+                std::to_string(nbytes) +
+                " bytes (numel x element size from data.pkl) after the data, found none");
       }
       return;
     }
@@ -76,12 +89,14 @@ void CheckStoredRecord(const MappedInput& in, uint64_t data_offset, const std::s
       }
     }
     if (size != nbytes) {
-      Bad(in.path(), p + 22, "record " + format::Quote(name) + ": expected " + std::to_string(nbytes) +
-                                 " bytes (numel x element size from data.pkl), found " + std::to_string(size));
+      Bad(in.path(), p + 22,
+          "record " + format::Quote(name) + ": expected " + std::to_string(nbytes) +
+              " bytes (numel x element size from data.pkl), found " + std::to_string(size));
     }
     return;
   }
-  Bad(in.path(), data_offset, "record data/" + key + ": expected a zip local header in front of its data, found none");
+  Bad(in.path(), data_offset,
+      "record data/" + key + ": expected a zip local header in front of its data, found none");
 }
 
 struct Walker {
@@ -95,7 +110,8 @@ struct Walker {
     const pickle::TensorRef& t = v.tensor;
     const pickle::StorageRef& s = pk.storages[t.storage];
     const DType dt = *DTypeFromName(s.dtype);  // checked when the storage was mapped
-    at::Tensor out = MakeView(storages[t.storage], dt, t.sizes, t.strides, t.storage_offset, "tensor " + format::Quote(name));
+    at::Tensor out = MakeView(storages[t.storage], dt, t.sizes, t.strides, t.storage_offset,
+                              "tensor " + format::Quote(name));
     if (t.requires_grad) out.set_requires_grad(true);
     return out;
   }
@@ -109,7 +125,10 @@ struct Walker {
   }
 
   void Skip(const std::string& where, const std::string& what) const {
-    if (options.strict) Bad(path, std::nullopt, where + ": expected a tensor, a dict of tensors, a number or a string, found " + what + " (drop --strict to skip it)");
+    if (options.strict)
+      Bad(path, std::nullopt,
+          where + ": expected a tensor, a dict of tensors, a number or a string, found " + what +
+              " (drop --strict to skip it)");
     out.skipped.push_back(where + ": " + what + " skipped");
   }
 
@@ -117,7 +136,8 @@ struct Walker {
     Imported::Entry e{name, {}};
     for (size_t i = 0; i < dict.items.size(); ++i) {
       const auto& t = dict.items[i];
-      e.tensors.push_back({dict.keys[i], Tensor(t, dict.keys[i]), t.tensor.is_parameter ? Role::kParameter : Role::kTensor});
+      e.tensors.push_back({dict.keys[i], Tensor(t, dict.keys[i]),
+                           t.tensor.is_parameter ? Role::kParameter : Role::kTensor});
     }
     out.entries.push_back(std::move(e));
     if (const pickle::Value* md = dict.Attribute("_metadata")) {
@@ -130,10 +150,14 @@ struct Walker {
   static nlohmann::ordered_json ToJson(const pickle::Value& v) {
     using K = pickle::Value::Kind;
     switch (v.kind) {
-      case K::kBool: return v.b;
-      case K::kInt: return v.i;
-      case K::kFloat: return v.f;
-      case K::kString: return v.str;
+      case K::kBool:
+        return v.b;
+      case K::kInt:
+        return v.i;
+      case K::kFloat:
+        return v.f;
+      case K::kString:
+        return v.str;
       case K::kDict: {
         nlohmann::ordered_json j = nlohmann::ordered_json::object();
         for (size_t i = 0; i < v.items.size(); ++i) j[v.keys[i]] = ToJson(v.items[i]);
@@ -145,7 +169,8 @@ struct Walker {
         for (const auto& x : v.items) j.push_back(ToJson(x));
         return j;
       }
-      default: return nullptr;
+      default:
+        return nullptr;
     }
   }
 
@@ -158,7 +183,8 @@ struct Walker {
       const pickle::Value& v = dict.items[i];
       switch (v.kind) {
         case K::kTensor:
-          loose.tensors.push_back({key, Tensor(v, key), v.tensor.is_parameter ? Role::kParameter : Role::kTensor});
+          loose.tensors.push_back(
+              {key, Tensor(v, key), v.tensor.is_parameter ? Role::kParameter : Role::kTensor});
           break;
         case K::kDict:
           if (IsTensorDict(v)) {
@@ -169,14 +195,28 @@ struct Walker {
             Mixed(v, key + ".", loose);
           }
           break;
-        case K::kInt: out.metadata.push_back({"", key, v.i}); break;
-        case K::kBool: out.metadata.push_back({"", key, int64_t{v.b ? 1 : 0}}); break;
-        case K::kFloat: out.metadata.push_back({"", key, v.f}); break;
-        case K::kString: out.metadata.push_back({"", key, v.str}); break;
-        case K::kBytes: out.metadata.push_back({"", key, Bytes{v.str}}); break;
-        case K::kNone: Skip(key, "None"); break;
+        case K::kInt:
+          out.metadata.push_back({"", key, v.i});
+          break;
+        case K::kBool:
+          out.metadata.push_back({"", key, int64_t{v.b ? 1 : 0}});
+          break;
+        case K::kFloat:
+          out.metadata.push_back({"", key, v.f});
+          break;
+        case K::kString:
+          out.metadata.push_back({"", key, v.str});
+          break;
+        case K::kBytes:
+          out.metadata.push_back({"", key, Bytes{v.str}});
+          break;
+        case K::kNone:
+          Skip(key, "None");
+          break;
         case K::kList:
-        case K::kTuple: Skip(key, "a list of " + std::to_string(v.items.size()) + " items"); break;
+        case K::kTuple:
+          Skip(key, "a list of " + std::to_string(v.items.size()) + " items");
+          break;
       }
     }
   }
@@ -190,26 +230,32 @@ Imported ImportTorchSave(const std::string& path, const ImportOptions& options) 
   std::string pkl;
   try {
     reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
-    if (!reader->hasRecord("data.pkl")) Bad(path, std::nullopt, "expected a torch.save zip with a data.pkl record, found none");
+    if (!reader->hasRecord("data.pkl"))
+      Bad(path, std::nullopt, "expected a torch.save zip with a data.pkl record, found none");
     auto [ptr, n] = reader->getRecord("data.pkl");
     pkl.assign(static_cast<const char*>(ptr.get()), n);
   } catch (const c10::Error& e) {
     Bad(path, std::nullopt, "not a readable torch.save zip file: " + FirstLine(e));
   }
-  const pickle::Result pk = pickle::Parse(reinterpret_cast<const uint8_t*>(pkl.data()), pkl.size(), path + ":data.pkl");
+  const pickle::Result pk =
+      pickle::Parse(reinterpret_cast<const uint8_t*>(pkl.data()), pkl.size(), path + ":data.pkl");
 
   std::vector<c10::Storage> storages;
   for (const auto& s : pk.storages) {
     const auto dt = DTypeFromName(s.dtype);
-    if (!dt) Bad(path, std::nullopt, "storage " + s.key + ": dtype " + s.dtype + " has no tsar code");
+    if (!dt)
+      Bad(path, std::nullopt, "storage " + s.key + ": dtype " + s.dtype + " has no tsar code");
     uint64_t nbytes = 0;
     if (!format::CheckedMul(s.numel, ElementSize(*dt), &nbytes)) {
-      throw Error(ErrorCode::kOverflow, path, std::nullopt, "storage " + s.key + ": numel " + std::to_string(s.numel) + " overflows");
+      throw Error(ErrorCode::kOverflow, path, std::nullopt,
+                  "storage " + s.key + ": numel " + std::to_string(s.numel) + " overflows");
     }
     const std::string record = "data/" + s.key;
     uint64_t offset = 0;
     try {
-      if (!reader->hasRecord(record)) Bad(path, std::nullopt, "expected a record " + record + " for a storage named in data.pkl, found none");
+      if (!reader->hasRecord(record))
+        Bad(path, std::nullopt,
+            "expected a record " + record + " for a storage named in data.pkl, found none");
       offset = reader->getRecordOffset(record);
     } catch (const c10::Error& e) {
       Bad(path, std::nullopt, "record " + record + ": " + FirstLine(e));
@@ -230,21 +276,29 @@ Imported ImportTorchSave(const std::string& path, const ImportOptions& options) 
     w.Mixed(root, "", loose);
     if (!loose.tensors.empty()) {
       for (const auto& e : out.entries) {
-        if (e.name == loose.name) Bad(path, std::nullopt, "entry " + format::Quote(loose.name) + ": loose tensors and a dict share this name");
+        if (e.name == loose.name)
+          Bad(path, std::nullopt,
+              "entry " + format::Quote(loose.name) + ": loose tensors and a dict share this name");
       }
       out.entries.insert(out.entries.begin(), std::move(loose));
     }
   } else if (root.kind == K::kTensor) {
-    out.entries.push_back({options.default_entry, {{"tensor", w.Tensor(root, "tensor"), Role::kTensor}}});
+    out.entries.push_back(
+        {options.default_entry, {{"tensor", w.Tensor(root, "tensor"), Role::kTensor}}});
   } else if ((root.kind == K::kList || root.kind == K::kTuple) && !root.items.empty()) {
     Imported::Entry e{options.default_entry, {}};
     for (size_t i = 0; i < root.items.size(); ++i) {
-      if (root.items[i].kind != K::kTensor) Bad(path, std::nullopt, "item " + std::to_string(i) + ": expected a tensor in a list of tensors");
-      e.tensors.push_back({std::to_string(i), w.Tensor(root.items[i], std::to_string(i)), Role::kTensor});
+      if (root.items[i].kind != K::kTensor)
+        Bad(path, std::nullopt,
+            "item " + std::to_string(i) + ": expected a tensor in a list of tensors");
+      e.tensors.push_back(
+          {std::to_string(i), w.Tensor(root.items[i], std::to_string(i)), Role::kTensor});
     }
     out.entries.push_back(std::move(e));
   } else {
-    Bad(path, std::nullopt, "expected a state_dict, a dict of state_dicts or tensors at the top of data.pkl, found no tensors");
+    Bad(path, std::nullopt,
+        "expected a state_dict, a dict of state_dicts or tensors at the top of data.pkl, found no "
+        "tensors");
   }
   if (out.entries.empty()) Bad(path, std::nullopt, "expected at least one tensor, found none");
   return out;
@@ -261,13 +315,17 @@ Imported ImportTorchScript(const std::string& path, const ImportOptions& options
   out.kind = InputKind::kTorchScript;
   Imported::Entry e{options.default_entry, {}};
   // state_dict() order: per module its parameters, its buffers, then children.
-  std::function<void(const torch::jit::Module&, const std::string&)> walk = [&](const torch::jit::Module& mod, const std::string& prefix) {
-    for (const auto& p : mod.named_parameters(false)) e.tensors.push_back({prefix + p.name, p.value, Role::kParameter});
-    for (const auto& b : mod.named_buffers(false)) e.tensors.push_back({prefix + b.name, b.value, Role::kBuffer});
-    for (const auto& c : mod.named_children()) walk(c.value, prefix + c.name + ".");
-  };
+  std::function<void(const torch::jit::Module&, const std::string&)> walk =
+      [&](const torch::jit::Module& mod, const std::string& prefix) {
+        for (const auto& p : mod.named_parameters(false))
+          e.tensors.push_back({prefix + p.name, p.value, Role::kParameter});
+        for (const auto& b : mod.named_buffers(false))
+          e.tensors.push_back({prefix + b.name, b.value, Role::kBuffer});
+        for (const auto& c : mod.named_children()) walk(c.value, prefix + c.name + ".");
+      };
   walk(m, "");
-  if (e.tensors.empty()) Bad(path, std::nullopt, "expected parameters or buffers in the TorchScript module, found none");
+  if (e.tensors.empty())
+    Bad(path, std::nullopt, "expected parameters or buffers in the TorchScript module, found none");
   out.entries.push_back(std::move(e));
   return out;
 }

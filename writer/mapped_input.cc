@@ -36,7 +36,8 @@ std::shared_ptr<const MappedInput> MappedInput::Open(const std::string& path) {
     if (p == MAP_FAILED) {
       const int err = errno;
       close(fd);
-      throw Error(ErrorCode::kIo, path, std::nullopt, std::string("cannot mmap: ") + std::strerror(err));
+      throw Error(ErrorCode::kIo, path, std::nullopt,
+                  std::string("cannot mmap: ") + std::strerror(err));
     }
     m->data_ = static_cast<const uint8_t*>(p);
   }
@@ -51,18 +52,21 @@ MappedInput::~MappedInput() {
 c10::Storage MappedInput::Storage(const std::shared_ptr<const MappedInput>& self, uint64_t offset,
                                   uint64_t nbytes) {
   auto* p = const_cast<uint8_t*>(self->data_) + offset;
-  c10::DataPtr dp(p, new std::shared_ptr<const MappedInput>(self), &DeleteRef, c10::Device(c10::kCPU));
+  c10::DataPtr dp(p, new std::shared_ptr<const MappedInput>(self), &DeleteRef,
+                  c10::Device(c10::kCPU));
   return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes), std::move(dp),
                       nullptr, /*resizable=*/false);
 }
 
 at::Tensor MakeView(const c10::Storage& storage, DType dtype, const std::vector<int64_t>& sizes,
-                    const std::vector<int64_t>& strides, uint64_t storage_offset, const std::string& what) {
+                    const std::vector<int64_t>& strides, uint64_t storage_offset,
+                    const std::string& what) {
   const c10::ScalarType type = ToScalarType(dtype, what);
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
-                                                          c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                          c10::scalarTypeToTypeMeta(type));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(sizes), c10::IntArrayRef(strides));
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::scalarTypeToTypeMeta(type));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(sizes),
+                                                 c10::IntArrayRef(strides));
   t.unsafeGetTensorImpl()->set_storage_offset(static_cast<int64_t>(storage_offset));
   return t;
 }

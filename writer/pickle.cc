@@ -382,9 +382,9 @@ uint32_t Machine::RebuildTensor(const std::vector<uint32_t>& a) {
   const bool empty = std::find(t.sizes.begin(), t.sizes.end(), 0) != t.sizes.end();
   for (size_t k = 0; k < t.sizes.size() && !empty; ++k) {
     uint64_t span;
-    if (!CheckedMul(static_cast<uint64_t>(t.sizes[k] - 1),
-                           static_cast<uint64_t>(t.strides[k]), &span) ||
-               !CheckedAdd(last, span, &last)) {
+    if (!CheckedMul(static_cast<uint64_t>(t.sizes[k] - 1), static_cast<uint64_t>(t.strides[k]),
+                    &span) ||
+        !CheckedAdd(last, span, &last)) {
       throw Error(ErrorCode::kOverflow, path_, op_offset_,
                   "pickle: tensor extent overflows 64 bits");
     }

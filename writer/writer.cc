@@ -30,7 +30,8 @@ struct Writer::State {
   std::string path;
   PackOptions options;
   std::vector<Entry> entries;
-  std::vector<std::pair<std::string, std::pair<std::string, MetadataValue>>> metadata;  // entry, key, value
+  std::vector<std::pair<std::string, std::pair<std::string, MetadataValue>>>
+      metadata;  // entry, key, value
   bool finished = false;
 };
 
@@ -79,8 +80,9 @@ Writer::~Writer() = default;
 void Writer::add_entry(const std::string& name) {
   for (const auto& e : state_->entries) {
     if (e.name == name) {
-      throw Error(ErrorCode::kDuplicateName, state_->path, std::nullopt,
-                  "entry " + format::Quote(name) + ": expected a unique entry name, found it twice");
+      throw Error(
+          ErrorCode::kDuplicateName, state_->path, std::nullopt,
+          "entry " + format::Quote(name) + ": expected a unique entry name, found it twice");
     }
   }
   state_->entries.push_back({name, {}});
@@ -94,13 +96,16 @@ void Writer::add(const std::string& name, const at::Tensor& tensor, Role role) {
            "sparse tensors are not supported yet; call .to_dense() before packing");
   }
   if (tensor.is_quantized()) {
-    Refuse(ErrorCode::kUnsupported, name, "quantized tensors are not supported; dequantize() first");
+    Refuse(ErrorCode::kUnsupported, name,
+           "quantized tensors are not supported; dequantize() first");
   }
   if (!tensor.device().is_cpu() && !tensor.device().is_cuda()) {
-    Refuse(ErrorCode::kUnsupported, name, "tensors on " + tensor.device().str() + " cannot be packed");
+    Refuse(ErrorCode::kUnsupported, name,
+           "tensors on " + tensor.device().str() + " cannot be packed");
   }
   if (!FromScalarType(tensor.scalar_type())) {
-    Refuse(ErrorCode::kUnsupported, name, std::string("dtype ") + c10::toString(tensor.scalar_type()) + " has no tsar code");
+    Refuse(ErrorCode::kUnsupported, name,
+           std::string("dtype ") + c10::toString(tensor.scalar_type()) + " has no tsar code");
   }
   state_->entries.back().items.push_back({name, tensor, role});
 }
@@ -123,7 +128,8 @@ void Writer::add_metadata(const std::string& key, MetadataValue value, const std
 
 void Writer::finish() {
   State& st = *state_;
-  if (st.finished) throw Error(ErrorCode::kInvalidArgument, st.path, std::nullopt, "finish() called twice");
+  if (st.finished)
+    throw Error(ErrorCode::kInvalidArgument, st.path, std::nullopt, "finish() called twice");
   st.finished = true;
   format::IndexBuilder b(st.options.alignment);
 
@@ -212,9 +218,10 @@ void Writer::finish() {
     at::Tensor host;  // for CUDA storages: this span, copied to the host
     const uint8_t* src;
     if (s.any.device().is_cuda()) {
-      host = at::empty({0}, s.any.options().dtype(at::kByte))
-                 .set_(s.any.storage(), static_cast<int64_t>(s.begin), {static_cast<int64_t>(n)}, {1})
-                 .to(at::kCPU);
+      host =
+          at::empty({0}, s.any.options().dtype(at::kByte))
+              .set_(s.any.storage(), static_cast<int64_t>(s.begin), {static_cast<int64_t>(n)}, {1})
+              .to(at::kCPU);
       src = static_cast<const uint8_t*>(host.data_ptr());
     } else {
       src = static_cast<const uint8_t*>(s.any.storage().data()) + s.begin;

@@ -17,8 +17,8 @@ struct Module;
 namespace tsar {
 
 struct BindOptions {
-  std::string entry;    // "" = the archive's first entry
-  bool strict = true;   // throw on any missing, unexpected or mismatched name
+  std::string entry;   // "" = the archive's first entry
+  bool strict = true;  // throw on any missing, unexpected or mismatched name
   // Allow a module in training mode over a kShared archive. Training-mode
   // layers (BatchNorm's running stats) write their buffers: SIGSEGV.
   bool allow_training = false;
@@ -40,6 +40,7 @@ struct BindReport {
 // over a kShared archive. Not thread-safe for one module; different modules
 // may be bound concurrently from one Archive.
 BindReport bind(torch::nn::Module& module, const Archive& archive, const BindOptions& options = {});
-BindReport bind(torch::jit::Module& module, const Archive& archive, const BindOptions& options = {});
+BindReport bind(torch::jit::Module& module, const Archive& archive,
+                const BindOptions& options = {});
 
 }  // namespace tsar

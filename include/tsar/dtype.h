@@ -22,23 +22,23 @@ enum class DType : uint16_t {
   kBFloat16 = 8,
   kFloat32 = 9,
   kFloat64 = 10,
-  kComplex32 = 11,   // torch.complex32 / torch.chalf
+  kComplex32 = 11,  // torch.complex32 / torch.chalf
   kComplex64 = 12,
   kComplex128 = 13,
   kFloat8E5M2 = 14,  // torch.float8_e5m2 (LibTorch >= 2.1)
   kFloat8E4M3FN = 15,
-  kUInt16 = 16,      // LibTorch >= 2.3
+  kUInt16 = 16,  // LibTorch >= 2.3
   kUInt32 = 17,
   kUInt64 = 18,
 };
 
 // Every code this version knows, in code order.
-inline constexpr DType kAllDTypes[] = {
-    DType::kBool,      DType::kUInt8,      DType::kInt8,       DType::kInt16,
-    DType::kInt32,     DType::kInt64,      DType::kFloat16,    DType::kBFloat16,
-    DType::kFloat32,   DType::kFloat64,    DType::kComplex32,  DType::kComplex64,
-    DType::kComplex128, DType::kFloat8E5M2, DType::kFloat8E4M3FN, DType::kUInt16,
-    DType::kUInt32,    DType::kUInt64};
+inline constexpr DType kAllDTypes[] = {DType::kBool,       DType::kUInt8,      DType::kInt8,
+                                       DType::kInt16,      DType::kInt32,      DType::kInt64,
+                                       DType::kFloat16,    DType::kBFloat16,   DType::kFloat32,
+                                       DType::kFloat64,    DType::kComplex32,  DType::kComplex64,
+                                       DType::kComplex128, DType::kFloat8E5M2, DType::kFloat8E4M3FN,
+                                       DType::kUInt16,     DType::kUInt32,     DType::kUInt64};
 
 // The dtype with on-disk code `code`, or nullopt for an unknown code.
 std::optional<DType> DTypeFromCode(uint16_t code) noexcept;

@@ -12,25 +12,25 @@ namespace tsar {
 // Stable error codes. Values are pinned: new codes are appended, none is
 // renumbered or reused (spec/FORMAT.md section 6 names them by value).
 enum class ErrorCode : int {
-  kIo = 1,                   // a system call failed (open, read, mmap, write, rename...)
-  kNotFound = 2,             // a named tensor, entry or key does not exist
-  kInvalidArgument = 3,      // the caller passed something unusable
-  kTruncated = 4,            // the file is shorter than its header says
-  kBadMagic = 5,             // not a tsar archive
-  kUnsupportedVersion = 6,   // a major version this reader does not know
-  kReservedNonZero = 7,      // a reserved field or flag bit is not zero
-  kOutOfBounds = 8,          // an offset or length points outside its region
-  kOverlap = 9,              // two regions that must be disjoint overlap
-  kMisaligned = 10,          // an offset is not on its required boundary
-  kOverflow = 11,            // arithmetic on file values overflows 64 bits
-  kBadDtype = 12,            // an unknown or unsupported dtype code
-  kBadShape = 13,            // a shape, stride or rank that cannot be valid
-  kDuplicateName = 14,       // a name appears twice in one scope
-  kChecksumMismatch = 15,    // an XXH3-64 checksum does not match the bytes
-  kInvalidValue = 16,        // a field holds a value outside its enumeration or rules
-  kBadInput = 17,            // a packer input file (.pt, .h5, .safetensors) is malformed
-  kUnsupported = 18,         // valid, but not supported by this build (e.g. CUDA)
-  kBindMismatch = 19,        // bind(): module and archive do not match
+  kIo = 1,                  // a system call failed (open, read, mmap, write, rename...)
+  kNotFound = 2,            // a named tensor, entry or key does not exist
+  kInvalidArgument = 3,     // the caller passed something unusable
+  kTruncated = 4,           // the file is shorter than its header says
+  kBadMagic = 5,            // not a tsar archive
+  kUnsupportedVersion = 6,  // a major version this reader does not know
+  kReservedNonZero = 7,     // a reserved field or flag bit is not zero
+  kOutOfBounds = 8,         // an offset or length points outside its region
+  kOverlap = 9,             // two regions that must be disjoint overlap
+  kMisaligned = 10,         // an offset is not on its required boundary
+  kOverflow = 11,           // arithmetic on file values overflows 64 bits
+  kBadDtype = 12,           // an unknown or unsupported dtype code
+  kBadShape = 13,           // a shape, stride or rank that cannot be valid
+  kDuplicateName = 14,      // a name appears twice in one scope
+  kChecksumMismatch = 15,   // an XXH3-64 checksum does not match the bytes
+  kInvalidValue = 16,       // a field holds a value outside its enumeration or rules
+  kBadInput = 17,           // a packer input file (.pt, .h5, .safetensors) is malformed
+  kUnsupported = 18,        // valid, but not supported by this build (e.g. CUDA)
+  kBindMismatch = 19,       // bind(): module and archive do not match
 };
 
 // Short stable name of a code, e.g. "kTruncated" -> "truncated".

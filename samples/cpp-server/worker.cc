@@ -26,7 +26,9 @@ int main(int argc, char** argv) {
     if (flag == "--baseline") baseline = argv[i + 1];
   }
   if (model.empty() || (archive.empty() && baseline.empty())) {
-    std::fprintf(stderr, "usage: tsar_worker --archive A.tsar --model M_ts.pt | --baseline M_ts.pt --model M_ts.pt\n");
+    std::fprintf(stderr,
+                 "usage: tsar_worker --archive A.tsar --model M_ts.pt | --baseline M_ts.pt --model "
+                 "M_ts.pt\n");
     return 2;
   }
   try {
@@ -42,10 +44,12 @@ int main(int argc, char** argv) {
       m.eval();
       const auto t1 = std::chrono::steady_clock::now();
       tsar::bind(m, tsar::Archive::open(archive));
-      std::fprintf(stderr, "bind_ms %.3f\n",
-                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count());
+      std::fprintf(
+          stderr, "bind_ms %.3f\n",
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count());
     }
-    const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double load_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     torch::NoGradGuard no_grad;
     torch::manual_seed(0);
     const auto x = torch::randn({1, 3, 64, 64});

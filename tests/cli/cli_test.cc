@@ -2,12 +2,12 @@
 // fidelity against Python (tests/cli/check_pack.py), determinism, atomicity
 // under SIGKILL, verify naming damaged tensors.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -61,10 +61,12 @@ TEST_F(CliTest, HelpVersionAndUsageErrors) {
 }
 
 TEST_F(CliTest, PackedTorchSaveFilesMatchWhatPythonSees) {
-  for (const char* f : {"resnet18_sd.pt", "tied_sd.pt", "big.pt", "dtypes.pt", "params.pt", "checkpoint.pt"}) {
+  for (const char* f :
+       {"resnet18_sd.pt", "tied_sd.pt", "big.pt", "dtypes.pt", "params.pt", "checkpoint.pt"}) {
     const Result r = Tsar("pack -q " + Fixture(f) + " -o " + Path("out.tsar"));
     ASSERT_EQ(r.code, 0) << f << ": " << r.err;
-    const Result check = Sh("/usr/bin/python3 " + kSource + "/tests/cli/check_pack.py " + Fixture(f) + " " + Path("out.tsar"));
+    const Result check = Sh("/usr/bin/python3 " + kSource + "/tests/cli/check_pack.py " +
+                            Fixture(f) + " " + Path("out.tsar"));
     EXPECT_EQ(check.code, 0) << f << ":\n" << check.out << check.err;
   }
 }
@@ -72,11 +74,14 @@ TEST_F(CliTest, PackedTorchSaveFilesMatchWhatPythonSees) {
 TEST_F(CliTest, NonTensorValuesAreSkippedWithANoteOrRefusedWithStrict) {
   Result r = Tsar("pack " + Fixture("checkpoint.pt") + " -o " + Path("c.tsar"));
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("note: " + Fixture("checkpoint.pt") + ": optimizer.param_groups: a list of 1 items skipped"),
-            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("note: " + Fixture("checkpoint.pt") +
+                       ": optimizer.param_groups: a list of 1 items skipped"),
+            std::string::npos)
+      << r.err;
   r = Tsar("pack --strict " + Fixture("checkpoint.pt") + " -o " + Path("s.tsar"));
   EXPECT_EQ(r.code, 3);
-  EXPECT_TRUE(OneErrorLine(r, "optimizer.state: expected a tensor, a dict of tensors, a number or a string"));
+  EXPECT_TRUE(OneErrorLine(
+      r, "optimizer.state: expected a tensor, a dict of tensors, a number or a string"));
   EXPECT_FALSE(Exists(Path("s.tsar")));
   r = Tsar("pack --quiet " + Fixture("checkpoint.pt") + " -o " + Path("q.tsar"));
   EXPECT_EQ(r.code, 0);
@@ -85,13 +90,17 @@ TEST_F(CliTest, NonTensorValuesAreSkippedWithANoteOrRefusedWithStrict) {
 
 TEST_F(CliTest, PackIsDeterministic) {
   ASSERT_EQ(Tsar("pack -q " + Fixture("resnet18_sd.pt") + " -o " + Path("a.tsar")).code, 0);
-  ASSERT_EQ(Sh("cd " + dir_ + " && cp " + Fixture("resnet18_sd.pt") + " copy.pt && " + kTsar + " pack -q copy.pt -o b.tsar").code, 0);
+  ASSERT_EQ(Sh("cd " + dir_ + " && cp " + Fixture("resnet18_sd.pt") + " copy.pt && " + kTsar +
+               " pack -q copy.pt -o b.tsar")
+                .code,
+            0);
   EXPECT_TRUE(testing::ReadAll(Path("a.tsar")) == testing::ReadAll(Path("b.tsar")))
       << "same input, different path and directory: the bytes must not differ";
 }
 
 TEST_F(CliTest, EntriesAndMetadataFromFlags) {
-  const Result r = Tsar("pack --entry model=" + Fixture("tied_sd.pt") + " --entry net=" + Fixture("resnet18_sd.pt") +
+  const Result r = Tsar("pack --entry model=" + Fixture("tied_sd.pt") +
+                        " --entry net=" + Fixture("resnet18_sd.pt") +
                         " --meta step=10 --meta lr=0.5 --meta name=run1 -o " + Path("m.tsar"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("packed 127 tensors in 2 entries"), std::string::npos) << r.out;
@@ -106,8 +115,10 @@ TEST_F(CliTest, EntriesAndMetadataFromFlags) {
   ASSERT_EQ(doc["tensors"].size(), 127u);
   // The tied module: emb.weight and head.weight share a storage; tr is a transposed view.
   std::map<std::string, nlohmann::json> by_name;
-  for (const auto& t : doc["tensors"]) by_name[t["entry"].get<std::string>() + "/" + t["name"].get<std::string>()] = t;
-  for (const char* key : {"name", "dtype", "shape", "strides", "storage_offset", "storage", "entry", "role", "requires_grad"}) {
+  for (const auto& t : doc["tensors"])
+    by_name[t["entry"].get<std::string>() + "/" + t["name"].get<std::string>()] = t;
+  for (const char* key : {"name", "dtype", "shape", "strides", "storage_offset", "storage", "entry",
+                          "role", "requires_grad"}) {
     EXPECT_TRUE(doc["tensors"][0].contains(key)) << key;
   }
   EXPECT_EQ(by_name["model/emb.weight"]["storage"], by_name["model/head.weight"]["storage"]);
@@ -116,7 +127,8 @@ TEST_F(CliTest, EntriesAndMetadataFromFlags) {
   EXPECT_EQ(by_name["net/conv1.weight"]["dtype"], "float32");
   EXPECT_EQ(by_name["net/bn1.num_batches_tracked"]["dtype"], "int64");
   for (const auto& s : doc["storages"]) {
-    EXPECT_TRUE(s.contains("id") && s.contains("offset") && s.contains("nbytes") && s.contains("xxh3"));
+    EXPECT_TRUE(s.contains("id") && s.contains("offset") && s.contains("nbytes") &&
+                s.contains("xxh3"));
   }
   const Result human = Tsar("inspect " + Path("m.tsar"));
   EXPECT_NE(human.out.find("[4, 3] strides [1, 4]"), std::string::npos) << human.out;
@@ -153,12 +165,14 @@ TEST_F(CliTest, BadInputsExitThreeWithOneLineAndNoOutput) {
     EXPECT_TRUE(OneErrorLine(r, c.file)) << c.file;
     EXPECT_FALSE(Exists(Path("out.tsar"))) << c.file;
   }
-  const Result sharded = Tsar("pack -q " + imports + "/sharded/model.safetensors.index.json -o " + Path("s.tsar"));
+  const Result sharded =
+      Tsar("pack -q " + imports + "/sharded/model.safetensors.index.json -o " + Path("s.tsar"));
   EXPECT_EQ(sharded.code, 0) << sharded.err;
   const Result r = Tsar("pack " + Fixture("tied_sd.pt") + " -o " + Path("no/such/dir/out.tsar"));
   EXPECT_EQ(r.code, 3);
   EXPECT_TRUE(OneErrorLine(r, "cannot create a file in directory"));
-  const Result twice = Tsar("pack " + Fixture("tied_sd.pt") + " " + Fixture("tied_sd.pt") + " -o " + Path("out.tsar"));
+  const Result twice = Tsar("pack " + Fixture("tied_sd.pt") + " " + Fixture("tied_sd.pt") + " -o " +
+                            Path("out.tsar"));
   EXPECT_EQ(twice.code, 2);
   EXPECT_TRUE(OneErrorLine(twice, "--entry NAME=FILE"));
   EXPECT_FALSE(Exists(Path("out.tsar")));
@@ -172,7 +186,8 @@ TEST_F(CliTest, KillingThePackerNeverLeavesAHalfWrittenArchive) {
   for (int i = 0; i < 12; ++i) {
     const pid_t pid = fork();
     if (pid == 0) {
-      execl(kTsar.c_str(), "tsar", "pack", "-q", Fixture("big.pt").c_str(), "-o", Path("out.tsar").c_str(), nullptr);
+      execl(kTsar.c_str(), "tsar", "pack", "-q", Fixture("big.pt").c_str(), "-o",
+            Path("out.tsar").c_str(), nullptr);
       _exit(127);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 400));
@@ -196,15 +211,17 @@ TEST_F(CliTest, ExportsReadBackExactlyByTorchH5pyAndSafetensors) {
   struct Case {
     const char* fixture;
     const char* ext;
-  } cases[] = {{"resnet18_sd.pt", "pt"}, {"resnet18_sd.pt", "h5"}, {"resnet18_sd.pt", "safetensors"},
-               {"tied_sd.pt", "pt"},     {"tied_sd.pt", "h5"},     {"dtypes.pt", "pt"},
-               {"checkpoint.pt", "pt"},  {"params.pt", "pt"}};
+  } cases[] = {
+      {"resnet18_sd.pt", "pt"}, {"resnet18_sd.pt", "h5"}, {"resnet18_sd.pt", "safetensors"},
+      {"tied_sd.pt", "pt"},     {"tied_sd.pt", "h5"},     {"dtypes.pt", "pt"},
+      {"checkpoint.pt", "pt"},  {"params.pt", "pt"}};
   for (const auto& c : cases) {
     ASSERT_EQ(Tsar("pack -q " + Fixture(c.fixture) + " -o " + Path("a.tsar")).code, 0);
     const std::string out = Path(std::string("out.") + c.ext);
     const Result r = Tsar("export -q --materialize-shared " + Path("a.tsar") + " -o " + out);
     ASSERT_EQ(r.code, 0) << c.fixture << " " << c.ext << ": " << r.err;
-    const Result check = Sh("/usr/bin/python3 " + kSource + "/tests/cli/check_export.py " + Fixture(c.fixture) + " " + out);
+    const Result check = Sh("/usr/bin/python3 " + kSource + "/tests/cli/check_export.py " +
+                            Fixture(c.fixture) + " " + out);
     EXPECT_EQ(check.code, 0) << c.fixture << " -> " << c.ext << ":\n" << check.out << check.err;
     // Packing the export again gives the same archive content: for .pt exactly
     // (tensors, roles, metadata); other formats carry less metadata.

@@ -1,7 +1,7 @@
 // The dtype table of spec §5: codes, sizes and names round-trip.
-#include <gtest/gtest.h>
-
 #include "tsar/dtype.h"
+
+#include <gtest/gtest.h>
 
 namespace tsar {
 namespace {

@@ -1,10 +1,10 @@
 // Little-endian helpers (spec §2) at boundary values.
+#include "format/endian.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
-
-#include "format/endian.h"
 
 namespace tsar::format {
 namespace {

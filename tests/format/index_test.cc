@@ -1,5 +1,7 @@
 // Encoder -> decoder round trips, layout rules (§4.4), determinism (§4.9),
 // builder misuse, and decoder rules that need constructed inputs (§6).
+#include "format/index.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -12,7 +14,6 @@
 #include "format/checksum.h"
 #include "format/encode.h"
 #include "format/endian.h"
-#include "format/index.h"
 #include "tests/format/test_util.h"
 
 namespace tsar::format {
@@ -50,8 +51,8 @@ std::string Encode(IndexBuilder& b) {
 // Offset of table t of an encoded file (0 entries, 1 storages, 2 tensors,
 // 3 sparse, 4 metadata, 5 dims, 6 blob), from the counts of §4.2.
 uint64_t TableStart(const std::string& f, int t) {
-  static const uint64_t kSizes[6] = {kEntryRecordSize,    kStorageRecordSize, kTensorRecordSize,
-                                     kSparseRecordSize,   kMetadataRecordSize, kDimSize};
+  static const uint64_t kSizes[6] = {kEntryRecordSize,  kStorageRecordSize,  kTensorRecordSize,
+                                     kSparseRecordSize, kMetadataRecordSize, kDimSize};
   const auto* p = reinterpret_cast<const uint8_t*>(f.data());
   uint64_t pos = kHeaderSize + kIndexHeaderSize;
   for (int i = 0; i < t; ++i) pos += LoadU32(p + kHeaderSize + 4 * i) * kSizes[i];
@@ -216,7 +217,9 @@ TEST(IndexBuilder, RejectsMisuseNamingTheTensor) {
   EXPECT_TRUE(ThrowsTsar([&] { b.AddTensor(Spec("neg", s, DType::kFloat32, {-1}, {1})); },
                          ErrorCode::kInvalidArgument));
   EXPECT_TRUE(ThrowsTsar(
-      [&] { b.AddTensor(Spec("ovf", s, DType::kFloat32, {INT64_MAX, 3}, {INT64_MAX, 1})); },
+      [&] {
+        b.AddTensor(Spec("ovf", s, DType::kFloat32, {INT64_MAX, 3}, {INT64_MAX, 1}));
+      },
       ErrorCode::kOverflow));
   EXPECT_TRUE(ThrowsTsar([&] { b.AddEntry("m"); }, ErrorCode::kDuplicateName));
   b.AddTensor(Spec("dup", s, DType::kFloat32, {1}, {1}));
@@ -250,8 +253,11 @@ TEST(IndexExtent, EmptyTensorsStillNeedSignedDimsAndAnOffsetInsideTheStorage) {
   IndexBuilder b;
   b.AddEntry("m");
   const uint32_t s = b.AddStorage(8);
-  EXPECT_TRUE(ThrowsTsar([&] { b.AddTensor(Spec("neg", s, DType::kFloat32, {0, -1}, {1, 1})); },
-                         ErrorCode::kInvalidArgument));
+  EXPECT_TRUE(ThrowsTsar(
+      [&] {
+        b.AddTensor(Spec("neg", s, DType::kFloat32, {0, -1}, {1, 1}));
+      },
+      ErrorCode::kInvalidArgument));
   EXPECT_TRUE(ThrowsTsar([&] { b.AddTensor(Spec("past", s, DType::kFloat32, {0}, {1}, 3)); },
                          ErrorCode::kInvalidArgument));
   b.AddTensor(Spec("e", s, DType::kFloat32, {0, 1}, {1, 1}));
@@ -341,19 +347,25 @@ TEST(IndexBuilder, RefusesViewsTheDecoderRejects) {
   b.AddEntry("m");
   const uint32_t s = b.AddStorage(64);
   // numel 3 * 2^62 > 2^63 - 1 although the extent is 0 (R50).
-  EXPECT_TRUE(Refuses([&] { b.AddTensor(Spec("numel", s, DType::kUInt8, {k2p62, 3}, {0, 0})); },
-                      ErrorCode::kOverflow, "numel"));
+  EXPECT_TRUE(Refuses(
+      [&] {
+        b.AddTensor(Spec("numel", s, DType::kUInt8, {k2p62, 3}, {0, 0}));
+      },
+      ErrorCode::kOverflow, "numel"));
   // last = 3 * 6148914691236517205 = 2^64 - 1, so last + 1 wraps to 0 (R52).
-  EXPECT_TRUE(Refuses(
-      [&] { b.AddTensor(Spec("wrap", s, DType::kUInt8, {4}, {6148914691236517205})); },
-      ErrorCode::kOverflow, "wrap"));
-  EXPECT_TRUE(Refuses(
-      [&] { b.AddTensor(Spec("offset", s, DType::kFloat64, {1}, {1}, uint64_t{1} << 61)); },
-      ErrorCode::kOverflow, "offset"));
+  EXPECT_TRUE(
+      Refuses([&] { b.AddTensor(Spec("wrap", s, DType::kUInt8, {4}, {6148914691236517205})); },
+              ErrorCode::kOverflow, "wrap"));
+  EXPECT_TRUE(
+      Refuses([&] { b.AddTensor(Spec("offset", s, DType::kFloat64, {1}, {1}, uint64_t{1} << 61)); },
+              ErrorCode::kOverflow, "offset"));
   EXPECT_TRUE(Refuses([&] { b.AddTensor(Spec("stride", s, DType::kUInt8, {1}, {-2})); },
                       ErrorCode::kInvalidArgument, "stride"));
-  EXPECT_TRUE(Refuses([&] { b.AddTensor(Spec("rank", s, DType::kUInt8, {1, 1}, {1})); },
-                      ErrorCode::kInvalidArgument, "rank"));
+  EXPECT_TRUE(Refuses(
+      [&] {
+        b.AddTensor(Spec("rank", s, DType::kUInt8, {1, 1}, {1}));
+      },
+      ErrorCode::kInvalidArgument, "rank"));
   EXPECT_TRUE(Refuses(
       [&] {
         b.AddTensor(Spec("ndim65", s, DType::kUInt8, std::vector<int64_t>(65, 1),
@@ -362,9 +374,9 @@ TEST(IndexBuilder, RefusesViewsTheDecoderRejects) {
       ErrorCode::kInvalidArgument, "ndim65"));
   // At the limits the arithmetic holds: last = 2^64 - 4 is merely too big
   // for the storage, and numel = 2^63 - 1 with stride 0 is accepted.
-  EXPECT_TRUE(Refuses(
-      [&] { b.AddTensor(Spec("last", s, DType::kUInt8, {4}, {6148914691236517204})); },
-      ErrorCode::kInvalidArgument, "last"));
+  EXPECT_TRUE(
+      Refuses([&] { b.AddTensor(Spec("last", s, DType::kUInt8, {4}, {6148914691236517204})); },
+              ErrorCode::kInvalidArgument, "last"));
   b.AddTensor(Spec("numel", s, DType::kUInt8, {kI64Max}, {0}));
   const Index idx = ParseString(Encode(b));
   EXPECT_EQ(idx.tensors()[0].numel, uint64_t{kI64Max});
@@ -387,9 +399,9 @@ TEST(IndexBuilder, RefusesFieldValuesOutsideTheirEnumerations) {
                       ErrorCode::kInvalidArgument, "dtype0"));
   EXPECT_TRUE(Refuses(with("role", [](TensorSpec& t) { t.role = static_cast<Role>(4); }),
                       ErrorCode::kInvalidArgument, "role"));
-  EXPECT_TRUE(Refuses(
-      with("device", [](TensorSpec& t) { t.device_type = static_cast<DeviceType>(3); }),
-      ErrorCode::kInvalidArgument, "device"));
+  EXPECT_TRUE(
+      Refuses(with("device", [](TensorSpec& t) { t.device_type = static_cast<DeviceType>(3); }),
+              ErrorCode::kInvalidArgument, "device"));
   // R46: a device ordinal only for CUDA.
   EXPECT_TRUE(Refuses(with("cpu:1",
                            [](TensorSpec& t) {
@@ -532,8 +544,8 @@ TEST(IndexBuilder, RefusesInconsistentSparseRecords) {
   }
 
   // Whole-archive rules, checked by Plan(): each case starts from a valid COO.
-  const auto bad_plan = [](const std::function<void(IndexBuilder&, uint32_t)>& edit,
-                           ErrorCode code, const std::string& name) {
+  const auto bad_plan = [](const std::function<void(IndexBuilder&, uint32_t)>& edit, ErrorCode code,
+                           const std::string& name) {
     IndexBuilder b;
     b.AddEntry("m");
     const uint32_t s = b.AddStorage(24);
@@ -649,15 +661,32 @@ TEST(IndexBuilderProperty, EverythingItWritesDecodes) {
   };
   auto chance = [&](int percent) { return below(100) < static_cast<uint64_t>(percent); };
   auto pick = [&](const auto& v) { return v[below(std::size(v))]; };
-  static const int64_t kDims[] = {0, 1, 1, 2, 2, 3, 4, 7, 1 << 20, int64_t{1} << 31,
-                                  int64_t{1} << 32, int64_t{1} << 40, int64_t{1} << 61, k2p62,
-                                  kI64Max - 1, kI64Max, 3074457345618258602, 6148914691236517204,
-                                  6148914691236517205, -1, INT64_MIN};
-  static const uint64_t kNbytes[] = {0, 1, 8, 16, 64, 100, 4096, 5000, uint64_t{1} << 40,
-                                     UINT64_MAX / 2, UINT64_MAX - 100};
+  static const int64_t kDims[] = {0,
+                                  1,
+                                  1,
+                                  2,
+                                  2,
+                                  3,
+                                  4,
+                                  7,
+                                  1 << 20,
+                                  int64_t{1} << 31,
+                                  int64_t{1} << 32,
+                                  int64_t{1} << 40,
+                                  int64_t{1} << 61,
+                                  k2p62,
+                                  kI64Max - 1,
+                                  kI64Max,
+                                  3074457345618258602,
+                                  6148914691236517204,
+                                  6148914691236517205,
+                                  -1,
+                                  INT64_MIN};
+  static const uint64_t kNbytes[] = {
+      0, 1, 8, 16, 64, 100, 4096, 5000, uint64_t{1} << 40, UINT64_MAX / 2, UINT64_MAX - 100};
   static const uint64_t kOffsets[] = {0, 0, 0, 1, 2, 3, 100, uint64_t{1} << 61, UINT64_MAX};
-  static const char* const kNames[] = {"a", "b", "c", "w", "bias", "a.b", "é", "",
-                                       "\xff", "\xc0\x80"};
+  static const char* const kNames[] = {"a",   "b", "c", "w",    "bias",
+                                       "a.b", "é", "",  "\xff", "\xc0\x80"};
   static const uint32_t kAlignments[] = {64, 128, 4096, 1u << 30, 100, 32};
 
   int refused = 0, accepted = 0, with_sparse = 0;
@@ -769,8 +798,8 @@ TEST(IndexBuilderProperty, EverythingItWritesDecodes) {
       ++accepted;
       with_sparse += sparse > 0;
     } catch (const Error& e) {
-      ADD_FAILURE() << "iteration " << iter << ": the builder wrote a head the decoder rejects: "
-                    << e.what();
+      ADD_FAILURE() << "iteration " << iter
+                    << ": the builder wrote a head the decoder rejects: " << e.what();
     }
   }
   // The inputs reach both outcomes often, and sparse records get through.

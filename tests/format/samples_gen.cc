@@ -3,12 +3,11 @@
 // are byte-identical to this output; tsar_gen_samples writes them.
 #include "tests/format/samples_gen.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "format/checksum.h"
@@ -124,13 +123,14 @@ struct Draft {
     nlohmann::ordered_json sparse_records = nlohmann::ordered_json::array();
     for (const auto& [sp, entry] : sparse) {
       static const char* const kLayouts[] = {"", "coo", "csr", "csc"};
-      sparse_records.push_back({{"entry", entry},
-                                {"name", sp.name},
-                                {"layout", kLayouts[static_cast<int>(sp.layout)]},
-                                {"coalesced", sp.coalesced},
-                                {"shape", sp.sizes},
-                                {"first_component", sp.first_component},
-                                {"component_count", sp.layout == format::SparseLayout::kCoo ? 2 : 3}});
+      sparse_records.push_back(
+          {{"entry", entry},
+           {"name", sp.name},
+           {"layout", kLayouts[static_cast<int>(sp.layout)]},
+           {"coalesced", sp.coalesced},
+           {"shape", sp.sizes},
+           {"first_component", sp.first_component},
+           {"component_count", sp.layout == format::SparseLayout::kCoo ? 2 : 3}});
     }
     j["sparse"] = sparse_records;
     return j.dump(2) + "\n";
@@ -233,9 +233,13 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
   const uint64_t ih = format::kHeaderSize;
   std::vector<Invalid> v = {
       {"empty_file", [] { return std::string(); }, ErrorCode::kBadMagic, fixed(0), "zero bytes"},
-      {"bad_magic", with(minimal, [](std::string& f) { f[1] = 't'; }, false), ErrorCode::kBadMagic,
-       fixed(0), "magic byte 1 is 't'"},
-      {"text_mode_crlf", with(minimal, [](std::string& f) { f.erase(5, 1); }, false),
+      {"bad_magic",
+       with(
+           minimal, [](std::string& f) { f[1] = 't'; }, false),
+       ErrorCode::kBadMagic, fixed(0), "magic byte 1 is 't'"},
+      {"text_mode_crlf",
+       with(
+           minimal, [](std::string& f) { f.erase(5, 1); }, false),
        ErrorCode::kBadMagic, fixed(0), "the CR of the magic was stripped in transit"},
       {"truncated_header", [minimal] { return minimal.substr(0, 40); }, ErrorCode::kTruncated,
        fixed(0), "only 40 bytes of the header"},
@@ -243,174 +247,214 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
        ErrorCode::kTruncated, fixed(format::kOffFileSize), "the last data byte is missing"},
       {"trailing_byte", [minimal] { return minimal + std::string(1, '\0'); },
        ErrorCode::kInvalidValue, fixed(format::kOffFileSize), "one byte past file_size"},
-      {"major_2", with(minimal, [](std::string& f) { Put16(f, format::kOffMajor, 2); }, false),
+      {"major_2",
+       with(
+           minimal, [](std::string& f) { Put16(f, format::kOffMajor, 2); }, false),
        ErrorCode::kUnsupportedVersion, fixed(format::kOffMajor), "a future major version"},
       {"header_size_72",
-       with(minimal, [](std::string& f) { Put32(f, format::kOffHeaderSize, 72); }, false),
+       with(
+           minimal, [](std::string& f) { Put32(f, format::kOffHeaderSize, 72); }, false),
        ErrorCode::kInvalidValue, fixed(format::kOffHeaderSize), "minor 0 with a 72-byte header"},
       {"index_size_huge",
-       with(minimal, [](std::string& f) { Put64(f, format::kOffIndexSize, uint64_t{1} << 40); },
-            false),
+       with(
+           minimal, [](std::string& f) { Put64(f, format::kOffIndexSize, uint64_t{1} << 40); },
+           false),
        ErrorCode::kInvalidValue, fixed(format::kOffIndexSize), "index_size of 1 TiB"},
       {"data_offset_wrong",
-       with(minimal, [](std::string& f) { Put64(f, format::kOffDataOffset, 128); }, false),
+       with(
+           minimal, [](std::string& f) { Put64(f, format::kOffDataOffset, 128); }, false),
        ErrorCode::kInvalidValue, fixed(format::kOffDataOffset), "data_offset inside the index"},
       {"alignment_100",
-       with(minimal, [](std::string& f) { Put32(f, format::kOffAlignment, 100); }, false),
+       with(
+           minimal, [](std::string& f) { Put32(f, format::kOffAlignment, 100); }, false),
        ErrorCode::kInvalidValue, fixed(format::kOffAlignment), "alignment not a power of two"},
-      {"flags_set", with(minimal, [](std::string& f) { Put32(f, format::kOffFlags, 1); }, false),
+      {"flags_set",
+       with(
+           minimal, [](std::string& f) { Put32(f, format::kOffFlags, 1); }, false),
        ErrorCode::kReservedNonZero, fixed(format::kOffFlags), "a reserved header flag"},
       {"index_checksum",
-       with(minimal, [](std::string& f) { f[Table(f, 6)] ^= 0x20; }, false),
+       with(
+           minimal, [](std::string& f) { f[Table(f, 6)] ^= 0x20; }, false),
        ErrorCode::kChecksumMismatch, fixed(format::kOffIndexXxh3),
        "a name byte changed, checksum not updated"},
       {"index_padding_nonzero",
-       with(minimal,
-            [](std::string& f) {
-              f[U64At(f, format::kOffDataOffset) - 1] = 1;
-            },
-            true),
-       ErrorCode::kReservedNonZero, [](const std::string& f) { return U64At(f, format::kOffDataOffset) - 1; },
+       with(
+           minimal, [](std::string& f) { f[U64At(f, format::kOffDataOffset) - 1] = 1; }, true),
+       ErrorCode::kReservedNonZero,
+       [](const std::string& f) { return U64At(f, format::kOffDataOffset) - 1; },
        "a non-zero byte between index and data"},
-      {"index_reserved", with(minimal, [ih](std::string& f) { f[ih + 40] = 1; }, true),
+      {"index_reserved",
+       with(
+           minimal, [ih](std::string& f) { f[ih + 40] = 1; }, true),
        ErrorCode::kReservedNonZero, fixed(ih + 40), "a reserved index header byte"},
       {"tensor_count_huge",
-       with(minimal, [ih](std::string& f) { Put32(f, ih + 8, 0xFFFFFFFFu); }, true),
+       with(
+           minimal, [ih](std::string& f) { Put32(f, ih + 8, 0xFFFFFFFFu); }, true),
        ErrorCode::kOutOfBounds, fixed(ih + 8), "4 billion tensors in a 182-byte index"},
       {"blob_size_huge",
-       with(minimal, [ih](std::string& f) { Put64(f, ih + 24, UINT64_MAX); }, true),
+       with(
+           minimal, [ih](std::string& f) { Put64(f, ih + 24, UINT64_MAX); }, true),
        ErrorCode::kOutOfBounds, fixed(ih + 24), "blob_size near 2^64"},
       {"entry_partition",
-       with(minimal, [](std::string& f) { Put32(f, Table(f, 0) + 8, 1); }, true),
+       with(
+           minimal, [](std::string& f) { Put32(f, Table(f, 0) + 8, 1); }, true),
        ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 0) + 8; },
        "entry #0 does not start at tensor 0"},
       {"storage_misaligned",
-       with(minimal,
-            [](std::string& f) {
-              Put64(f, Table(f, 1), U64At(f, Table(f, 1)) + 8);
-              Put64(f, Table(f, 1) + 8, 0);
-            },
-            true),
+       with(
+           minimal,
+           [](std::string& f) {
+             Put64(f, Table(f, 1), U64At(f, Table(f, 1)) + 8);
+             Put64(f, Table(f, 1) + 8, 0);
+           },
+           true),
        ErrorCode::kMisaligned, [](const std::string& f) { return Table(f, 1); },
        "storage offset off by 8"},
       {"storage_hole",
-       with(shared,
-            [](std::string& f) { Put64(f, Table(f, 1) + 32, U64At(f, Table(f, 1) + 32) + 64); },
-            true),
+       with(
+           shared,
+           [](std::string& f) { Put64(f, Table(f, 1) + 32, U64At(f, Table(f, 1) + 32) + 64); },
+           true),
        ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 1) + 32; },
        "a 64-byte hole before storage #1"},
       {"storage_out_of_bounds",
-       with(minimal, [](std::string& f) { Put64(f, Table(f, 1) + 8, 16); }, true),
+       with(
+           minimal, [](std::string& f) { Put64(f, Table(f, 1) + 8, 16); }, true),
        ErrorCode::kOutOfBounds, [](const std::string& f) { return Table(f, 1) + 8; },
        "storage nbytes past the end of the file"},
       {"storage_nbytes_overflow",
-       with(minimal, [](std::string& f) { Put64(f, Table(f, 1) + 8, UINT64_MAX - 100); }, true),
+       with(
+           minimal, [](std::string& f) { Put64(f, Table(f, 1) + 8, UINT64_MAX - 100); }, true),
        ErrorCode::kOutOfBounds, [](const std::string& f) { return Table(f, 1) + 8; },
        "storage nbytes near 2^64"},
       {"storage_overlap",
-       with(shared, [](std::string& f) { Put64(f, Table(f, 1) + 32, U64At(f, Table(f, 1))); },
-            true),
+       with(
+           shared, [](std::string& f) { Put64(f, Table(f, 1) + 32, U64At(f, Table(f, 1))); }, true),
        ErrorCode::kOverlap, [](const std::string& f) { return Table(f, 1) + 32; },
        "storage #1 starts where storage #0 does"},
       {"name_out_of_blob",
-       with(minimal, [](std::string& f) { Put32(f, Table(f, 2), 0x7FFFFFF0u); }, true),
+       with(
+           minimal, [](std::string& f) { Put32(f, Table(f, 2), 0x7FFFFFF0u); }, true),
        ErrorCode::kOutOfBounds, tensor0(0), "tensor name_offset past the blob"},
-      {"name_empty", with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 4, 0); }, true),
+      {"name_empty",
+       with(
+           minimal, [](std::string& f) { Put32(f, Table(f, 2) + 4, 0); }, true),
        ErrorCode::kInvalidValue, tensor0(4), "an empty tensor name"},
       {"name_not_utf8",
-       with(minimal,
-            [](std::string& f) { f[Table(f, 6) + U32At(f, Table(f, 2))] = '\xff'; }, true),
+       with(
+           minimal, [](std::string& f) { f[Table(f, 6) + U32At(f, Table(f, 2))] = '\xff'; }, true),
        ErrorCode::kInvalidValue, tensor0(0), "tensor name byte 0xff"},
       {"tensor_storage_index",
-       with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 8, 5); }, true),
+       with(
+           minimal, [](std::string& f) { Put32(f, Table(f, 2) + 8, 5); }, true),
        ErrorCode::kOutOfBounds, tensor0(8), "tensor refers to storage #5 of 1"},
       {"tensor_bad_dtype",
-       with(minimal, [](std::string& f) { Put16(f, Table(f, 2) + 12, 99); }, true),
+       with(
+           minimal, [](std::string& f) { Put16(f, Table(f, 2) + 12, 99); }, true),
        ErrorCode::kBadDtype, tensor0(12), "dtype code 99"},
-      {"tensor_bad_role", with(minimal, [](std::string& f) { f[Table(f, 2) + 14] = 9; }, true),
+      {"tensor_bad_role",
+       with(
+           minimal, [](std::string& f) { f[Table(f, 2) + 14] = 9; }, true),
        ErrorCode::kInvalidValue, tensor0(14), "role 9"},
       {"tensor_flags_reserved",
-       with(minimal, [](std::string& f) { f[Table(f, 2) + 15] = '\x80'; }, true),
+       with(
+           minimal, [](std::string& f) { f[Table(f, 2) + 15] = '\x80'; }, true),
        ErrorCode::kReservedNonZero, tensor0(15), "tensor flag bit 7"},
       {"tensor_ndim_65",
-       with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 16, 65); }, true),
+       with(
+           minimal, [](std::string& f) { Put32(f, Table(f, 2) + 16, 65); }, true),
        ErrorCode::kBadShape, tensor0(16), "65 dimensions"},
       {"tensor_dims_out_of_table",
-       with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 20, 1); }, true),
+       with(
+           minimal, [](std::string& f) { Put32(f, Table(f, 2) + 20, 1); }, true),
        ErrorCode::kOutOfBounds, tensor0(20), "sizes and strides past the dims table"},
       {"tensor_extent",
-       with(minimal, [](std::string& f) { Put64(f, Table(f, 5), 3); }, true),
+       with(
+           minimal, [](std::string& f) { Put64(f, Table(f, 5), 3); }, true),
        ErrorCode::kOutOfBounds, tensor0(24), "3 floats in an 8-byte storage"},
       {"tensor_storage_offset",
-       with(minimal, [](std::string& f) { Put64(f, Table(f, 2) + 24, 1); }, true),
+       with(
+           minimal, [](std::string& f) { Put64(f, Table(f, 2) + 24, 1); }, true),
        ErrorCode::kOutOfBounds, tensor0(24), "storage_offset 1 pushes the view past its storage"},
       {"tensor_size_negative",
-       with(minimal, [](std::string& f) { Put64(f, Table(f, 5), UINT64_MAX); }, true),
-       ErrorCode::kBadShape, [](const std::string& f) { return Table(f, 5); },
-       "size -1 (2^64-1)"},
+       with(
+           minimal, [](std::string& f) { Put64(f, Table(f, 5), UINT64_MAX); }, true),
+       ErrorCode::kBadShape, [](const std::string& f) { return Table(f, 5); }, "size -1 (2^64-1)"},
       {"tensor_extent_overflow",
-       with(minimal,
-            [](std::string& f) {
-              Put64(f, Table(f, 5), uint64_t{1} << 62);
-              Put64(f, Table(f, 5) + 8, uint64_t{1} << 62);
-            },
-            true),
+       with(
+           minimal,
+           [](std::string& f) {
+             Put64(f, Table(f, 5), uint64_t{1} << 62);
+             Put64(f, Table(f, 5) + 8, uint64_t{1} << 62);
+           },
+           true),
        ErrorCode::kOverflow, [](const std::string& f) { return Table(f, 5) + 8; },
        "size and stride 2^62: the last element offset overflows at the stride"},
       {"tensor_numel_overflow",
-       with(shared,
-            [](std::string& f) {
-              // Tensor #1 ("part"): sizes [2^62, 3], strides [0, 0].
-              const uint64_t dims = Table(f, 5) + 8 * uint64_t{U32At(f, Table(f, 2) + 48 + 20)};
-              Put64(f, dims, uint64_t{1} << 62);
-              Put64(f, dims + 8, 3);
-              Put64(f, dims + 16, 0);
-              Put64(f, dims + 24, 0);
-            },
-            true),
+       with(
+           shared,
+           [](std::string& f) {
+             // Tensor #1 ("part"): sizes [2^62, 3], strides [0, 0].
+             const uint64_t dims = Table(f, 5) + 8 * uint64_t{U32At(f, Table(f, 2) + 48 + 20)};
+             Put64(f, dims, uint64_t{1} << 62);
+             Put64(f, dims + 8, 3);
+             Put64(f, dims + 16, 0);
+             Put64(f, dims + 24, 0);
+           },
+           true),
        ErrorCode::kOverflow,
        [](const std::string& f) {
          return Table(f, 5) + 8 * uint64_t{U32At(f, Table(f, 2) + 48 + 20)} + 8;
        },
        "sizes [2^62, 3] with zero strides: 3 * 2^62 elements, above 2^63-1, at size 1"},
       {"tensor_sparse_without_role",
-       with(minimal, [](std::string& f) { Put32(f, Table(f, 2) + 32, 0); }, true),
+       with(
+           minimal, [](std::string& f) { Put32(f, Table(f, 2) + 32, 0); }, true),
        ErrorCode::kInvalidValue, tensor0(32), "sparse index on a dense parameter"},
       {"tensor_device_type",
-       with(minimal, [](std::string& f) { f[Table(f, 2) + 36] = 7; }, true),
+       with(
+           minimal, [](std::string& f) { f[Table(f, 2) + 36] = 7; }, true),
        ErrorCode::kInvalidValue, tensor0(36), "device_type 7"},
-      {"tensor_reserved", with(minimal, [](std::string& f) { f[Table(f, 2) + 44] = 1; }, true),
+      {"tensor_reserved",
+       with(
+           minimal, [](std::string& f) { f[Table(f, 2) + 44] = 1; }, true),
        ErrorCode::kReservedNonZero, tensor0(44), "a reserved tensor byte"},
       {"duplicate_tensor_name",
-       with(shared,
-            [](std::string& f) {
-              const uint64_t t0 = Table(f, 2);
-              Put32(f, t0 + 48, U32At(f, t0));  // tensor #1 takes tensor #0's name
-              Put32(f, t0 + 48 + 4, U32At(f, t0 + 4));
-            },
-            true),
+       with(
+           shared,
+           [](std::string& f) {
+             const uint64_t t0 = Table(f, 2);
+             Put32(f, t0 + 48, U32At(f, t0));  // tensor #1 takes tensor #0's name
+             Put32(f, t0 + 48 + 4, U32At(f, t0 + 4));
+           },
+           true),
        ErrorCode::kDuplicateName, [](const std::string& f) { return Table(f, 2) + 48; },
        "two tensors named alike in one entry"},
       {"metadata_bad_type",
-       with(meta, [](std::string& f) { f[Table(f, 4) + 8] = 9; }, true),
+       with(
+           meta, [](std::string& f) { f[Table(f, 4) + 8] = 9; }, true),
        ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 4) + 8; },
        "metadata type 9"},
       {"metadata_unsorted",
-       with(meta,
-            [](std::string& f) {
-              const uint64_t m = Table(f, 4);
-              std::string a = f.substr(m, 32);
-              f.replace(m, 32, f.substr(m + 32, 32));
-              f.replace(m + 32, 32, a);
-            },
-            true),
+       with(
+           meta,
+           [](std::string& f) {
+             const uint64_t m = Table(f, 4);
+             std::string a = f.substr(m, 32);
+             f.replace(m, 32, f.substr(m + 32, 32));
+             f.replace(m + 32, 32, a);
+           },
+           true),
        ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 4) + 32; },
        "metadata records out of (entry, key) order"},
-      {"sparse_bad_layout", with(sparse, [](std::string& f) { f[Table(f, 3) + 12] = 4; }, true),
+      {"sparse_bad_layout",
+       with(
+           sparse, [](std::string& f) { f[Table(f, 3) + 12] = 4; }, true),
        ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 3) + 12; },
        "sparse layout 4"},
       {"sparse_component_elsewhere",
-       with(sparse, [](std::string& f) { Put32(f, Table(f, 2) + 48 + 32, 1); }, true),
+       with(
+           sparse, [](std::string& f) { Put32(f, Table(f, 2) + 48 + 32, 1); }, true),
        ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 2) + 48 + 32; },
        "the first component of sparse #0 names sparse #1"},
   };
@@ -471,9 +515,10 @@ Draft EntriesMeta() {
     m.bytes = bytes;
     d.Meta(m);
     static const char* const kTypes[] = {"", "string", "int", "float", "bytes"};
-    d.meta.push_back({entry, key,
+    d.meta.push_back({entry,
+                      key,
                       {{"entry", entry == format::kNone ? nlohmann::ordered_json(nullptr)
-                                                         : nlohmann::ordered_json(entry)},
+                                                        : nlohmann::ordered_json(entry)},
                        {"key", key},
                        {"type", kTypes[static_cast<int>(type)]},
                        {"value", value}}});
@@ -541,8 +586,8 @@ Draft SparseTensors() {
     }
     return s;
   };
-  d.Tensor(T("bias", d.Storage(Floats({0.5f, -0.5f})), DType::kFloat32, {2}, {1}, 0,
-             Role::kParameter));
+  d.Tensor(
+      T("bias", d.Storage(Floats({0.5f, -0.5f})), DType::kFloat32, {2}, {1}, 0, Role::kParameter));
   // adj = sparse_coo_tensor([[0, 2], [1, 0]], [1.0, 2.0], (3, 3)), coalesced.
   format::SparseSpec coo;
   coo.name = "adj";
@@ -582,10 +627,14 @@ std::vector<SampleFile> GenerateSamples() {
     const char* name;
     Draft (*make)();
   };
-  const Named valid[] = {{"empty", [] { return Draft(); }}, {"minimal", Minimal},
-                         {"shared", Shared},                {"dtypes", Dtypes},
-                         {"entries_meta", EntriesMeta},     {"aligned", Aligned},
-                         {"empty_views", EmptyViews},       {"sparse", SparseTensors}};
+  const Named valid[] = {{"empty", [] { return Draft(); }},
+                         {"minimal", Minimal},
+                         {"shared", Shared},
+                         {"dtypes", Dtypes},
+                         {"entries_meta", EntriesMeta},
+                         {"aligned", Aligned},
+                         {"empty_views", EmptyViews},
+                         {"sparse", SparseTensors}};
   for (const Named& n : valid) {
     Draft d = n.make();
     const std::string bytes = d.Bytes();

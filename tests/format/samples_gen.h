@@ -8,7 +8,7 @@
 namespace tsar::testing {
 
 struct SampleFile {
-  std::string path;   // relative to samples/, e.g. "valid/minimal.tsar"
+  std::string path;  // relative to samples/, e.g. "valid/minimal.tsar"
   std::string bytes;
 };
 

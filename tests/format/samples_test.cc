@@ -2,10 +2,10 @@
 // samples decode to their expected.json, invalid ones fail as MANIFEST.tsv says,
 // and every truncation and every header/index byte flip is rejected.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "format/checksum.h"
@@ -196,7 +196,8 @@ TEST(Samples, EveryHeaderAndIndexByteFlipIsRejected) {
       for (uint8_t mask : {uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xFF}}) {
         std::string g = f;
         g[i] = static_cast<char>(g[i] ^ mask);
-        EXPECT_THROW(ParseString(g), Error) << "flip 0x" << std::hex << int(mask) << " at " << std::dec << i;
+        EXPECT_THROW(ParseString(g), Error)
+            << "flip 0x" << std::hex << int(mask) << " at " << std::dec << i;
       }
     }
   }

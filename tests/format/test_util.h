@@ -24,14 +24,12 @@ template <typename F>
     f();
   } catch (const Error& e) {
     if (e.code() != code) {
-      return ::testing::AssertionFailure()
-             << "code " << ErrorCodeName(e.code()) << ", wanted " << ErrorCodeName(code) << ": "
-             << e.what();
+      return ::testing::AssertionFailure() << "code " << ErrorCodeName(e.code()) << ", wanted "
+                                           << ErrorCodeName(code) << ": " << e.what();
     }
     if (offset && e.offset() != offset) {
-      return ::testing::AssertionFailure()
-             << "offset " << e.offset().value_or(UINT64_MAX) << ", wanted " << *offset << ": "
-             << e.what();
+      return ::testing::AssertionFailure() << "offset " << e.offset().value_or(UINT64_MAX)
+                                           << ", wanted " << *offset << ": " << e.what();
     }
     return ::testing::AssertionSuccess();
   }

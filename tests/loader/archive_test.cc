@@ -62,7 +62,8 @@ TEST_F(ArchiveTest, EveryDtypeRoundTripsExactlyAndZeroCopy) {
     EXPECT_EQ(got.sizes(), want.sizes()) << name;
     EXPECT_EQ(got.strides(), want.strides()) << name;
     EXPECT_TRUE(at::equal(got, want)) << name;
-    if (want.numel() > 0) EXPECT_TRUE(InRanges(got.data_ptr(), ranges)) << name << " is not in the mapping";
+    if (want.numel() > 0)
+      EXPECT_TRUE(InRanges(got.data_ptr(), ranges)) << name << " is not in the mapping";
   }
   // Names come back in the order they were packed.
   for (size_t i = 0; i < zoo.size(); ++i) EXPECT_EQ(a.names()[i], zoo[i].first);
@@ -73,11 +74,13 @@ TEST_F(ArchiveTest, SharedStoragesComeBackAliasedWithTheirOffsetsAndStrides) {
   const at::Tensor part = full.narrow(0, 4, 8).view({2, 4});
   const at::Tensor tr = full.narrow(0, 0, 12).view({3, 4}).t();
   const at::Tensor other = at::ones({3});
-  pack(Path("v.tsar"), std::vector<std::pair<std::string, at::Tensor>>{
-                           {"full", full}, {"part", part}, {"tr", tr}, {"tied", full}, {"other", other}});
+  pack(Path("v.tsar"),
+       std::vector<std::pair<std::string, at::Tensor>>{
+           {"full", full}, {"part", part}, {"tr", tr}, {"tied", full}, {"other", other}});
   const Archive a = Archive::open(Path("v.tsar"));
   EXPECT_EQ(a.storages().size(), 2u);
-  const at::Tensor f = a.tensor("full"), p = a.tensor("part"), t = a.tensor("tr"), tied = a.tensor("tied");
+  const at::Tensor f = a.tensor("full"), p = a.tensor("part"), t = a.tensor("tr"),
+                   tied = a.tensor("tied");
   EXPECT_TRUE(f.storage().is_alias_of(p.storage()));
   EXPECT_TRUE(f.storage().is_alias_of(t.storage()));
   EXPECT_EQ(f.data_ptr(), tied.data_ptr());
@@ -91,14 +94,16 @@ TEST_F(ArchiveTest, SharedStoragesComeBackAliasedWithTheirOffsetsAndStrides) {
 
 TEST_F(ArchiveTest, OnlyTheSpanTheTensorsCoverIsWritten) {
   const at::Tensor big = at::arange(1 << 20, at::kFloat);  // 4 MiB
-  pack(Path("s.tsar"), std::vector<std::pair<std::string, at::Tensor>>{{"slice", big.narrow(0, 1000, 10)}});
+  pack(Path("s.tsar"),
+       std::vector<std::pair<std::string, at::Tensor>>{{"slice", big.narrow(0, 1000, 10)}});
   const Archive a = Archive::open(Path("s.tsar"));
   EXPECT_LT(a.file_size(), 1024u);
   EXPECT_TRUE(at::equal(a.tensor("slice"), big.narrow(0, 1000, 10)));
 }
 
 TEST_F(ArchiveTest, TensorsKeepTheMappingAliveAfterTheArchiveIsGone) {
-  pack(Path("k.tsar"), std::vector<std::pair<std::string, at::Tensor>>{{"x", at::arange(1000, at::kFloat)}});
+  pack(Path("k.tsar"),
+       std::vector<std::pair<std::string, at::Tensor>>{{"x", at::arange(1000, at::kFloat)}});
   at::Tensor x;
   {
     const Archive a = Archive::open(Path("k.tsar"));
@@ -135,7 +140,8 @@ TEST_F(ArchiveTest, ReadModeReturnsEqualTensorsInPrivateMemory) {
 }
 
 TEST_F(ArchiveTest, PrefetchModesReturnTheSameBytes) {
-  pack(Path("p.tsar"), std::vector<std::pair<std::string, at::Tensor>>{{"x", at::arange(5000, at::kInt)}});
+  pack(Path("p.tsar"),
+       std::vector<std::pair<std::string, at::Tensor>>{{"x", at::arange(5000, at::kInt)}});
   for (Prefetch p : {Prefetch::kNone, Prefetch::kWillNeed, Prefetch::kPopulate, Prefetch::kLock}) {
     OpenOptions o;
     o.prefetch = p;
@@ -145,7 +151,8 @@ TEST_F(ArchiveTest, PrefetchModesReturnTheSameBytes) {
 }
 
 TEST_F(ArchiveTest, WritingIntoASharedMappingDiesWithADiagnostic) {
-  pack(Path("w.tsar"), std::vector<std::pair<std::string, at::Tensor>>{{"weights.0", at::zeros({64})}});
+  pack(Path("w.tsar"),
+       std::vector<std::pair<std::string, at::Tensor>>{{"weights.0", at::zeros({64})}});
   EXPECT_EXIT(
       {
         InstallFaultHandler();
@@ -153,7 +160,8 @@ TEST_F(ArchiveTest, WritingIntoASharedMappingDiesWithADiagnostic) {
         at::Tensor x = a.tensor("weights.0");
         x.add_(1);
       },
-      ::testing::KilledBySignal(SIGSEGV), "write to read-only archive .*w.tsar.*tensor \"weights.0\"");
+      ::testing::KilledBySignal(SIGSEGV),
+      "write to read-only archive .*w.tsar.*tensor \"weights.0\"");
 }
 
 TEST_F(ArchiveTest, VerifyNamesEveryTensorOfADamagedStorage) {
@@ -170,18 +178,25 @@ TEST_F(ArchiveTest, VerifyNamesEveryTensorOfADamagedStorage) {
   EXPECT_EQ(a.damaged(), (std::vector<std::string>{"model/a", "model/a_view"}));
   OpenOptions o;
   o.verify = VerifyMode::kFull;
-  EXPECT_TRUE(Throws([&] { Archive::open(Path("d.tsar"), o); }, ErrorCode::kChecksumMismatch, "storage #0"));
+  EXPECT_TRUE(Throws([&] { Archive::open(Path("d.tsar"), o); }, ErrorCode::kChecksumMismatch,
+                     "storage #0"));
 }
 
 TEST_F(ArchiveTest, BadFilesFailAtOpenWithTheirCode) {
-  EXPECT_TRUE(Throws([&] { Archive::open(Path("missing.tsar")); }, ErrorCode::kNotFound, "No such file"));
-  EXPECT_TRUE(Throws([&] { Archive::open(dir_); }, ErrorCode::kInvalidArgument, "not a regular file"));
-  testing::WriteAll(Path("garbage.tsar"), "PK\x03\x04 this is a zip, not an archive at all........................................................");
-  EXPECT_TRUE(Throws([&] { Archive::open(Path("garbage.tsar")); }, ErrorCode::kBadMagic, "garbage.tsar: offset 0"));
+  EXPECT_TRUE(
+      Throws([&] { Archive::open(Path("missing.tsar")); }, ErrorCode::kNotFound, "No such file"));
+  EXPECT_TRUE(
+      Throws([&] { Archive::open(dir_); }, ErrorCode::kInvalidArgument, "not a regular file"));
+  testing::WriteAll(Path("garbage.tsar"),
+                    "PK\x03\x04 this is a zip, not an archive at "
+                    "all........................................................");
+  EXPECT_TRUE(Throws([&] { Archive::open(Path("garbage.tsar")); }, ErrorCode::kBadMagic,
+                     "garbage.tsar: offset 0"));
   pack(Path("ok.tsar"), std::vector<std::pair<std::string, at::Tensor>>{{"x", at::ones({100})}});
   const std::string ok = testing::ReadAll(Path("ok.tsar"));
   testing::WriteAll(Path("short.tsar"), ok.substr(0, ok.size() - 1));
-  EXPECT_TRUE(Throws([&] { Archive::open(Path("short.tsar")); }, ErrorCode::kTruncated, "file_size"));
+  EXPECT_TRUE(
+      Throws([&] { Archive::open(Path("short.tsar")); }, ErrorCode::kTruncated, "file_size"));
 }
 
 TEST_F(ArchiveTest, LookupsFailWithNotFoundNamingWhatExists) {
@@ -197,8 +212,10 @@ TEST_F(ArchiveTest, LookupsFailWithNotFoundNamingWhatExists) {
   EXPECT_EQ(a.entries(), (std::vector<std::string>{"model", "ema"}));
   EXPECT_EQ(a.tensor("x").sum().item<float>(), 2.0f);
   EXPECT_EQ(a.tensor("x", "ema").sum().item<float>(), 0.0f);
-  EXPECT_TRUE(Throws([&] { a.tensor("y"); }, ErrorCode::kNotFound, "tensor \"y\": not in entry \"model\""));
-  EXPECT_TRUE(Throws([&] { a.tensor("x", "swa"); }, ErrorCode::kNotFound, "expected one of \"model\", \"ema\""));
+  EXPECT_TRUE(
+      Throws([&] { a.tensor("y"); }, ErrorCode::kNotFound, "tensor \"y\": not in entry \"model\""));
+  EXPECT_TRUE(Throws([&] { a.tensor("x", "swa"); }, ErrorCode::kNotFound,
+                     "expected one of \"model\", \"ema\""));
   EXPECT_EQ(std::get<int64_t>(*a.metadata("step")), 7);
   EXPECT_EQ(std::get<double>(*a.metadata("decay", "ema")), 0.5);
   EXPECT_FALSE(a.metadata("decay"));
@@ -206,7 +223,8 @@ TEST_F(ArchiveTest, LookupsFailWithNotFoundNamingWhatExists) {
 
 TEST_F(ArchiveTest, ManyThreadsReadOneArchive) {
   std::vector<std::pair<std::string, at::Tensor>> v;
-  for (int i = 0; i < 200; ++i) v.push_back({"t" + std::to_string(i), at::full({16}, static_cast<float>(i))});
+  for (int i = 0; i < 200; ++i)
+    v.push_back({"t" + std::to_string(i), at::full({16}, static_cast<float>(i))});
   pack(Path("m.tsar"), v);
   const Archive a = Archive::open(Path("m.tsar"));
   std::atomic<int> bad{0};
@@ -235,7 +253,8 @@ TEST_F(ArchiveTest, SparseRecordsComeBackAsSparseTensorsOverTheirComponents) {
   want[0][1] = 1.0;
   want[2][0] = 2.0;
   EXPECT_TRUE(at::equal(adj.to_dense(), want));
-  EXPECT_EQ(adj._values().data_ptr(), a.tensor("adj.values").data_ptr()) << "values must be a view, not a copy";
+  EXPECT_EQ(adj._values().data_ptr(), a.tensor("adj.values").data_ptr())
+      << "values must be a view, not a copy";
   const at::Tensor m = a.tensor("m");
   EXPECT_EQ(m.layout(), at::kSparseCsr);
   EXPECT_TRUE(at::equal(m.to_dense(), at::tensor({0.0f, 3.0f, 4.0f, 0.0f}).view({2, 2})));
@@ -247,7 +266,8 @@ TEST_F(ArchiveTest, ToDeviceSaysWhenThereIsNoCuda) {
   pack(Path("g.tsar"), std::vector<std::pair<std::string, at::Tensor>>{{"x", at::ones({2})}});
   const Archive a = Archive::open(Path("g.tsar"));
   if (at::hasCUDA()) GTEST_SKIP() << "a CUDA device is present";
-  EXPECT_TRUE(Throws([&] { to_device(a, c10::Device(c10::kCUDA, 0)); }, ErrorCode::kUnsupported, "without CUDA"));
+  EXPECT_TRUE(Throws([&] { to_device(a, c10::Device(c10::kCUDA, 0)); }, ErrorCode::kUnsupported,
+                     "without CUDA"));
   EXPECT_TRUE(at::equal(to_device(a, c10::Device(c10::kCPU))["x"], at::ones({2})));
 }
 

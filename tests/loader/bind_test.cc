@@ -65,17 +65,19 @@ TEST_F(BindTest, CppModulePackedAndBoundIntoAFreshInstanceGivesTheSameOutputs) {
   EXPECT_EQ(fresh->fc1->weight.unsafeGetTensorImpl(), fc1_impl) << "bind must rebind in place";
   EXPECT_TRUE(fresh->fc1->weight.requires_grad());
   const auto ranges = MappedRanges(Path("net.tsar"));
-  for (const auto& p : fresh->named_parameters()) EXPECT_TRUE(InRanges(p.value().data_ptr(), ranges)) << p.key();
-  for (const auto& b : fresh->named_buffers()) EXPECT_TRUE(InRanges(b.value().data_ptr(), ranges)) << b.key();
+  for (const auto& p : fresh->named_parameters())
+    EXPECT_TRUE(InRanges(p.value().data_ptr(), ranges)) << p.key();
+  for (const auto& b : fresh->named_buffers())
+    EXPECT_TRUE(InRanges(b.value().data_ptr(), ranges)) << b.key();
 }
 
 TEST_F(BindTest, StrictModeListsEveryMismatchAndChangesNothing) {
   torch::manual_seed(2);
   Net net;
   Writer w(Path("odd.tsar"));
-  w.add("fc1.weight", torch::zeros({64, 16}));  // wrong shape
+  w.add("fc1.weight", torch::zeros({64, 16}));            // wrong shape
   w.add("fc1.bias", torch::zeros({64}, torch::kDouble));  // wrong dtype
-  w.add("extra.weight", torch::zeros({3}));  // not in the module
+  w.add("extra.weight", torch::zeros({3}));               // not in the module
   w.finish();
   net->eval();
   const auto before = net->fc1->weight.clone();
@@ -86,8 +88,10 @@ TEST_F(BindTest, StrictModeListsEveryMismatchAndChangesNothing) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_EQ(e.code(), ErrorCode::kBindMismatch);
-    for (const char* s : {"missing in archive: bn.weight", "fc2.weight", "bn.num_batches_tracked", "not in module: extra.weight",
-                          "fc1.weight: shape [64, 32] vs archive [64, 16]", "fc1.bias: dtype float32 vs archive float64"}) {
+    for (const char* s :
+         {"missing in archive: bn.weight", "fc2.weight", "bn.num_batches_tracked",
+          "not in module: extra.weight", "fc1.weight: shape [64, 32] vs archive [64, 16]",
+          "fc1.bias: dtype float32 vs archive float64"}) {
       EXPECT_NE(m.find(s), std::string::npos) << "lacks \"" << s << "\": " << m;
     }
   }
@@ -110,8 +114,8 @@ TEST_F(BindTest, RefusesATrainingModeModuleOverASharedMapping) {
   Writer w(Path("t.tsar"));
   w.add_module(*net);
   w.finish();
-  EXPECT_TRUE(Throws([&] { tsar::bind(*net, Archive::open(Path("t.tsar"))); }, ErrorCode::kInvalidArgument,
-                     "call module.eval()"));
+  EXPECT_TRUE(Throws([&] { tsar::bind(*net, Archive::open(Path("t.tsar"))); },
+                     ErrorCode::kInvalidArgument, "call module.eval()"));
   OpenOptions cow;
   cow.mode = MapMode::kCopyOnWrite;
   EXPECT_EQ(tsar::bind(*net, Archive::open(Path("t.tsar"), cow)).bound.size(), 9u);
@@ -148,8 +152,10 @@ TEST_F(BindTest, TorchScriptResnet18BoundAfterZeroingIsBitIdenticalToPython) {
   const auto got = m.forward({x}).toTensor();
   EXPECT_TRUE(torch::equal(got, want)) << "max diff " << (got - want).abs().max().item<float>();
   const auto ranges = MappedRanges(Path("resnet18.tsar"));
-  for (const auto& p : m.named_parameters()) EXPECT_TRUE(InRanges(p.value.data_ptr(), ranges)) << p.name;
-  for (const auto& b : m.named_buffers()) EXPECT_TRUE(InRanges(b.value.data_ptr(), ranges)) << b.name;
+  for (const auto& p : m.named_parameters())
+    EXPECT_TRUE(InRanges(p.value.data_ptr(), ranges)) << p.name;
+  for (const auto& b : m.named_buffers())
+    EXPECT_TRUE(InRanges(b.value.data_ptr(), ranges)) << b.name;
 }
 
 TEST_F(BindTest, TiedWeightsAndViewsComeBackTied) {

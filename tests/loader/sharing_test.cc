@@ -28,10 +28,13 @@ class SharingTest : public ::testing::Test {
     path_ = dir_ + "/model.tsar";
     std::vector<std::pair<std::string, at::Tensor>> v;
     at::manual_seed(3);
-    for (int i = 0; i < 8; ++i) v.push_back({"layer" + std::to_string(i), at::randn({1024, 1024})});  // 32 MiB
+    for (int i = 0; i < 8; ++i)
+      v.push_back({"layer" + std::to_string(i), at::randn({1024, 1024})});  // 32 MiB
     pack(path_, v);
   }
-  void TearDown() override { std::system(("umount -q " + dir_ + "/ro 2>/dev/null; rm -rf " + dir_).c_str()); }
+  void TearDown() override {
+    std::system(("umount -q " + dir_ + "/ro 2>/dev/null; rm -rf " + dir_).c_str());
+  }
   std::string dir_, path_;
 };
 
@@ -77,13 +80,15 @@ TEST_F(SharingTest, AnArchiveOnAReadOnlyBindMountLoads) {
   const std::string probe = "unshare -m true 2>/dev/null";
   if (std::system(probe.c_str()) != 0) GTEST_SKIP() << "unshare -m is not permitted here";
   // In a private mount namespace: bind the directory read-only and load through it.
-  const std::string cmd = "unshare -m sh -c 'mount --bind " + dir_ + " " + ro + " && mount -o remount,bind,ro " +
-                          ro + " && touch " + ro + "/probe 2>/dev/null; test ! -e " + dir_ + "/probe && " + kWorker +
-                          " " + ro + "/model.tsar'";
+  const std::string cmd = "unshare -m sh -c 'mount --bind " + dir_ + " " + ro +
+                          " && mount -o remount,bind,ro " + ro + " && touch " + ro +
+                          "/probe 2>/dev/null; test ! -e " + dir_ + "/probe && " + kWorker + " " +
+                          ro + "/model.tsar'";
   Worker w = Start({"/bin/sh", "-c", cmd});
   const std::string line = Line(w);
   const int rc = Finish(w);
-  if (rc != 0 && line.empty()) GTEST_SKIP() << "mount --bind -o ro is not permitted here (rc " << rc << ")";
+  if (rc != 0 && line.empty())
+    GTEST_SKIP() << "mount --bind -o ro is not permitted here (rc " << rc << ")";
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(line.rfind("ok ", 0), 0u) << line;
 }

@@ -6,12 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <climits>
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -28,7 +28,9 @@ inline std::string TempDir() {
   return d;
 }
 
-inline std::string Fixture(const std::string& name) { return std::string(TSAR_FIXTURES_DIR) + "/" + name; }
+inline std::string Fixture(const std::string& name) {
+  return std::string(TSAR_FIXTURES_DIR) + "/" + name;
+}
 
 inline std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -57,7 +59,9 @@ inline std::vector<std::pair<uintptr_t, uintptr_t>> MappedRanges(const std::stri
   char real[PATH_MAX];
   const std::string want = realpath(path.c_str(), real) ? real : path;
   while (std::getline(maps, line)) {
-    if (line.size() < want.size() || line.compare(line.size() - want.size(), want.size(), want) != 0) continue;
+    if (line.size() < want.size() ||
+        line.compare(line.size() - want.size(), want.size(), want) != 0)
+      continue;
     uintptr_t lo = 0, hi = 0;
     std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi);
     out.emplace_back(lo, hi);
@@ -80,11 +84,14 @@ inline uint64_t SmapsField(pid_t pid, const std::string& path, const std::string
   bool inside = false;
   uint64_t sum = 0;
   while (std::getline(in, line)) {
-    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') < 17) {
-      inside = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+        line.find('-') < 17) {
+      inside = line.size() >= path.size() &&
+               line.compare(line.size() - path.size(), path.size(), path) == 0;
       continue;
     }
-    if (inside && line.rfind(field + ":", 0) == 0) sum += std::strtoull(line.c_str() + field.size() + 1, nullptr, 10);
+    if (inside && line.rfind(field + ":", 0) == 0)
+      sum += std::strtoull(line.c_str() + field.size() + 1, nullptr, 10);
   }
   return sum;
 }
@@ -118,7 +125,8 @@ inline Result Sh(const std::string& cmd) {
   const std::string dir = TempDir();
   const std::string full = "(" + cmd + ") > " + dir + "/out 2> " + dir + "/err";
   const int status = std::system(full.c_str());
-  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadAll(dir + "/out"), ReadAll(dir + "/err")};
+  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadAll(dir + "/out"),
+           ReadAll(dir + "/err")};
   std::system(("rm -rf " + dir).c_str());
   return r;
 }

@@ -35,7 +35,10 @@ class WriterTest : public ::testing::Test {
 std::vector<std::pair<std::string, at::Tensor>> Model(uint64_t seed) {
   at::manual_seed(seed);
   const at::Tensor w = at::randn({300, 200});
-  return {{"w", w}, {"w_t", w.t()}, {"b", at::randn({300}, at::kDouble)}, {"step", at::scalar_tensor(5, at::kLong)}};
+  return {{"w", w},
+          {"w_t", w.t()},
+          {"b", at::randn({300}, at::kDouble)},
+          {"step", at::scalar_tensor(5, at::kLong)}};
 }
 
 TEST_F(WriterTest, SameInputGivesTheSameBytes) {
@@ -53,7 +56,8 @@ TEST_F(WriterTest, LargeStoragesArePageAlignedAndSmallOnesPackTightly) {
   v.push_back({"big", at::ones({20000})});  // 80,000 bytes
   pack(Path("al.tsar"), v);
   const Archive a = Archive::open(Path("al.tsar"));
-  for (const auto& s : a.storages()) EXPECT_EQ(s.offset % (s.nbytes >= 4096 ? 4096 : 64), 0u) << s.id;
+  for (const auto& s : a.storages())
+    EXPECT_EQ(s.offset % (s.nbytes >= 4096 ? 4096 : 64), 0u) << s.id;
   // No page per small tensor: data + index (< 8 KiB) + at most one page of padding.
   EXPECT_LT(a.file_size(), 50 * 64 + 80000 + 8192 + 4096);
   PackOptions o;
@@ -76,7 +80,8 @@ TEST_F(WriterTest, PublishesAReadOnlyFileAndLeavesNothingElse) {
 TEST_F(WriterTest, AFailedPackLeavesTheDestinationUntouched) {
   pack(Path("keep.tsar"), Model(1));
   const std::string before = testing::ReadAll(Path("keep.tsar"));
-  std::vector<std::pair<std::string, at::Tensor>> dup = {{"x", at::ones({2})}, {"x", at::zeros({2})}};
+  std::vector<std::pair<std::string, at::Tensor>> dup = {{"x", at::ones({2})},
+                                                         {"x", at::zeros({2})}};
   EXPECT_TRUE(Throws([&] { pack(Path("keep.tsar"), dup); }, ErrorCode::kDuplicateName, "\"x\""));
   EXPECT_EQ(testing::ReadAll(Path("keep.tsar")), before);
   EXPECT_EQ(Files(), std::vector<std::string>{"keep.tsar"});
@@ -85,16 +90,21 @@ TEST_F(WriterTest, AFailedPackLeavesTheDestinationUntouched) {
 TEST_F(WriterTest, RefusesWhatItCannotPackNamingTheTensor) {
   Writer w(Path("r.tsar"));
   const at::Tensor sparse = at::ones({2, 2}).to_sparse();
-  EXPECT_TRUE(Throws([&] { w.add("emb.sparse", sparse); }, ErrorCode::kUnsupported, "tensor \"emb.sparse\": sparse"));
-  EXPECT_TRUE(Throws([&] { w.add("q", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8)); },
-                     ErrorCode::kUnsupported, "quantized"));
+  EXPECT_TRUE(Throws([&] { w.add("emb.sparse", sparse); }, ErrorCode::kUnsupported,
+                     "tensor \"emb.sparse\": sparse"));
+  EXPECT_TRUE(
+      Throws([&] { w.add("q", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8)); },
+             ErrorCode::kUnsupported, "quantized"));
   EXPECT_TRUE(Throws([&] { w.add("u", at::Tensor()); }, ErrorCode::kInvalidArgument, "undefined"));
-  EXPECT_TRUE(Throws([&] { Writer bad(Path("x.tsar"), PackOptions{100}); }, ErrorCode::kInvalidArgument, "alignment"));
-  EXPECT_TRUE(Throws([&] { w.add_metadata("k", int64_t{1}, "no-such-entry"); }, ErrorCode::kNotFound));
+  EXPECT_TRUE(Throws([&] { Writer bad(Path("x.tsar"), PackOptions{100}); },
+                     ErrorCode::kInvalidArgument, "alignment"));
+  EXPECT_TRUE(
+      Throws([&] { w.add_metadata("k", int64_t{1}, "no-such-entry"); }, ErrorCode::kNotFound));
 }
 
 TEST_F(WriterTest, AnUnwritableDestinationIsAnIoErrorNamingTheDirectory) {
-  EXPECT_TRUE(Throws([&] { pack(dir_ + "/no/such/dir/m.tsar", Model(1)); }, ErrorCode::kIo, "no/such/dir"));
+  EXPECT_TRUE(
+      Throws([&] { pack(dir_ + "/no/such/dir/m.tsar", Model(1)); }, ErrorCode::kIo, "no/such/dir"));
   EXPECT_TRUE(Throws([&] { pack(dir_, Model(1)); }, ErrorCode::kInvalidArgument, "is a directory"));
 }
 
@@ -114,7 +124,8 @@ TEST_F(WriterTest, ProgressReachesTheTotal) {
 TEST_F(WriterTest, EveryOutputPassesTheDecoder) {
   pack(Path("v.tsar"), Model(3));
   const std::string bytes = testing::ReadAll(Path("v.tsar"));
-  const auto idx = format::Index::ParseBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "v");
+  const auto idx =
+      format::Index::ParseBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "v");
   EXPECT_EQ(idx.tensors().size(), 4u);
   EXPECT_EQ(idx.storages().size(), 3u);  // w and w_t share one
 }
