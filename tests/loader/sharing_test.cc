@@ -74,6 +74,20 @@ TEST_F(SharingTest, AReadOnlyFileOpensForAnUnprivilegedUser) {
   EXPECT_EQ(st.st_mode & 0777, 0444u);
 }
 
+TEST_F(SharingTest, WhereMmapIsRefusedTheLoaderReadsWithAWarning) {
+  // The shim fails every file mmap with ENODEV, as some FUSE and network file
+  // systems do; the archive must still load, through pread, with a warning.
+  const testing::Result r =
+      testing::Sh("LD_PRELOAD=" + std::string(TSAR_REFUSE_MMAP) + " " + kWorker + " " + path_);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("mmap refused"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("reading into private memory instead"), std::string::npos) << r.err;
+  // Same weights as through a mapping.
+  const testing::Result mapped = testing::Sh(kWorker + " " + path_);
+  ASSERT_EQ(mapped.code, 0);
+  EXPECT_EQ(r.out, mapped.out);
+}
+
 TEST_F(SharingTest, AnArchiveOnAReadOnlyBindMountLoads) {
   const std::string ro = dir_ + "/ro";
   mkdir(ro.c_str(), 0755);
