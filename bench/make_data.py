@@ -18,20 +18,10 @@ import sys
 import torch
 import torchvision
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+from weightless import strip_weights  # noqa: E402
+
 torch.set_num_threads(1)
-
-
-def strip_weights(model):
-    """Replaces floating tensors by zero-stride placeholders of the same shape."""
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is not None and p.is_floating_point():
-                module._parameters[name] = torch.nn.Parameter(
-                    torch.zeros(1, dtype=p.dtype).expand(p.shape), requires_grad=p.requires_grad)
-        for name, b in list(module._buffers.items()):
-            if b is not None and b.is_floating_point():
-                module._buffers[name] = torch.zeros(1, dtype=b.dtype).expand(b.shape)
-    return model
 
 
 def main():
