@@ -35,9 +35,27 @@ std::string FlatName(const Archive& archive, const TensorInfo& t) {
 
 std::vector<std::string> Export(const Archive& archive, const std::string& path, Format format,
                                 const ExportOptions& options) {
+  // Sparse tensors: torch.save files get their component tensors (with a
+  // note); safetensors and HDF5 have no way to say they belong together.
+  std::string components;
+  for (const auto& t : archive.infos()) {
+    if (t.role == Role::kSparseComponent) {
+      components += (components.empty() ? "" : ", ") + format::Quote(FlatName(archive, t));
+    }
+  }
+  if (!components.empty() && format != Format::kTorchSave) {
+    throw Error(ErrorCode::kUnsupported, archive.path(), std::nullopt,
+                "the archive holds sparse tensors (components " + components +
+                    "), which this format cannot express; export to .pt");
+  }
   switch (format) {
-    case Format::kTorchSave:
-      return ExportTorchSave(archive, path);
+    case Format::kTorchSave: {
+      std::vector<std::string> notes = ExportTorchSave(archive, path);
+      if (!components.empty()) {
+        notes.push_back("sparse tensors written as their component tensors: " + components);
+      }
+      return notes;
+    }
     case Format::kSafetensors:
       return ExportSafetensors(archive, path, options);
     case Format::kHdf5:

@@ -7,6 +7,7 @@
 #include <c10/core/Storage.h>
 
 #include <algorithm>
+#include <sstream>
 #include <unordered_map>
 
 #include "format/checksum.h"
@@ -22,6 +23,14 @@ struct Writer::State {
     std::string name;
     at::Tensor tensor;
     Role role;
+    int sparse = -1;  // index in `sparse` for a sparse tensor's component
+  };
+  // A sparse tensor (spec §4.6): its components follow as consecutive items.
+  struct Sparse {
+    std::string name;
+    format::SparseLayout layout;
+    bool coalesced;
+    std::vector<int64_t> sizes;
   };
   struct Entry {
     std::string name;
@@ -30,6 +39,7 @@ struct Writer::State {
   std::string path;
   PackOptions options;
   std::vector<Entry> entries;
+  std::vector<Sparse> sparse;
   std::vector<std::pair<std::string, std::pair<std::string, MetadataValue>>>
       metadata;  // entry, key, value
   bool finished = false;
@@ -92,8 +102,8 @@ void Writer::add(const std::string& name, const at::Tensor& tensor, Role role) {
   if (state_->entries.empty()) add_entry(state_->options.entry);
   if (!tensor.defined()) Refuse(ErrorCode::kInvalidArgument, name, "undefined tensor");
   if (tensor.layout() != c10::kStrided) {
-    Refuse(ErrorCode::kUnsupported, name,
-           "sparse tensors are not supported yet; call .to_dense() before packing");
+    AddSparse(name, tensor);
+    return;
   }
   if (tensor.is_quantized()) {
     Refuse(ErrorCode::kUnsupported, name,
@@ -108,6 +118,45 @@ void Writer::add(const std::string& name, const at::Tensor& tensor, Role role) {
            std::string("dtype ") + c10::toString(tensor.scalar_type()) + " has no tsar code");
   }
   state_->entries.back().items.push_back({name, tensor, role});
+}
+
+// A sparse COO, CSR or CSC tensor becomes a sparse record and its component
+// tensors "<name>.indices"/".values" (COO), "<name>.crow_indices"/".col_indices"
+// /".values" (CSR), "<name>.ccol_indices"/".row_indices"/".values" (CSC): views,
+// written like any other tensor.
+void Writer::AddSparse(const std::string& name, const at::Tensor& t) {
+  State::Sparse sp{name, format::SparseLayout::kCoo, false, {t.sizes().begin(), t.sizes().end()}};
+  std::vector<std::pair<std::string, at::Tensor>> parts;
+  if (t.layout() == c10::kSparse) {
+    sp.coalesced = t.is_coalesced();
+    parts = {{".indices", t._indices()}, {".values", t._values()}};
+  } else if (t.layout() == c10::kSparseCsr) {
+    sp.layout = format::SparseLayout::kCsr;
+    parts = {{".crow_indices", t.crow_indices()},
+             {".col_indices", t.col_indices()},
+             {".values", t.values()}};
+  } else if (t.layout() == c10::kSparseCsc) {
+    sp.layout = format::SparseLayout::kCsc;
+    parts = {{".ccol_indices", t.ccol_indices()},
+             {".row_indices", t.row_indices()},
+             {".values", t.values()}};
+  } else {
+    std::ostringstream layout;
+    layout << t.layout();
+    Refuse(ErrorCode::kUnsupported, name,
+           "layout " + layout.str() + " is not supported (strided, sparse COO, CSR, CSC are)");
+  }
+  for (const auto& [suffix, part] : parts) {
+    if (part.is_quantized() || (!part.device().is_cpu() && !part.device().is_cuda()) ||
+        !FromScalarType(part.scalar_type())) {
+      Refuse(ErrorCode::kUnsupported, name + suffix, "component of an unsupported dtype or device");
+    }
+  }
+  state_->sparse.push_back(std::move(sp));
+  const int id = static_cast<int>(state_->sparse.size() - 1);
+  for (auto& [suffix, part] : parts) {
+    state_->entries.back().items.push_back({name + suffix, part, Role::kSparseComponent, id});
+  }
 }
 
 void Writer::add(const torch::OrderedDict<std::string, at::Tensor>& tensors, Role role) {
@@ -158,10 +207,22 @@ void Writer::finish() {
     s.begin &= ~uint64_t{15};
     b.AddStorage(s.end - s.begin);
   }
+  uint32_t tensor_index = 0;  // in the archive's tensor table
+  std::vector<uint32_t> sparse_ids(st.sparse.size(), format::kNone);
   for (const auto& e : st.entries) {
     b.AddEntry(e.name);
     for (const auto& item : e.items) {
       const at::Tensor& t = item.tensor;
+      if (item.sparse >= 0 && sparse_ids[item.sparse] == format::kNone) {
+        const State::Sparse& sp = st.sparse[item.sparse];
+        format::SparseSpec s;
+        s.name = sp.name;
+        s.layout = sp.layout;
+        s.coalesced = sp.coalesced;
+        s.sizes = sp.sizes;
+        s.first_component = tensor_index;
+        WithPath(st.path, [&] { sparse_ids[item.sparse] = b.AddSparse(std::move(s)); });
+      }
       const uint32_t sid = storage_ids.at(t.storage().unsafeGetStorageImpl());
       uint64_t begin, end;
       ByteSpan(t, &begin, &end);
@@ -178,7 +239,9 @@ void Writer::finish() {
         spec.device_type = format::DeviceType::kCuda;
         spec.device_index = static_cast<uint16_t>(t.device().index());
       }
+      if (item.sparse >= 0) spec.sparse = sparse_ids[item.sparse];
       WithPath(st.path, [&] { b.AddTensor(std::move(spec)); });
+      ++tensor_index;
     }
   }
   const uint32_t none = format::kNone;

@@ -42,8 +42,10 @@ struct PackOptions {
 // left untouched. Tensors are read where they are at finish() (no copy of
 // the model in RAM; CUDA tensors are copied to the host storage by storage).
 // Tensors sharing a storage are written once, only the byte span they cover.
+// Sparse COO, CSR and CSC tensors are written as a sparse record plus their
+// component tensors (spec §4.6) and load back as sparse tensors.
 // Errors: kInvalidArgument / kDuplicateName (misuse, naming the tensor),
-// kUnsupported (sparse, quantized, meta tensors), kIo (writing).
+// kUnsupported (quantized or meta tensors, other layouts), kIo (writing).
 // Not thread-safe.
 class Writer {
  public:
@@ -68,6 +70,7 @@ class Writer {
   void finish();
 
  private:
+  void AddSparse(const std::string& name, const at::Tensor& sparse);
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -246,6 +246,16 @@ TEST_F(CliTest, ExportRefusesWhatTheTargetCannotHold) {
   EXPECT_EQ(r.code, 3);
   EXPECT_TRUE(OneErrorLine(r, "tensor \"bfloat16\": h5py has no dtype bfloat16"));
   EXPECT_FALSE(Exists(Path("d.h5")));
+  const std::string sparse = kSource + "/samples/valid/sparse.tsar";
+  r = Tsar("export " + sparse + " -o " + Path("s.h5"));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(OneErrorLine(r, "holds sparse tensors (components \"adj.indices\""));
+  EXPECT_FALSE(Exists(Path("s.h5")));
+  r = Tsar("export " + sparse + " -o " + Path("s.pt"));
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.err.find("note: sparse tensors written as their component tensors"),
+            std::string::npos)
+      << r.err;
   r = Tsar("export " + Path("d.tsar") + " -o " + Path("d.npz"));
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(OneErrorLine(r, "expected an extension .pt"));

@@ -89,9 +89,6 @@ TEST_F(WriterTest, AFailedPackLeavesTheDestinationUntouched) {
 
 TEST_F(WriterTest, RefusesWhatItCannotPackNamingTheTensor) {
   Writer w(Path("r.tsar"));
-  const at::Tensor sparse = at::ones({2, 2}).to_sparse();
-  EXPECT_TRUE(Throws([&] { w.add("emb.sparse", sparse); }, ErrorCode::kUnsupported,
-                     "tensor \"emb.sparse\": sparse"));
   EXPECT_TRUE(
       Throws([&] { w.add("q", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8)); },
              ErrorCode::kUnsupported, "quantized"));
@@ -100,6 +97,36 @@ TEST_F(WriterTest, RefusesWhatItCannotPackNamingTheTensor) {
                      ErrorCode::kInvalidArgument, "alignment"));
   EXPECT_TRUE(
       Throws([&] { w.add_metadata("k", int64_t{1}, "no-such-entry"); }, ErrorCode::kNotFound));
+}
+
+TEST_F(WriterTest, SparseTensorsRoundTripAsSparseRecords) {
+  at::manual_seed(5);
+  const at::Tensor dense = at::randn({6, 5}) * at::bernoulli(at::full({6, 5}, 0.3));
+  const at::Tensor coo = dense.to_sparse();      // coalesced
+  const at::Tensor raw = at::sparse_coo_tensor(  // not coalesced: a repeated index
+      at::tensor({0, 0, 2, 0, 0, 1}, at::kLong).view({2, 3}), at::tensor({1.0f, 2.0f, 3.0f}),
+      {3, 2});
+  const at::Tensor csr = dense.to_sparse_csr();
+  const at::Tensor hybrid = at::randn({4, 3}).to_sparse(1);  // COO with a dense dimension
+  Writer w(Path("s.tsar"));
+  w.add("w", dense);
+  w.add("coo", coo);
+  w.add("raw", raw);
+  w.add("csr", csr);
+  w.add("hybrid", hybrid);
+  w.finish();
+  const Archive a = Archive::open(Path("s.tsar"));
+  EXPECT_EQ(a.names(), (std::vector<std::string>{"w", "coo", "raw", "csr", "hybrid"}));
+  EXPECT_TRUE(a.tensor("coo").is_coalesced());
+  EXPECT_FALSE(a.tensor("raw").is_coalesced());
+  EXPECT_TRUE(at::equal(a.tensor("coo").to_dense(), dense));
+  EXPECT_TRUE(at::equal(a.tensor("raw").to_dense(), raw.to_dense()));
+  EXPECT_EQ(a.tensor("csr").layout(), at::kSparseCsr);
+  EXPECT_TRUE(at::equal(a.tensor("csr").to_dense(), dense));
+  EXPECT_TRUE(at::equal(a.tensor("hybrid").to_dense(), hybrid.to_dense()));
+  EXPECT_EQ(a.info("coo.values").role, Role::kSparseComponent);
+  // The coalesced COO's values share storage with nothing else; the dense w is intact.
+  EXPECT_TRUE(at::equal(a.tensor("w"), dense));
 }
 
 TEST_F(WriterTest, AnUnwritableDestinationIsAnIoErrorNamingTheDirectory) {
