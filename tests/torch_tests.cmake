@@ -35,15 +35,23 @@ set_tests_properties(fixtures.models PROPERTIES FIXTURES_SETUP models TIMEOUT 30
 gtest_discover_tests(tsar_tests DISCOVERY_TIMEOUT 60
   PROPERTIES FIXTURES_REQUIRED "models;imports" TIMEOUT 300)
 
-# The restricted pickle reader, on fixtures Python makes at test time.
-add_executable(tsar_pickle_tests writer/pickle_test.cc)
-target_link_libraries(tsar_pickle_tests PRIVATE tsar_lib tsar_format GTest::gtest_main nlohmann_json::nlohmann_json)
-target_include_directories(tsar_pickle_tests PRIVATE ${PROJECT_SOURCE_DIR})
-add_test(NAME fixtures.pickles
-  COMMAND ${TSAR_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/writer/make_pickle_fixtures.py ${CMAKE_BINARY_DIR}/pickle_fixtures)
-set_tests_properties(fixtures.pickles PROPERTIES FIXTURES_SETUP pickles TIMEOUT 300)
-gtest_discover_tests(tsar_pickle_tests DISCOVERY_TIMEOUT 60
-  PROPERTIES FIXTURES_REQUIRED pickles ENVIRONMENT TSAR_PICKLE_FIXTURES=${CMAKE_BINARY_DIR}/pickle_fixtures)
+# A GoogleTest suite on fixtures a Python script makes at test time into
+# DIR, which the tests find in the environment variable ENV.
+function(tsar_fixture_suite target source fixture script dir env)
+  add_executable(${target} ${source})
+  target_link_libraries(${target} PRIVATE tsar_lib tsar_format GTest::gtest_main nlohmann_json::nlohmann_json)
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR})
+  add_test(NAME fixtures.${fixture} COMMAND ${TSAR_PYTHON} ${script} ${dir})
+  set_tests_properties(fixtures.${fixture} PROPERTIES FIXTURES_SETUP ${fixture} TIMEOUT 300)
+  gtest_discover_tests(${target} DISCOVERY_TIMEOUT 60
+    PROPERTIES FIXTURES_REQUIRED ${fixture} ENVIRONMENT ${env}=${dir})
+endfunction()
+
+# The restricted pickle reader; the safetensors and HDF5 importers.
+tsar_fixture_suite(tsar_pickle_tests writer/pickle_test.cc pickles
+  ${CMAKE_CURRENT_SOURCE_DIR}/writer/make_pickle_fixtures.py ${CMAKE_BINARY_DIR}/pickle_fixtures TSAR_PICKLE_FIXTURES)
+tsar_fixture_suite(tsar_import_tests writer/import_test.cc imports
+  ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/make_import_fixtures.py ${CMAKE_BINARY_DIR}/import_fixtures TSAR_IMPORT_FIXTURES)
 
 # An installed tsar used by a user project (find_package and pkg-config).
 add_test(NAME install.consumer
@@ -54,16 +62,6 @@ set_tests_properties(install.consumer PROPERTIES TIMEOUT 300)
 # The spec's independent Python reference decoder agrees with every sample.
 add_test(NAME spec.reference_decoder
   COMMAND ${TSAR_PYTHON} ${PROJECT_SOURCE_DIR}/spec/reference/check_samples.py ${PROJECT_SOURCE_DIR}/samples)
-
-# safetensors and HDF5 importers, on files Python writes at test time.
-add_executable(tsar_import_tests writer/import_test.cc)
-target_link_libraries(tsar_import_tests PRIVATE tsar_lib tsar_format GTest::gtest_main nlohmann_json::nlohmann_json)
-target_include_directories(tsar_import_tests PRIVATE ${PROJECT_SOURCE_DIR})
-add_test(NAME fixtures.imports
-  COMMAND ${TSAR_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/make_import_fixtures.py ${CMAKE_BINARY_DIR}/import_fixtures)
-set_tests_properties(fixtures.imports PROPERTIES FIXTURES_SETUP imports TIMEOUT 300)
-gtest_discover_tests(tsar_import_tests DISCOVERY_TIMEOUT 60
-  PROPERTIES FIXTURES_REQUIRED imports ENVIRONMENT TSAR_IMPORT_FIXTURES=${CMAKE_BINARY_DIR}/import_fixtures)
 
 # samples/container: the Dockerfile's sources exist, the manifests parse and mount read-only.
 add_test(NAME samples.container
