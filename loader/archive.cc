@@ -189,17 +189,9 @@ std::vector<std::string> Archive::entries() const {
 }
 
 std::vector<std::string> Archive::names(const std::string& entry) const {
-  const auto& e = impl_->index().entries()[impl_->Entry(entry)];
   std::vector<std::string> out;
-  out.reserve(e.tensor_count);
-  for (uint32_t i = 0; i < e.tensor_count; ++i) {
-    const format::TensorRecord& rec = impl_->index().tensors()[e.first_tensor + i];
-    if (rec.role != format::Role::kSparseComponent) {
-      out.emplace_back(rec.name);
-    } else if (impl_->index().sparse()[rec.sparse].first_component == e.first_tensor + i) {
-      out.emplace_back(impl_->index().sparse()[rec.sparse].name);
-    }
-  }
+  impl_->ForEachVisible(impl_->Entry(entry),
+                        [&](std::string_view name, uint32_t, uint32_t) { out.emplace_back(name); });
   return out;
 }
 
@@ -254,20 +246,10 @@ at::Tensor Archive::tensor(const std::string& name, const std::string& entry) co
 }
 
 torch::OrderedDict<std::string, at::Tensor> Archive::state_dict(const std::string& entry) const {
-  const auto& e = impl_->index().entries()[impl_->Entry(entry)];
   torch::OrderedDict<std::string, at::Tensor> out;
-  out.reserve(e.tensor_count);
-  for (uint32_t i = 0; i < e.tensor_count; ++i) {
-    const uint32_t t = e.first_tensor + i;
-    const format::TensorRecord& rec = impl_->index().tensors()[t];
-    if (rec.role == format::Role::kSparseComponent) {
-      // A sparse tensor takes the place of its first component.
-      const format::SparseRecord& sp = impl_->index().sparse()[rec.sparse];
-      if (sp.first_component == t) out.insert(std::string(sp.name), impl_->MakeSparse(rec.sparse));
-      continue;
-    }
-    out.insert(std::string(rec.name), impl_->Make(t));
-  }
+  impl_->ForEachVisible(impl_->Entry(entry), [&](std::string_view name, uint32_t t, uint32_t s) {
+    out.insert(std::string(name), t != format::kNone ? impl_->Make(t) : impl_->MakeSparse(s));
+  });
   return out;
 }
 

@@ -42,6 +42,22 @@ struct Archive::Impl {
   // the sparse tensor over its component views (kInvalidValue if inconsistent).
   uint32_t FindSparse(uint32_t entry, std::string_view name) const;
   at::Tensor MakeSparse(uint32_t sparse) const;
+
+  // Calls f(name, tensor, sparse) for each tensor a user sees in `entry`, in
+  // file order: a dense tensor (sparse == kNone), or a sparse tensor in the
+  // place of its first component (tensor == kNone). Components are skipped.
+  template <typename F>
+  void ForEachVisible(uint32_t entry, F&& f) const {
+    const format::EntryRecord& e = index().entries()[entry];
+    for (uint32_t t = e.first_tensor; t < e.first_tensor + e.tensor_count; ++t) {
+      const format::TensorRecord& rec = index().tensors()[t];
+      if (rec.role != format::Role::kSparseComponent) {
+        f(rec.name, t, format::kNone);
+      } else if (index().sparse()[rec.sparse].first_component == t) {
+        f(index().sparse()[rec.sparse].name, format::kNone, rec.sparse);
+      }
+    }
+  }
   std::string QualifiedName(uint32_t tensor) const;
 
   mutable std::vector<c10::Storage> storages;      // null until first use

@@ -28,7 +28,8 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
   }
   const Archive::Impl& impl = archive.impl();
   const format::Index& index = impl.index();
-  const auto& e = index.entries()[impl.Entry(entry)];
+  const uint32_t entry_index = impl.Entry(entry);
+  const format::EntryRecord& e = index.entries()[entry_index];
   // One device storage per archive storage used by the entry. Storages are
   // packed into a pinned staging buffer and copied asynchronously on the
   // current stream; the stream is synchronized only before the buffer is reused.
@@ -39,7 +40,9 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
   at::Tensor staging;
   int64_t used = 0;
   for (uint32_t i = 0; i < e.tensor_count; ++i) {
-    const uint32_t s = index.tensors()[e.first_tensor + i].storage;
+    const format::TensorRecord& rec = index.tensors()[e.first_tensor + i];
+    if (rec.role == format::Role::kSparseComponent) continue;  // moved by MakeSparse().to()
+    const uint32_t s = rec.storage;
     if (device_bytes[s].defined()) continue;
     const auto nbytes = static_cast<int64_t>(index.storages()[s].nbytes);
     at::Tensor host = at::empty({0}, at::kByte).set_(impl.Storage(s), 0, {nbytes}, {1});
@@ -63,9 +66,12 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
   }
   stream.synchronize();
   torch::OrderedDict<std::string, at::Tensor> out;
-  for (uint32_t i = 0; i < e.tensor_count; ++i) {
-    const auto& t = index.tensors()[e.first_tensor + i];
-    if (t.role == format::Role::kSparseComponent) continue;
+  impl.ForEachVisible(entry_index, [&](std::string_view name, uint32_t i, uint32_t sparse) {
+    if (i == format::kNone) {  // small index arrays and values: LibTorch's own copy
+      out.insert(std::string(name), impl.MakeSparse(sparse).to(device));
+      return;
+    }
+    const format::TensorRecord& t = index.tensors()[i];
     const c10::ScalarType type = ToScalarType(t.dtype, std::string(t.name));
     at::Tensor v =
         at::empty({0}, at::TensorOptions().dtype(type).device(device))
@@ -73,8 +79,8 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
                   c10::IntArrayRef(index.sizes(t), t.ndim),
                   c10::IntArrayRef(index.strides(t), t.ndim));
     if (t.requires_grad) v.set_requires_grad(true);
-    out.insert(std::string(t.name), v);
-  }
+    out.insert(std::string(name), v);
+  });
   return out;
 }
 

@@ -177,7 +177,7 @@ std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
     if (root < 0) Fail(path, "cannot create group " + format::Quote(e));
     for (const auto& [k, v] : a.metadata_items(e)) Attribute(root, k, v, notes, path);
     for (const auto& t : a.infos()) {
-      if (t.entry != e || t.role == Role::kSparseComponent) continue;
+      if (t.entry != e) continue;
       bool owned = false;
       const hid_t type = FileType(t.dtype, &owned);
       if (type < 0) {

@@ -62,7 +62,7 @@ std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& 
   const auto infos = a.infos();
   std::map<uint32_t, std::vector<std::string>> users;
   for (const auto& t : infos) {
-    if (t.role != Role::kSparseComponent) users[t.storage].push_back(FlatName(a, t));
+    users[t.storage].push_back(FlatName(a, t));
   }
   if (!options.materialize_shared) {
     std::string shared;
@@ -104,7 +104,6 @@ std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& 
   uint64_t offset = 0;
   std::vector<at::Tensor> tensors;
   for (const auto& t : infos) {
-    if (t.role == Role::kSparseComponent) continue;
     const char* code = Code(t.dtype);
     if (!code) {
       throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
