@@ -9,7 +9,7 @@
 #include "cli/common.h"
 #include "format/reader.h"
 #include "tsar/writer.h"
-#include "writer/importer.h"
+#include "writer/pack_files.h"
 
 namespace tsar::cli {
 namespace {
@@ -49,75 +49,38 @@ MetadataValue ParseMeta(const std::string& v) {
 
 int RunPack(const PackArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
-  struct Source {
-    std::string rename;  // --entry NAME, or "" for positional inputs
-    std::string path;
-  };
-  std::vector<Source> sources;
+  std::vector<PackSource> sources;
   for (const auto& p : a.inputs) sources.push_back({"", p});
   for (const auto& e : a.entries) {
     auto [name, file] = SplitPair(e, "--entry");
     sources.push_back({name, file});
   }
-  if (sources.empty())
-    throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
-                "pack: expected at least one INPUT or --entry NAME=FILE");
-
-  PackOptions options;
-  options.alignment = a.align;
-  uint64_t total = 0;
+  PackFilesOptions options;
+  options.pack.alignment = a.align;
+  options.strict = a.strict;
   std::unique_ptr<Progress> progress;
-  options.progress = [&](uint64_t done, uint64_t all) {
+  options.pack.progress = [&](uint64_t done, uint64_t all) {
     if (!progress) progress = std::make_unique<Progress>("packing", all, !a.quiet);
     progress->Update(done);
-    total = all;
   };
-  Writer writer(a.output, options);
-  std::vector<importer::Imported> imported;  // keeps the input mappings alive until finish()
-  std::vector<std::string> entry_names;
-  size_t tensors = 0;
-  for (const Source& s : sources) {
-    importer::ImportOptions io;
-    io.strict = a.strict;
-    if (!s.rename.empty()) io.default_entry = s.rename;
-    importer::Imported in = importer::Import(s.path, io);
-    for (auto& e : in.entries) {
-      if (!s.rename.empty() && in.entries.size() > 1) e.name = s.rename + "." + e.name;
-      for (const auto& n : entry_names) {
-        if (n == e.name) {
-          throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
-                      "entry " + format::Quote(e.name) +
-                          " already comes from another input; name entries with --entry NAME=FILE");
-        }
-      }
-      entry_names.push_back(e.name);
-      writer.add_entry(e.name);
-      for (const auto& t : e.tensors) writer.add(t.name, t.tensor, t.role);
-      tensors += e.tensors.size();
-    }
-    for (auto& m : in.metadata) {
-      if (!m.entry.empty() && !s.rename.empty() && in.entries.size() > 1)
-        m.entry = s.rename + "." + m.entry;
-      writer.add_metadata(m.key, m.value, m.entry);
-    }
-    if (!a.quiet) {
-      for (const auto& line : in.skipped)
-        std::fprintf(stderr, "tsar: note: %s: %s\n", s.path.c_str(), line.c_str());
-    }
-    imported.push_back(std::move(in));
+  if (!a.quiet) {
+    options.note = [](const std::string& line) {
+      std::fprintf(stderr, "tsar: note: %s\n", line.c_str());
+    };
   }
   for (const auto& m : a.meta) {
     auto [k, v] = SplitPair(m, "--meta");
-    writer.add_metadata(k, ParseMeta(v));
+    options.metadata.emplace_back(k, ParseMeta(v));
   }
-  writer.finish();
+  const PackSummary summary = PackFiles(sources, a.output, options);
   if (progress) progress->Done();
   if (!a.quiet) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("packed %zu tensors in %zu entr%s (%s of data) into %s in %.2f s\n", tensors,
-                entry_names.size(), entry_names.size() == 1 ? "y" : "ies",
-                HumanBytes(total).c_str(), a.output.c_str(), secs);
+    const size_t n = summary.entries.size();
+    std::printf("packed %zu tensors in %zu entr%s (%s of data) into %s in %.2f s\n",
+                summary.tensors, n, n == 1 ? "y" : "ies", HumanBytes(summary.nbytes).c_str(),
+                a.output.c_str(), secs);
   }
   return kExitOk;
 }

@@ -1,0 +1,43 @@
+// tsar::PackFiles: what `tsar pack` does, as a library call shared by the CLI
+// and the Python package: import files people have (torch.save, TorchScript,
+// safetensors, HDF5; writer/importer.h) and write them as one archive.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tsar/writer.h"
+
+namespace tsar {
+
+struct PackSource {
+  std::string entry;  // "" = entry names come from the file (single state_dict: options.pack.entry)
+  std::string path;
+};
+
+struct PackFilesOptions {
+  PackOptions pack;     // alignment, default entry, progress, durability
+  bool strict = false;  // refuse values that are not tensors, numbers or strings
+  std::vector<std::pair<std::string, MetadataValue>> metadata;  // archive-level, added last
+  // Called once per value an input held that was skipped ("<input>: <what>").
+  std::function<void(const std::string&)> note;
+};
+
+struct PackSummary {
+  size_t tensors = 0;
+  std::vector<std::string> entries;  // in file order
+  uint64_t nbytes = 0;               // storage bytes written
+  std::vector<std::string> notes;    // what was skipped, "<input>: <what>"
+};
+
+// Imports every source in order and publishes `output` atomically (Writer).
+// A source with an entry name and several entries in its file gets entries
+// "<entry>.<name>". Throws tsar::Error: kBadInput (an input), kInvalidArgument
+// (two inputs giving one entry name, bad options), kIo. Not thread-safe.
+PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string& output,
+                      const PackFilesOptions& options);
+
+}  // namespace tsar
