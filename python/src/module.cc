@@ -1,0 +1,231 @@
+// tsar._tsar: the Python binding of the C++ core (python/tsar/ is the API
+// users see). Thin: argument conversion, the GIL, and tsar::Error ->
+// tsar.Error. Everything else is the same code the C++ library runs.
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loader/bind_common.h"
+#include "loader/scalar_type.h"
+#include "tsar/archive.h"
+#include "tsar/writer.h"
+#include "writer/pack_files.h"
+
+namespace py = pybind11;
+
+namespace tsar {
+namespace {
+
+py::object ToPython(const MetadataValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return py::str(*s);
+  if (const auto* i = std::get_if<int64_t>(&v)) return py::int_(*i);
+  if (const auto* d = std::get_if<double>(&v)) return py::float_(*d);
+  return py::bytes(std::get<Bytes>(v).data);
+}
+
+// Python checks types and ranges first (python/tsar/_save.py); this is the
+// last line, for callers of the private module.
+MetadataValue FromPython(const py::handle& v, const std::string& key) {
+  if (py::isinstance<py::bytes>(v)) return Bytes{v.cast<std::string>()};
+  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
+  if (py::isinstance<py::bool_>(v))
+    throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
+                "metadata " + key + ": expected str, int, float or bytes, found bool");
+  if (py::isinstance<py::int_>(v)) return v.cast<int64_t>();
+  if (py::isinstance<py::float_>(v)) return v.cast<double>();
+  throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
+              "metadata " + key + ": expected str, int, float or bytes, found " +
+                  std::string(py::str(v.get_type().attr("__name__"))));
+}
+
+py::object Dtype(DType d) {
+  const c10::ScalarType t = ToScalarType(d, "dtype");
+  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t)));
+}
+
+const char* RoleName(Role r) {
+  switch (r) {
+    case Role::kParameter:
+      return "parameter";
+    case Role::kBuffer:
+      return "buffer";
+    case Role::kSparseComponent:
+      return "sparse_component";
+    case Role::kTensor:
+      break;
+  }
+  return "tensor";
+}
+
+py::tuple Info(const TensorInfo& i) {
+  return py::make_tuple(i.name, i.entry, Dtype(i.dtype), py::tuple(py::cast(i.sizes)),
+                        py::tuple(py::cast(i.strides)), i.storage_offset, i.storage,
+                        RoleName(i.role), i.requires_grad);
+}
+
+const char* ModeName(MapMode m) {
+  switch (m) {
+    case MapMode::kCopyOnWrite:
+      return "copy_on_write";
+    case MapMode::kRead:
+      return "read";
+    case MapMode::kShared:
+      break;
+  }
+  return "shared";
+}
+
+void RaiseTsarError(const Error& e) {
+  py::object cls = py::module_::import("tsar._errors").attr("Error");
+  py::object off = e.offset() ? py::object(py::int_(*e.offset())) : py::object(py::none());
+  py::object exc = cls(e.what(), static_cast<int>(e.code()), e.path(), off);
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+}
+
+}  // namespace
+}  // namespace tsar
+
+PYBIND11_MODULE(_tsar, m) {
+  using namespace tsar;
+  // Tensors cross the boundary as torch.Tensor only once torch's own types are
+  // registered: importing us first would crash on the first tensor returned.
+  py::module_::import("torch");
+  m.doc() = "tsar's C++ core; use the tsar package, not this module.";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      RaiseTsarError(e);
+    }
+  });
+
+  py::class_<Archive>(m, "Archive")
+      .def_property_readonly("path", &Archive::path)
+      .def_property_readonly("mode", [](const Archive& a) { return ModeName(a.mode()); })
+      .def_property_readonly("format_version",
+                             [](const Archive& a) {
+                               return py::make_tuple(a.format_major(), a.format_minor());
+                             })
+      .def_property_readonly("alignment", &Archive::alignment)
+      .def_property_readonly("file_size", &Archive::file_size)
+      .def_property_readonly("data_ptr",
+                             [](const Archive& a) { return reinterpret_cast<uintptr_t>(a.data()); })
+      .def_property_readonly("mapped_size", &Archive::mapped_size)
+      .def("entries", &Archive::entries)
+      .def("names", &Archive::names, py::arg("entry"))
+      .def("contains", &Archive::contains, py::arg("name"), py::arg("entry"))
+      .def("tensor", &Archive::tensor, py::arg("name"), py::arg("entry"))
+      .def("state_dict",
+           [](const Archive& a, const std::string& entry) {
+             std::vector<std::pair<std::string, at::Tensor>> out;
+             for (auto& item : a.state_dict(entry)) out.emplace_back(item.key(), item.value());
+             return out;
+           },
+           py::arg("entry"))
+      .def("metadata_items",
+           [](const Archive& a, const std::string& entry) {
+             py::list out;
+             for (const auto& [k, v] : a.metadata_items(entry))
+               out.append(py::make_tuple(k, ToPython(v)));
+             return out;
+           },
+           py::arg("entry"))
+      .def("info", [](const Archive& a, const std::string& name,
+                      const std::string& entry) { return Info(a.info(name, entry)); })
+      .def("infos",
+           [](const Archive& a) {
+             py::list out;
+             for (const auto& i : a.infos()) out.append(Info(i));
+             return out;
+           })
+      .def("verify", &Archive::verify, py::call_guard<py::gil_scoped_release>())
+      .def("damaged", &Archive::damaged, py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "open",
+      [](const std::string& path, int mode, int prefetch, int verify) {
+        OpenOptions o;
+        o.mode = static_cast<MapMode>(mode);
+        o.prefetch = static_cast<Prefetch>(prefetch);
+        o.verify = static_cast<VerifyMode>(verify);
+        py::gil_scoped_release unlocked;
+        return Archive::open(path, o);
+      },
+      py::arg("path"), py::arg("mode"), py::arg("prefetch"), py::arg("verify"));
+
+  // entries: [(entry, [(name, tensor, role)])], metadata: [(entry, key, value)].
+  m.def(
+      "save",
+      [](const std::string& path,
+         const std::vector<std::pair<std::string, std::vector<std::tuple<std::string, at::Tensor, int>>>>&
+             entries,
+         const py::list& metadata, uint32_t alignment, bool durable) {
+        PackOptions o;
+        o.alignment = alignment;
+        o.durable = durable;
+        Writer w(path, o);
+        for (const auto& [entry, tensors] : entries) {
+          w.add_entry(entry);
+          for (const auto& [name, tensor, role] : tensors)
+            w.add(name, tensor, static_cast<Role>(role));
+        }
+        for (const auto& item : metadata) {
+          const auto t = item.cast<py::tuple>();
+          const auto key = t[1].cast<std::string>();
+          w.add_metadata(key, FromPython(t[2], key), t[0].cast<std::string>());
+        }
+        py::gil_scoped_release unlocked;
+        w.finish();
+      },
+      py::arg("path"), py::arg("entries"), py::arg("metadata"), py::arg("alignment"),
+      py::arg("durable") = true);
+
+  m.def(
+      "pack",
+      [](const std::vector<std::pair<std::string, std::string>>& sources, const std::string& dst,
+         const std::string& entry, bool strict, uint32_t alignment, const py::list& metadata) {
+        PackFilesOptions o;
+        o.pack.alignment = alignment;
+        o.pack.entry = entry;
+        o.strict = strict;
+        for (const auto& item : metadata) {
+          const auto t = item.cast<py::tuple>();
+          const auto key = t[0].cast<std::string>();
+          o.metadata.emplace_back(key, FromPython(t[1], key));
+        }
+        std::vector<PackSource> src;
+        for (const auto& [e, p] : sources) src.push_back({e, p});
+        PackSummary s;
+        {
+          py::gil_scoped_release unlocked;
+          s = PackFiles(src, dst, o);
+        }
+        return py::make_tuple(s.tensors, s.entries, s.nbytes, s.notes);
+      },
+      py::arg("sources"), py::arg("dst"), py::arg("entry"), py::arg("strict"),
+      py::arg("alignment"), py::arg("metadata"));
+
+  // slots: the module's state_dict(keep_vars=True) items, rebound in place.
+  m.def(
+      "bind",
+      [](const Archive& archive, const std::vector<std::pair<std::string, at::Tensor>>& items,
+         bool training, const std::string& entry, bool strict, bool allow_training) {
+        std::vector<BindSlot> slots;
+        slots.reserve(items.size());
+        for (const auto& [name, t] : items) slots.push_back({name, t});
+        BindOptions o;
+        o.entry = entry;
+        o.strict = strict;
+        o.allow_training = allow_training;
+        const BindReport r = BindSlots(slots, training, archive, o);
+        return py::make_tuple(r.bound, r.missing, r.unexpected, r.mismatched);
+      },
+      py::arg("archive"), py::arg("slots"), py::arg("training"), py::arg("entry"),
+      py::arg("strict"), py::arg("allow_training"));
+
+  m.def("install_fault_handler", &InstallFaultHandler);
+}

@@ -1,0 +1,194 @@
+"""tsar.open and tsar.Archive: a .tsar file mapped read-only, its tensors zero-copy."""
+import collections
+import dataclasses
+from typing import Optional, Tuple
+
+import torch
+
+from . import _tsar
+
+_MODES = {"shared": 0, "copy_on_write": 1, "read": 2}
+_PREFETCH = {"none": 0, "willneed": 1, "populate": 2, "lock": 3}
+_VERIFY = {"index": 0, "full": 1}
+
+
+def _choice(kind, value, table):
+    try:
+        return table[value]
+    except (KeyError, TypeError):
+        raise ValueError(f"{kind}: expected one of {', '.join(table)}, found {value!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """What the index says about one tensor, without touching its bytes."""
+
+    name: str
+    entry: str
+    dtype: torch.dtype
+    shape: Tuple[int, ...]
+    strides: Tuple[int, ...]
+    storage_offset: int  # in elements
+    storage: int  # storage id: equal for tensors that share a storage
+    role: str  # "tensor", "parameter", "buffer" or "sparse_component"
+    requires_grad: bool
+
+
+class Archive:
+    """An open archive. Get one with :func:`tsar.open`.
+
+    Every tensor it returns is a view of the mapped file (no copy) and keeps the
+    mapping alive: the Archive may be closed or dropped while its tensors are in
+    use. Tensors that shared a storage when saved share one storage again.
+
+    In ``mode="shared"`` (the default, the one that lets every process share the
+    same page-cache pages) tensors are READ-ONLY memory: an in-place write
+    (``add_``, ``copy_``, an optimizer step, BatchNorm in ``train()`` mode) kills
+    the process with SIGSEGV, because PyTorch 1.13 has no read-only tensors.
+    Two ways out: call ``module.eval()`` (and do not train on these tensors), or
+    open with ``mode="copy_on_write"``, where written pages become private copies
+    and the file never changes. :func:`tsar.install_fault_handler` makes such a
+    crash print which archive and tensor were written.
+
+    Never rewrite an archive in place while it is mapped (truncating it makes
+    reads raise SIGBUS); publish a new file by renaming over the old one, as
+    ``tsar.save`` and ``tsar pack`` do.
+
+    Thread-safe for reading: every method may be called from many threads.
+    """
+
+    def __init__(self, impl):
+        self._impl = impl
+
+    def _a(self):
+        if self._impl is None:
+            raise ValueError("the archive is closed")
+        return self._impl
+
+    # -- properties --------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        return self._a().path
+
+    @property
+    def mode(self) -> str:
+        """"shared", "copy_on_write" or "read" ("read" after a fallback where mmap was refused)."""
+        return self._a().mode
+
+    @property
+    def entries(self):
+        """Entry names in file order."""
+        return self._a().entries()
+
+    @property
+    def format_version(self) -> Tuple[int, int]:
+        return self._a().format_version
+
+    @property
+    def alignment(self) -> int:
+        return self._a().alignment
+
+    @property
+    def file_size(self) -> int:
+        return self._a().file_size
+
+    # -- tensors -----------------------------------------------------------------
+    def keys(self, entry: Optional[str] = None):
+        """Tensor names of ``entry`` (default: the first entry) in file order."""
+        return self._a().names(entry or "")
+
+    def tensor(self, name: str, entry: Optional[str] = None) -> torch.Tensor:
+        """The tensor ``name`` of ``entry`` (default: the first), zero-copy.
+
+        Raises :class:`tsar.Error` with code NOT_FOUND when there is none.
+        """
+        return self._a().tensor(name, entry or "")
+
+    def state_dict(self, entry: Optional[str] = None) -> "collections.OrderedDict[str, torch.Tensor]":
+        """Every tensor of ``entry`` (default: the first) in file order, zero-copy."""
+        return collections.OrderedDict(self._a().state_dict(entry or ""))
+
+    def info(self, name: str, entry: Optional[str] = None) -> TensorInfo:
+        return TensorInfo(*self._a().info(name, entry or ""))
+
+    def infos(self):
+        """TensorInfo of every tensor of every entry, sparse components included."""
+        return [TensorInfo(*i) for i in self._a().infos()]
+
+    def metadata(self, entry: Optional[str] = None) -> dict:
+        """Metadata as a dict (str, int, float or bytes values); entry None = archive-level."""
+        return dict(self._a().metadata_items(entry or ""))
+
+    def get(self, name: str, default=None):
+        return self.tensor(name) if name in self else default
+
+    def __contains__(self, name) -> bool:
+        return isinstance(name, str) and self._a().contains(name, "")
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensor(name)
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    # -- integrity ---------------------------------------------------------------
+    def verify(self) -> None:
+        """Recomputes every storage's XXH3-64; raises :class:`tsar.Error`
+        (CHECKSUM_MISMATCH) naming the first damaged storage and its tensors."""
+        self._a().verify()
+
+    def damaged(self):
+        """``"entry/name"`` of every tensor whose storage fails its checksum."""
+        return self._a().damaged()
+
+    # -- lifetime ----------------------------------------------------------------
+    def close(self) -> None:
+        """Drops this object's hold on the mapping; tensors already handed out stay valid."""
+        self._impl = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        if self._impl is None:
+            return "<tsar.Archive closed>"
+        return f"<tsar.Archive {self.path!r} mode={self.mode} entries={self.entries}>"
+
+
+def open(path, *, mode: str = "shared", prefetch: str = "none", verify: str = "index") -> Archive:  # noqa: A001
+    """Opens and validates a .tsar archive and maps it.
+
+    Args:
+        path: the archive (str or os.PathLike).
+        mode: "shared" (read-only MAP_SHARED: every process shares the page cache;
+            tensors are read-only memory, see :class:`Archive`), "copy_on_write"
+            (MAP_PRIVATE: writes stay private, the file never changes) or "read"
+            (read into private memory: for file systems where mmap fails).
+        prefetch: "none" (pages come in on first touch), "willneed" (asynchronous
+            read-ahead), "populate" (every page mapped before open returns) or
+            "lock" (populated and pinned; needs RLIMIT_MEMLOCK).
+        verify: "index" (header and index checksums, always done) or "full"
+            (also every storage's checksum before open returns).
+
+    Raises:
+        tsar.Error: NOT_FOUND or IO for the file; a decode code (TRUNCATED,
+            BAD_MAGIC, ...) naming the offset for bad bytes; CHECKSUM_MISMATCH
+            under verify="full". ValueError for a bad option string.
+    """
+    import os
+
+    return Archive(
+        _tsar.open(
+            os.fspath(path),
+            _choice("mode", mode, _MODES),
+            _choice("prefetch", prefetch, _PREFETCH),
+            _choice("verify", verify, _VERIFY),
+        )
+    )

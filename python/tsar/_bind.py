@@ -1,0 +1,68 @@
+"""tsar.load_into (rebind a module in place, zero copy) and tsar.load."""
+import os
+from typing import Dict, List, NamedTuple, Optional, Union
+
+import torch
+
+from . import _tsar
+from ._archive import Archive, open as _open
+
+
+class BindReport(NamedTuple):
+    bound: List[str]  # names now pointing into the archive
+    missing: List[str]  # in the module, not in the archive
+    unexpected: List[str]  # in the archive, not in the module
+    mismatched: List[str]  # "name: shape [2, 3] vs archive [3, 2]", dtype likewise
+
+
+def load_into(
+    module: torch.nn.Module,
+    path_or_archive: Union[str, os.PathLike, Archive],
+    *,
+    entry: Optional[str] = None,
+    strict: bool = True,
+    allow_training: bool = False,
+) -> BindReport:
+    """Points every parameter and buffer of ``module`` at the archive, in place.
+
+    No copy: afterwards each parameter is the same ``Parameter`` object as
+    before (optimizers and hooks holding it stay valid), with its data inside
+    the archive's mapping; tied parameters are still one object;
+    ``requires_grad`` is kept. Names are those of ``module.state_dict()``.
+    ``entry`` defaults to the archive's first entry.
+
+    strict=True: any name missing from the archive, not in the module, or with
+    another shape or dtype raises one :class:`tsar.Error` (BIND_MISMATCH)
+    listing them all, and the module is left unchanged. strict=False binds what
+    matches and reports the rest.
+
+    Over a ``mode="shared"`` archive the weights are read-only memory: a module
+    with any submodule in training mode (BatchNorm writes its running stats)
+    raises tsar.Error (INVALID_ARGUMENT). Call ``module.eval()`` first, open the
+    archive with ``mode="copy_on_write"``, or pass ``allow_training=True`` if you
+    know nothing writes.
+
+    Returns a :class:`BindReport`. Not thread-safe for one module.
+    """
+    archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
+    items = list(module.state_dict(keep_vars=True).items())
+    training = any(m.training for m in module.modules())
+    bound, missing, unexpected, mismatched = _tsar.bind(
+        archive._a(), items, training, entry or "", bool(strict), bool(allow_training)
+    )
+    return BindReport(bound, missing, unexpected, mismatched)
+
+
+def load(path: Union[str, os.PathLike], entry: Optional[str] = None) -> Dict[str, torch.Tensor]:
+    """``{name: tensor}`` of ``entry`` (default: the first), zero-copy over a
+    shared read-only mapping (see :class:`tsar.Archive` about in-place writes).
+    The shape of ``safetensors.torch.load_file``."""
+    return dict(_open(path).state_dict(entry))
+
+
+def install_fault_handler() -> None:
+    """Installs a SIGSEGV/SIGBUS handler: a write into a read-only archive then
+    prints ``tsar: write to read-only archive <path>: storage #i used by tensor
+    "<name>"...`` before the process dies. Chains to any previous handler
+    (Python's faulthandler included) for other faults."""
+    _tsar.install_fault_handler()

@@ -1,0 +1,153 @@
+"""tsar.save (tensors in memory -> archive) and tsar.pack (files -> archive)."""
+import collections.abc
+import json
+import os
+from typing import List, NamedTuple
+
+import torch
+
+from . import _tsar
+
+_ROLE_TENSOR, _ROLE_PARAMETER, _ROLE_BUFFER = 0, 1, 2
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _metadata_items(metadata):
+    """Checks archive metadata in Python, so a bad value is a TypeError naming its key."""
+    if metadata is None:
+        return []
+    if not isinstance(metadata, collections.abc.Mapping):
+        raise TypeError(f"metadata: expected a dict of str to str, int, float or bytes, found {type(metadata).__name__}")
+    items = []
+    for key, value in metadata.items():
+        if not isinstance(key, str):
+            raise TypeError(f"metadata key {key!r}: expected str, found {type(key).__name__}")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float, bytes)):
+            raise TypeError(
+                f"metadata {key!r}: expected str, int, float or bytes, found {type(value).__name__}"
+                + (" (store it as an int)" if isinstance(value, bool) else "")
+            )
+        if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
+            raise OverflowError(f"metadata {key!r}: expected a 64-bit signed integer, found {value}")
+        items.append((key, value))
+    return items
+
+
+def _module_tensors(module: torch.nn.Module):
+    # state_dict(keep_vars=True): Python's own names and order (parameters, then
+    # persistent buffers, module by module), the Parameter objects themselves.
+    return [
+        (name, t, _ROLE_PARAMETER if isinstance(t, torch.nn.Parameter) else _ROLE_BUFFER)
+        for name, t in module.state_dict(keep_vars=True).items()
+    ]
+
+
+def _state_dict_tensors(entry, sd):
+    out = []
+    for name, t in sd.items():
+        if not isinstance(name, str):
+            raise TypeError(f"entry {entry!r}: key {name!r}: expected str, found {type(name).__name__}")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"entry {entry!r}: {name!r}: expected a Tensor, found {type(t).__name__}")
+        # As `tsar pack` does for a torch.save file: a Parameter keeps its role.
+        out.append((name, t, _ROLE_PARAMETER if isinstance(t, torch.nn.Parameter) else _ROLE_TENSOR))
+    return out
+
+
+def _torch_metadata(entry, sd):
+    # An OrderedDict state_dict's _metadata (module versions, read by
+    # load_state_dict), kept as `tsar pack` keeps it: compact JSON.
+    md = getattr(sd, "_metadata", None)
+    if md is None:
+        return []
+    return [(entry, "torch._metadata", json.dumps(md, separators=(",", ":"), ensure_ascii=False))]
+
+
+def _entries(obj, entry):
+    """(entries, entry metadata) for whatever save() was given."""
+    if isinstance(obj, torch.nn.Module):
+        return [(entry, _module_tensors(obj))], []
+    if not isinstance(obj, collections.abc.Mapping):
+        raise TypeError(
+            f"save: expected a state_dict (a mapping of str to Tensor), a torch.nn.Module or a dict "
+            f"of entries, found {type(obj).__name__}"
+        )
+    values = list(obj.values())
+    if all(isinstance(v, torch.Tensor) for v in values):
+        return [(entry, _state_dict_tensors(entry, obj))], _torch_metadata(entry, obj)
+    if all(isinstance(v, (torch.nn.Module, collections.abc.Mapping)) for v in values):
+        entries, meta = [], []
+        for name, v in obj.items():
+            if not isinstance(name, str):
+                raise TypeError(f"save: entry name {name!r}: expected str, found {type(name).__name__}")
+            if isinstance(v, torch.nn.Module):
+                entries.append((name, _module_tensors(v)))
+            else:
+                entries.append((name, _state_dict_tensors(name, v)))
+                meta += _torch_metadata(name, v)
+        return entries, meta
+    bad = next(k for k, v in obj.items() if not isinstance(v, torch.Tensor))
+    raise TypeError(
+        f"save: {bad!r} is a {type(obj[bad]).__name__}: expected every value to be a Tensor (one "
+        f"state_dict) or every value a state_dict or Module (a dict of entries)"
+    )
+
+
+def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 4096) -> None:
+    """Writes ``obj`` as a .tsar archive at ``path``, atomically.
+
+    ``obj`` is a state_dict (any mapping of str to Tensor; role "tensor", or
+    "parameter" for an ``nn.Parameter``), a ``torch.nn.Module`` (its parameters
+    and persistent buffers, roles "parameter" and "buffer", named as
+    ``state_dict()`` names them) stored as entry ``entry``, or a dict of entries
+    ``{entry_name: state_dict_or_module}``. ``metadata`` is archive-level: a dict
+    of str to str, int, float or bytes.
+
+    Tensors that share a storage (tied weights, views, transposes) are stored
+    once, only the bytes they cover, and load back sharing one storage. The file
+    is written next to ``path``, flushed, then renamed into place (published
+    read-only, 0444): ``path`` holds the old file or the complete new one, never
+    a half-written one. The same tensors give the same bytes as C++
+    ``tsar::pack`` and as ``tsar pack`` of a torch.save of the same state_dict.
+
+    Raises:
+        TypeError / OverflowError: an object or metadata value tsar cannot store.
+        tsar.Error: INVALID_ARGUMENT (bad names, alignment), UNSUPPORTED
+            (quantized or meta tensors), IO.
+    """
+    entries, entry_meta = _entries(obj, entry)
+    meta = entry_meta + [("", k, v) for k, v in _metadata_items(metadata)]
+    _tsar.save(os.fspath(path), entries, meta, int(alignment))
+
+
+class PackSummary(NamedTuple):
+    tensors: int  # tensors written
+    entries: List[str]  # entry names, in file order
+    nbytes: int  # storage bytes written
+    notes: List[str]  # what the inputs held that was skipped, "<input>: <what>"
+
+
+def pack(src, dst, *, entry: str = "model", strict: bool = False, alignment: int = 4096, metadata=None) -> PackSummary:
+    """What ``tsar pack`` does: imports files and writes one archive at ``dst``.
+
+    ``src`` is a file (torch.save, TorchScript, safetensors or its sharded
+    ``*.safetensors.index.json``, HDF5; detected by content), a list of files, or
+    a dict ``{entry_name: file}`` (as ``--entry NAME=FILE``). A file holding one
+    state_dict becomes entry ``entry``. Nothing in an input is ever executed:
+    torch.save files are read by tsar's restricted pickle reader. Values other
+    than tensors, numbers and strings are skipped (listed in ``notes``), or
+    refused with ``strict=True``. The output is byte-identical to the CLI's.
+
+    Raises tsar.Error: BAD_INPUT naming the input file (and offset where known),
+    INVALID_ARGUMENT, IO.
+    """
+    if isinstance(src, collections.abc.Mapping):
+        sources = [(str(k), os.fspath(v)) for k, v in src.items()]
+    elif isinstance(src, (str, bytes, os.PathLike)):
+        sources = [("", os.fspath(src))]
+    else:
+        sources = [("", os.fspath(s)) for s in src]
+    tensors, entries, nbytes, notes = _tsar.pack(
+        sources, os.fspath(dst), entry, bool(strict), int(alignment), _metadata_items(metadata)
+    )
+    return PackSummary(tensors, entries, nbytes, notes)
