@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "loader/open_file.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "tsar/archive.h"
@@ -60,21 +61,8 @@ struct Measure {
 // kernel prints in maps for this file, which can differ from stat() (on
 // overlayfs maps shows the underlying file).
 Measure MeasureCache(const std::string& path) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) {
-    const int err = errno;
-    throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, path, std::nullopt,
-                std::string("cannot open: ") + std::strerror(err));
-  }
   struct stat st;
-  if (fstat(f.fd, &st) != 0) {
-    const int err = errno;
-    throw Error(ErrorCode::kIo, path, std::nullopt,
-                std::string("cannot stat: ") + std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    throw Error(ErrorCode::kInvalidArgument, path, std::nullopt, "not a regular file");
-  }
+  Fd f{OpenRegularFile(path, &st, ErrorCode::kInvalidArgument)};
   Measure m;
   m.file_size = static_cast<uint64_t>(st.st_size);
   m.page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));

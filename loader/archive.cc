@@ -13,6 +13,7 @@
 #include "format/checksum.h"
 #include "format/reader.h"
 #include "loader/archive_impl.h"
+#include "loader/open_file.h"
 #include "loader/scalar_type.h"
 
 namespace tsar {
@@ -66,21 +67,8 @@ ArchiveCore::ArchiveCore(std::string p, format::Index i, std::unique_ptr<Mapping
 ArchiveCore::~ArchiveCore() { UnregisterMapping(this); }
 
 Archive Archive::open(const std::string& path, const OpenOptions& options) {
-  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (raw < 0) {
-    const int err = errno;
-    throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, path, std::nullopt,
-                std::string("cannot open: ") + std::strerror(err));
-  }
-  Fd fd(raw);
   struct stat st;
-  if (fstat(fd.get(), &st) != 0) {
-    throw Error(ErrorCode::kIo, path, std::nullopt,
-                std::string("cannot stat: ") + std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    throw Error(ErrorCode::kInvalidArgument, path, std::nullopt, "not a regular file");
-  }
+  Fd fd(OpenRegularFile(path, &st, ErrorCode::kInvalidArgument));
   const auto file_size = static_cast<uint64_t>(st.st_size);
 
   // Header first, then exactly [0, data_offset) into private memory: the

@@ -1,6 +1,7 @@
 // Input detection by content and dispatch for `tsar pack` (writer/importer.h).
 #include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +9,7 @@
 
 #include "format/endian.h"
 #include "format/spec.h"
+#include "loader/open_file.h"
 #include "writer/importer.h"
 
 namespace tsar::importer {
@@ -31,12 +33,8 @@ const char* InputKindName(InputKind kind) {
 }
 
 InputKind Detect(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, path, std::nullopt,
-                std::string("cannot open: ") + std::strerror(err));
-  }
+  struct stat st;
+  const int fd = OpenRegularFile(path, &st, ErrorCode::kBadInput);
   uint8_t b[16] = {0};
   const ssize_t n = pread(fd, b, sizeof b, 0);
   const off_t size = lseek(fd, 0, SEEK_END);
@@ -84,8 +82,9 @@ Imported Import(const std::string& path, const ImportOptions& options) {
       break;
   }
   uint8_t b[8] = {0};
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  const ssize_t n = fd >= 0 ? pread(fd, b, sizeof b, 0) : 0;
+  struct stat st;
+  const int fd = OpenRegularFile(path, &st, ErrorCode::kBadInput);
+  const ssize_t n = pread(fd, b, sizeof b, 0);
   if (fd >= 0) close(fd);
   std::string hint;
   if (n >= 5 && std::memcmp(b, format::kMagic, 5) == 0) hint = " (it is already a tsar archive)";

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "loader/open_file.h"
 #include "loader/scalar_type.h"
 #include "writer/importer.h"
 
@@ -17,17 +18,8 @@ void DeleteRef(void* ctx) { delete static_cast<std::shared_ptr<const MappedInput
 }  // namespace
 
 std::shared_ptr<const MappedInput> MappedInput::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, path, std::nullopt,
-                std::string("cannot open: ") + std::strerror(err));
-  }
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    throw Error(ErrorCode::kBadInput, path, std::nullopt, "not a regular file");
-  }
+  const int fd = OpenRegularFile(path, &st, ErrorCode::kBadInput);
   std::shared_ptr<MappedInput> m(new MappedInput());
   m->path_ = path;
   m->size_ = static_cast<uint64_t>(st.st_size);
