@@ -5,6 +5,7 @@ set(TSAR_FIXTURES_DIR ${CMAKE_BINARY_DIR}/fixtures)
 
 add_executable(tsar_tests
   cli/cli_test.cc
+  cli/destination_test.cc
   cli/diff_residency_test.cc
   loader/archive_test.cc
   loader/bind_test.cc

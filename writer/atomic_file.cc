@@ -1,16 +1,23 @@
-// AtomicFile (writer/atomic_file.h). With O_TMPFILE nothing is ever left
-// behind, even after SIGKILL; the named-temporary fallback is removed on error.
+// AtomicFile (writer/atomic_file.h). With O_TMPFILE the file has no name until
+// it is complete; it gets one (".NAME.tmp-PID@PIDNS") for the microseconds
+// between linkat and rename. A process killed in that window leaves it behind:
+// the next AtomicFile in that directory removes such files of dead processes
+// of its own PID namespace (a process of another namespace may be alive).
 #include "writer/atomic_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
+#include "loader/open_file.h"
 #include "tsar/error.h"
 
 namespace tsar {
@@ -18,6 +25,8 @@ namespace {
 
 // The archive is immutable once published: read-only for everyone (umask applies).
 constexpr mode_t kMode = 0444;
+constexpr int kMaxLinks = 40;  // as the kernel's own limit on symlink chains (ELOOP)
+constexpr const char* kTempInfix = ".tmp-";
 
 std::string DirOf(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -30,22 +39,99 @@ std::string BaseOf(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+// The PID namespace's inode: PIDs are comparable only within one namespace.
+unsigned long long PidNamespace() {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<unsigned long long>(st.st_ino) : 0;
+}
+
+// "PID@NS" for temporary names.
+std::string TempTag() {
+  return std::to_string(static_cast<long>(getpid())) + "@" + std::to_string(PidNamespace());
+}
+
+// Parses ".NAME.tmp-PID@NS" or ".NAME.tmp-PID@NS.XXXXXX"; false for others.
+bool ParseTempName(const char* name, long* pid, unsigned long long* ns) {
+  if (name[0] != '.') return false;
+  const char* infix = std::strstr(name + 1, kTempInfix);
+  const char* last = nullptr;
+  for (; infix != nullptr; infix = std::strstr(infix + 1, kTempInfix)) last = infix;
+  if (last == nullptr) return false;
+  const char* p = last + std::strlen(kTempInfix);
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(p, &end, 10);
+  if (end == p || *end != '@' || errno != 0 || v <= 0) return false;
+  p = end + 1;
+  const unsigned long long n = std::strtoull(p, &end, 10);
+  if (end == p || errno != 0) return false;
+  if (*end != '\0' && !(end[0] == '.' && std::strlen(end) == 7)) return false;
+  *pid = v;
+  *ns = n;
+  return true;
+}
+
+// Removes temporaries of processes that no longer exist (same PID namespace).
+void RemoveStaleTemporaries(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  const unsigned long long ns = PidNamespace();
+  while (const dirent* e = readdir(d)) {
+    long pid = 0;
+    unsigned long long their_ns = 0;
+    if (!ParseTempName(e->d_name, &pid, &their_ns) || their_ns != ns || pid == getpid()) continue;
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    struct stat st;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+      unlinkat(dirfd(d), e->d_name, 0);
+  }
+  closedir(d);
+}
+
+// `path` with every symbolic link along the final component followed (the
+// directories above are left to the kernel). The result may not exist yet.
+std::string FollowLinks(const std::string& path) {
+  std::string p = path;
+  for (int hops = 0; hops <= kMaxLinks; ++hops) {
+    struct stat st;
+    if (lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+    char buf[PATH_MAX];
+    const ssize_t n = readlink(p.c_str(), buf, sizeof buf - 1);
+    if (n < 0) return p;
+    std::string link(buf, static_cast<size_t>(n));
+    p = (link[0] == '/' || p.find('/') == std::string::npos) ? link : DirOf(p) + "/" + link;
+  }
+  throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
+              "output: more than " + std::to_string(kMaxLinks) +
+                  " symbolic links to follow (a loop?)");
+}
+
 }  // namespace
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), dir_(DirOf(path_)) {
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   if (path_.empty() || path_.back() == '/') {
     throw Error(ErrorCode::kInvalidArgument, path_, std::nullopt, "output: expected a file name");
   }
+  target_ = FollowLinks(path_);
+  dir_ = DirOf(target_);
   struct stat st;
-  if (stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (stat(target_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    const std::string via = target_ == path_ ? "" : " (the link's target " + target_ + ")";
+    if (S_ISDIR(st.st_mode)) {
+      throw Error(ErrorCode::kInvalidArgument, path_, std::nullopt,
+                  "output" + via + ": is a directory, expected a file name");
+    }
     throw Error(ErrorCode::kInvalidArgument, path_, std::nullopt,
-                "output: is a directory, expected a file name");
+                "output" + via + ": is " + FileTypeName(st.st_mode) +
+                    ", expected a regular file or a new name (the output is replaced by a new "
+                    "file, which would destroy it)");
   }
+  RemoveStaleTemporaries(dir_);
 #ifdef O_TMPFILE
   fd_ = open(dir_.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, kMode);
 #endif
   if (fd_ < 0) {
-    temp_name_ = dir_ + "/." + BaseOf(path_) + ".tmp-XXXXXX";
+    temp_name_ = dir_ + "/." + BaseOf(target_) + kTempInfix + TempTag() + ".XXXXXX";
     fd_ = mkstemp(temp_name_.data());
     if (fd_ < 0) {
       const int err = errno;
@@ -93,16 +179,21 @@ void AtomicFile::Publish(bool durable) {
     // the destination: linkat cannot replace an existing file, rename can.
     char proc[64];
     std::snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd_);
-    char suffix[32];
-    std::snprintf(suffix, sizeof suffix, ".tmp-%ld", static_cast<long>(getpid()));
-    std::string name = dir_ + "/." + BaseOf(path_) + suffix;
+    std::string name = dir_ + "/." + BaseOf(target_) + kTempInfix + TempTag();
     unlink(name.c_str());
     if (linkat(AT_FDCWD, proc, AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW) != 0) {
       Fail("cannot link the new archive into " + dir_, errno);
     }
     temp_name_ = name;
   }
-  if (rename(temp_name_.c_str(), path_.c_str()) != 0) Fail("cannot rename into place", errno);
+  // Checked again: the destination may have been replaced since the constructor.
+  struct stat st;
+  if (lstat(target_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    throw Error(ErrorCode::kInvalidArgument, path_, std::nullopt,
+                std::string("output: became ") + FileTypeName(st.st_mode) +
+                    " while being written; not replaced");
+  }
+  if (rename(temp_name_.c_str(), target_.c_str()) != 0) Fail("cannot rename into place", errno);
   published_ = true;
   if (durable) {
     const int dfd = open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

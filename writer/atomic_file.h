@@ -1,6 +1,12 @@
 // A file that becomes visible at its destination only when published:
 // written unnamed (O_TMPFILE) or under a temporary name in the destination
 // directory, fsync'd, renamed into place, and the directory fsync'd.
+//
+// Destinations: a new name or a regular file (replaced). A symbolic link is
+// followed: the file it points to is replaced, the link is kept (so a
+// `current.tsar -> v3.tsar` link still names the file it named). Directories,
+// devices, FIFOs and sockets are refused, so `-o /dev/null` never replaces a
+// device node.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +16,10 @@ namespace tsar {
 
 class AtomicFile {
  public:
-  // Creates the temporary file next to `path`. Throws kIo (naming the
-  // directory) when it cannot.
+  // Creates the temporary file next to `path` (after following symbolic
+  // links), first removing temporaries that dead processes left in that
+  // directory. Throws kInvalidArgument for a destination that is not a
+  // regular file or a new name, kIo (naming the directory) when it cannot.
   explicit AtomicFile(std::string path);
   // Without Publish(), the temporary file is removed; `path` is untouched.
   ~AtomicFile();
@@ -25,7 +33,8 @@ class AtomicFile {
 
  private:
   [[noreturn]] void Fail(const std::string& what, int err) const;
-  std::string path_;
+  std::string path_;    // as given, for messages
+  std::string target_;  // path_ with symbolic links followed: what is replaced
   std::string dir_;
   std::string temp_name_;  // empty when O_TMPFILE is used
   int fd_ = -1;

@@ -160,6 +160,7 @@ std::vector<std::string> Split(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
+  AtomicFile out(path);  // first: a bad destination fails before any work
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   std::vector<std::string> notes;
   const H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
@@ -221,7 +222,6 @@ std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
   std::vector<char> image(static_cast<size_t>(size));
   if (H5Fget_file_image(file.get(), image.data(), image.size()) != size)
     Fail(path, "cannot copy the file image");
-  AtomicFile out(path);
   out.WriteAt(0, image.data(), image.size());
   out.Publish(/*durable=*/true);
   return notes;
