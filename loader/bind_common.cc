@@ -42,7 +42,8 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
                 "bind: the module is in training mode, whose layers (BatchNorm running stats) "
                 "write their buffers, and this archive is mapped read-only: call module.eval() "
-                "before bind, or open the archive with MapMode::kCopyOnWrite");
+                "before binding, or open the archive copy-on-write (C++ MapMode::kCopyOnWrite, "
+                "Python mode=\"copy_on_write\")");
   }
 
   BindReport report;

@@ -17,6 +17,11 @@ std::atomic<const ArchiveCore*> g_slots[kSlots];
 std::mutex g_mutex;  // serializes registration; the handler only reads
 struct sigaction g_old_segv, g_old_bus;
 std::atomic<bool> g_installed{false};
+// Set by the first thread to fault. Several threads can fault at once (one
+// write per intra-op thread): the first prints and ends the process, the rest
+// wait for that, so the message is never cut short by a second thread taking
+// the default action first (which SA_RESETHAND used to allow).
+std::atomic<bool> g_reporting{false};
 
 void Put(const char* s) {
   const size_t n = std::strlen(s);
@@ -39,6 +44,9 @@ void PutU(uint64_t v) {
 }
 
 void Handler(int sig, siginfo_t* info, void* ctx) {
+  if (g_reporting.exchange(true)) {
+    for (;;) pause();  // the reporting thread ends the process
+  }
   const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
   for (auto& slot : g_slots) {
     const ArchiveCore* core = slot.load(std::memory_order_acquire);
@@ -65,19 +73,24 @@ void Handler(int sig, siginfo_t* info, void* ctx) {
       break;
     }
     Put(sig == SIGBUS ? " (was the file truncated while mapped?)\n"
-                      : " (open with MapMode::kCopyOnWrite to modify weights, or call eval())\n");
+                      : " (open copy-on-write to modify weights: MapMode::kCopyOnWrite, Python "
+                        "mode=\"copy_on_write\"; or call eval())\n");
     break;
   }
   // Re-raise with the previous disposition so the process dies as it would have.
   struct sigaction* old = sig == SIGBUS ? &g_old_bus : &g_old_segv;
   if (old->sa_flags & SA_SIGINFO && old->sa_sigaction != nullptr) {
     old->sa_sigaction(sig, info, ctx);
+    g_reporting.store(false);  // it returned: a later fault is reported afresh
     return;
   }
   if (old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN && old->sa_handler != nullptr) {
     old->sa_handler(sig);
+    g_reporting.store(false);
     return;
   }
+  // The default action, delivered when this handler returns (the signal is
+  // blocked until then), ends the whole process, the waiting threads too.
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -107,7 +120,7 @@ void InstallFaultHandler() {
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = &Handler;
-  sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+  sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGSEGV, &sa, &g_old_segv);
   sigaction(SIGBUS, &sa, &g_old_bus);
