@@ -68,3 +68,12 @@ add_test(NAME spec.reference_decoder
 add_test(NAME samples.container
   COMMAND ${TSAR_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/samples/container_test.py)
 set_tests_properties(samples.container PROPERTIES ENVIRONMENT "TSAR_CLI=$<TARGET_FILE:tsar_cli>" TIMEOUT 300)
+
+# The Python package (tests/python, pytest): against the build tree's package.
+if(TARGET tsar_python)
+  add_test(NAME python.pytest
+    COMMAND ${TSAR_PYTHON} -m pytest ${CMAKE_CURRENT_SOURCE_DIR}/python -q -p no:cacheprovider
+    WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(python.pytest PROPERTIES TIMEOUT 900 ENVIRONMENT
+    "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TSAR_CLI=$<TARGET_FILE:tsar_cli>;TSAR_SAMPLES=${PROJECT_SOURCE_DIR}/samples")
+endif()
