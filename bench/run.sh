@@ -15,11 +15,13 @@ repo=$(cd "$here/.." && pwd)
 build="$repo/build-bench"
 args=()
 keep=""
+only=""
+quick=()
 while (($#)); do
   case $1 in
     --build) build=$2; shift 2 ;;
-    --quick) args+=(--quick); shift ;;
-    --only) args+=(--only "$2"); shift 2 ;;
+    --quick) args+=(--quick); quick=(--quick); shift ;;
+    --only) args+=(--only "$2"); only=$2; shift 2 ;;
     --keep-data) keep=$2; shift 2 ;;
     -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -38,7 +40,7 @@ start=$(date +%s)
 if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
   cmake -S "$here/standalone" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
 fi
-cmake --build "$build" --target tsar_bench -j "${JOBS:-$(nproc)}"
+cmake --build "$build" --target tsar_bench tsar_python -j "${JOBS:-$(nproc)}"
 bin=$(find "$build" -name tsar_bench -type f -perm -u+x | head -n1)
 [ -n "$bin" ] || { echo "run.sh: tsar_bench not found under $build" >&2; exit 1; }
 
@@ -58,9 +60,14 @@ ra=$(cat "/sys/class/block/$(basename "$dev")/queue/read_ahead_kb" 2> /dev/null 
 results="$here/results"
 mkdir -p "$results"
 "$bin" run --data "$data" --samples "$results/samples.csv" "${args[@]}"
+# P8, P9: the Python package, from the same build.
+if [ -z "$only" ] || [[ ",$only," == *,P8,* ]] || [[ ",$only," == *,P9,* ]]; then
+  PYTHONPATH="$build/python" "$python" "$here/p8_python.py" --data "$data" \
+    --samples "$results/samples.csv" "${quick[@]}"
+fi
 commit=$(git -C "$repo" rev-parse --short HEAD 2> /dev/null || true)
 # Uncommitted changes to the measured code make the commit id insufficient.
-if [ -n "$commit" ] && ! git -C "$repo" diff --quiet HEAD -- CMakeLists.txt format writer loader include cli 2> /dev/null; then
+if [ -n "$commit" ] && ! git -C "$repo" diff --quiet HEAD -- CMakeLists.txt format writer loader include cli python 2> /dev/null; then
   commit="$commit, with uncommitted changes"
 fi
 "$python" "$here/report.py" --samples "$results/samples.csv" --out "$results" \
