@@ -70,7 +70,7 @@ add_test(NAME samples.container
 set_tests_properties(samples.container PROPERTIES ENVIRONMENT "TSAR_CLI=$<TARGET_FILE:tsar_cli>" TIMEOUT 300)
 
 # The Python package (tests/python, pytest): against the build tree's package.
-if(TARGET tsar_python)
+if(TARGET tsar_python AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/python)
   add_test(NAME python.pytest
     COMMAND ${TSAR_PYTHON} -m pytest ${CMAKE_CURRENT_SOURCE_DIR}/python -q -p no:cacheprovider
     WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
