@@ -112,7 +112,15 @@ struct Walker {
     const DType dt = *DTypeFromName(s.dtype);  // checked when the storage was mapped
     at::Tensor out = MakeView(storages[t.storage], dt, t.sizes, t.strides, t.storage_offset,
                               "tensor " + format::Quote(name));
-    if (t.requires_grad) out.set_requires_grad(true);
+    if (t.requires_grad) {
+      if (!out.is_floating_point() && !out.is_complex()) {
+        Bad(path, std::nullopt,
+            "tensor " + format::Quote(name) + ": requires_grad: expected a floating-point or "
+                "complex dtype, found " + std::string(DTypeName(dt)) +
+                " (torch.load refuses this tensor too)");
+      }
+      out.set_requires_grad(true);
+    }
     return out;
   }
 

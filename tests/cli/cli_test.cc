@@ -142,6 +142,8 @@ TEST_F(CliTest, BadInputsExitThreeWithOneLineAndNoOutput) {
       {"garbage.bin", "expected a torch.save zip, a TorchScript archive"},
       {"truncated.pt", "not a readable torch.save zip file"},
       {"evil.pt", "global \"os.system\" is not allowed"},
+      {"int_requires_grad.pt",
+       "tensor \"x\": requires_grad: expected a floating-point or complex dtype, found int64"},
       {"no-such-file.pt", "No such file or directory"},
   };
   for (const auto& c : cases) {
