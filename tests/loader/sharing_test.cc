@@ -1,6 +1,7 @@
 // Page sharing across processes, read-only files and mounts, non-root users:
 // the loader never writes and never copies in kShared mode.
 #include <ATen/ATen.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -65,7 +66,18 @@ TEST_F(SharingTest, FourProcessesShareOneCopyOfTheWeights) {
 TEST_F(SharingTest, AReadOnlyFileOpensForAnUnprivilegedUser) {
   ASSERT_EQ(chmod(path_.c_str(), 0444), 0);
   if (geteuid() != 0) GTEST_SKIP() << "needs root to switch to an unprivileged user";
-  Worker w = Start({kWorker, path_}, /*uid=*/65534);
+  // The build tree may be where nobody cannot enter (a clone under /root or
+  // in a mkdtemp directory): run copies of the worker and libtsar from the
+  // world-readable test directory instead.
+  Dl_info info;
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(&InstallFaultHandler), &info), 0);
+  const std::string lib = dir_ + "/lib", worker = dir_ + "/tsar_test_worker";
+  ASSERT_EQ(mkdir(lib.c_str(), 0755), 0);
+  ASSERT_EQ(testing::Sh("cp " + kWorker + " " + worker + " && cp " + info.dli_fname + " " + lib +
+                        "/ && chmod -R a+rX " + dir_)
+                .code,
+            0);
+  Worker w = Start({"/usr/bin/env", "LD_LIBRARY_PATH=" + lib, worker, path_}, /*uid=*/65534);
   const std::string line = Line(w);
   EXPECT_EQ(Finish(w), 0);
   EXPECT_EQ(line.rfind("ok ", 0), 0u) << line;
