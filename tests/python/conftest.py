@@ -1,0 +1,32 @@
+"""Fixtures of the tsar Python tests. Environment (set by ctest):
+PYTHONPATH  the built package (build/python)
+TSAR_CLI    the `tsar` executable; tests that need it fail (not skip) without it
+TSAR_SAMPLES  samples/ of the source tree (valid/, invalid/MANIFEST.tsv); defaults
+            to the samples/ next to these tests."""
+import os
+import sys
+
+import pytest
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+
+import tsar_testutil  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cli():
+    path = os.environ.get("TSAR_CLI")
+    if not path:
+        pytest.fail("TSAR_CLI is not set: it must name the tsar executable (e.g. build/cli/tsar)")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.fail(f"TSAR_CLI={path!r} is not an executable file")
+    return path
+
+
+@pytest.fixture(scope="session")
+def samples():
+    path = os.environ.get("TSAR_SAMPLES") or os.path.join(tsar_testutil.REPO, "samples")
+    manifest = os.path.join(path, "invalid", "MANIFEST.tsv")
+    if not os.path.isfile(manifest):
+        pytest.fail(f"TSAR_SAMPLES={path!r}: no invalid/MANIFEST.tsv there")
+    return path

@@ -1,0 +1,166 @@
+"""tsar.load_into: strict errors, non-strict reports, training-mode refusal."""
+import pytest
+import torch
+
+import tsar
+from tsar_testutil import in_mapping, mapped_ranges
+
+
+class Saved(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.out = torch.nn.Linear(3, 2)
+        self.register_buffer("extra", torch.ones(5))
+
+
+class Other(torch.nn.Module):
+    """Against Saved: fc.bias has another dtype, out another shape, `lost` is not
+    in the archive, and the archive's `extra` is not in this module."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.fc.bias = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+        self.out = torch.nn.Linear(3, 5)
+        self.lost = torch.nn.Linear(2, 2)
+
+
+def snapshot(m):
+    return {n: (t.data_ptr(), t.detach().clone()) for n, t in m.state_dict().items()}
+
+
+def assert_unchanged(m, snap):
+    now = m.state_dict()
+    assert set(now) == set(snap)
+    for n, (ptr, values) in snap.items():
+        assert now[n].data_ptr() == ptr, f"{n} was rebound"
+        assert torch.equal(now[n], values), f"{n} changed"
+
+
+@pytest.fixture
+def saved(tmp_path):
+    torch.manual_seed(0)
+    path = str(tmp_path / "saved.tsar")
+    tsar.save(Saved().eval(), path)
+    return path
+
+
+def test_strict_lists_every_problem_in_one_error(saved):
+    torch.manual_seed(1)
+    m = Other().eval()
+    snap = snapshot(m)
+    with pytest.raises(tsar.Error) as ei:
+        tsar.load_into(m, saved)
+    e = ei.value
+    assert e.code == tsar.ErrorCode.BIND_MISMATCH
+    msg = str(e)
+    for name in ["lost.weight", "lost.bias", "extra", "out.weight", "out.bias", "fc.bias"]:
+        assert name in msg, f"{name} not named in: {msg}"
+    assert_unchanged(m, snap)
+
+
+def test_non_strict_binds_what_matches_and_reports_the_rest(saved):
+    torch.manual_seed(1)
+    m = Other().eval()
+    snap = snapshot(m)
+    report = tsar.load_into(m, saved, strict=False)
+    assert report.bound == ["fc.weight"]
+    assert sorted(report.missing) == ["lost.bias", "lost.weight"]
+    assert report.unexpected == ["extra"]
+    assert sorted(s.split(":")[0] for s in report.mismatched) == ["fc.bias", "out.bias", "out.weight"]
+    ranges = mapped_ranges(saved)
+    assert in_mapping(m.fc.weight.data_ptr(), ranges)
+    with tsar.open(saved) as a:
+        assert torch.equal(m.fc.weight, a["fc.weight"])
+    for n in ["fc.bias", "out.weight", "out.bias", "lost.weight", "lost.bias"]:
+        ptr, values = snap[n]
+        assert m.state_dict()[n].data_ptr() == ptr and torch.equal(m.state_dict()[n], values), n
+
+
+def test_strict_success_report(saved):
+    torch.manual_seed(2)
+    m = Saved().eval()
+    report = tsar.load_into(m, saved)
+    assert sorted(report.bound) == ["extra", "fc.bias", "fc.weight", "out.bias", "out.weight"]
+    assert (report.missing, report.unexpected, report.mismatched) == ([], [], [])
+
+
+class WithBN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.bn = torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.bn(self.fc(x))
+
+
+@pytest.fixture
+def bn_archive(tmp_path):
+    torch.manual_seed(0)
+    path = str(tmp_path / "bn.tsar")
+    tsar.save(WithBN().eval(), path)
+    return path
+
+
+@pytest.mark.parametrize("which", ["module", "submodule"])
+def test_training_mode_over_shared_is_refused(bn_archive, which):
+    m = WithBN()
+    if which == "module":
+        m.train()
+    else:
+        m.eval()
+        m.bn.train()
+    snap = snapshot(m)
+    with pytest.raises(tsar.Error) as ei:
+        tsar.load_into(m, bn_archive)
+    assert ei.value.code == tsar.ErrorCode.INVALID_ARGUMENT
+    assert_unchanged(m, snap)
+    with tsar.open(bn_archive) as a, pytest.raises(tsar.Error) as ei:
+        tsar.load_into(m, a)
+    assert ei.value.code == tsar.ErrorCode.INVALID_ARGUMENT
+    assert_unchanged(m, snap)
+
+
+def test_allow_training_binds(bn_archive):
+    m = WithBN().train()
+    report = tsar.load_into(m, bn_archive, allow_training=True)
+    assert len(report.bound) == 7 and m.training
+    assert in_mapping(m.bn.running_mean.data_ptr(), mapped_ranges(bn_archive))
+
+
+@pytest.mark.parametrize("mode", ["copy_on_write", "read"])
+def test_training_over_a_private_archive_works(bn_archive, mode):
+    before = open(bn_archive, "rb").read()
+    m = WithBN().train()
+    a = tsar.open(bn_archive, mode=mode)
+    report = tsar.load_into(m, a)
+    assert len(report.bound) == 7
+    mean0 = m.bn.running_mean.clone()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    loss = m(torch.randn(8, 4, generator=torch.Generator().manual_seed(3))).pow(2).sum()
+    loss.backward()
+    opt.step()
+    assert not torch.equal(m.bn.running_mean, mean0), "BatchNorm in train() updates its buffer in place"
+    assert m.bn.num_batches_tracked.item() == 1
+    with tsar.open(bn_archive) as fresh:
+        assert not torch.equal(m.fc.weight.detach(), fresh["fc.weight"]), "the step changed the weights"
+    assert open(bn_archive, "rb").read() == before, "training must never change the file"
+
+
+def test_entry_selects_the_state_dict(tmp_path):
+    torch.manual_seed(0)
+    a, b = Saved().eval(), Saved().eval()
+    path = str(tmp_path / "two.tsar")
+    tsar.save({"model": a.state_dict(), "ema": b.state_dict()}, path)
+    m = Saved().eval()
+    tsar.load_into(m, path, entry="ema")
+    for n, t in b.state_dict().items():
+        assert torch.equal(m.state_dict()[n], t), n
+    tsar.load_into(m, path)  # the first entry
+    for n, t in a.state_dict().items():
+        assert torch.equal(m.state_dict()[n], t), n
+    with pytest.raises(tsar.Error) as ei:
+        tsar.load_into(m, path, entry="nope")
+    assert ei.value.code == tsar.ErrorCode.NOT_FOUND

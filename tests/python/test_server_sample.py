@@ -1,0 +1,37 @@
+"""samples/python-server: compare.py at a small scale (2 workers, a 16 MiB MLP)."""
+import json
+import os
+import subprocess
+import sys
+
+from tsar_testutil import REPO, child_env
+
+SAMPLE = os.path.join(REPO, "samples", "python-server")
+
+
+def test_compare_tsar_against_torch_load(tmp_path):
+    out = tmp_path / "result.json"
+    workers = 2
+    cmd = [sys.executable, os.path.join(SAMPLE, "compare.py"), "--workers", str(workers),
+           "--inputs", "1024", "--hidden", "1024", "--depth", "4", "--outputs", "8",
+           "--workdir", str(tmp_path / "work"), "--json", str(out), "--timeout", "120"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    res = json.loads(out.read_text())
+    assert res["answers_equal"] is True and res["left_running"] == []
+    tsar_r, torch_r = res["results"]
+    assert (tsar_r["label"], torch_r["label"]) == ("tsar", "torch.load")
+    assert tsar_r["answer"]["output"] == torch_r["answer"]["output"]
+    assert tsar_r["answer"]["mode"] == "tsar" and torch_r["answer"]["mode"] == "torch.load"
+    assert len(tsar_r["answer"]["output"][0]) == 8
+    weights_kib = res["weight_bytes"] / 1024
+    assert weights_kib > 15 * 1024
+    # The workers of the tsar server map one shared copy of the archive ...
+    assert 0.9 * weights_kib <= tsar_r["archive_pss_kib"] <= 1.1 * weights_kib + 64
+    # ... so their summed Pss is one copy of the weights (workers - 1 copies) below torch.load's.
+    saved = torch_r["workers_pss_kib"] - tsar_r["workers_pss_kib"]
+    assert saved >= 0.7 * (workers - 1) * weights_kib, f"tsar saves only {saved} kB:\n{r.stdout}"
+    assert "answers equal: yes" in r.stdout
+    for p in [tsar_r["master"], *tsar_r["workers"], torch_r["master"], *torch_r["workers"]]:
+        assert not os.path.exists(f"/proc/{p}") or open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", \
+            f"process {p} is still running"

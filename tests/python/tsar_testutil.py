@@ -1,0 +1,146 @@
+"""Helpers shared by the Python tests of tsar (imported by the test modules;
+pytest puts this folder on sys.path)."""
+import os
+import subprocess
+import sys
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Every dtype of PyTorch 1.13 that tsar's format has a code for (spec §5.1).
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+          torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+          torch.complex32]
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t):
+    """The tensor's elements as integers of the same width (a view, any strides),
+    so that comparisons are bit-exact (NaN, -0.0) and work for every dtype."""
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.view(_INT_OF_SIZE[t.element_size()])
+
+
+def same_tensor(got, want):
+    """dtype, shape, strides and every bit equal; returns a reason or ''."""
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype} vs {want.dtype}"
+    if tuple(got.shape) != tuple(want.shape):
+        return f"shape {tuple(got.shape)} vs {tuple(want.shape)}"
+    if tuple(got.stride()) != tuple(want.stride()):
+        return f"strides {got.stride()} vs {want.stride()}"
+    if not torch.equal(bits(got), bits(want)):
+        return "values differ"
+    return ""
+
+
+def make_tensor(dtype, shape, seed):
+    """Deterministic values of any dtype, with special floats where they exist."""
+    g = torch.Generator().manual_seed(seed)
+    n = 1
+    for s in shape:
+        n *= s
+    if dtype == torch.bool:
+        flat = torch.randint(0, 2, (n,), generator=g).bool()
+    elif dtype == torch.complex32:
+        flat = (torch.randn(n, 2, generator=g) * 100).half().view(torch.complex32).reshape(n)
+    elif dtype.is_complex:
+        flat = torch.randn(n, generator=g, dtype=dtype) * 1000
+    elif dtype.is_floating_point:
+        flat = (torch.randn(n, generator=g, dtype=torch.float64) * 1000).to(dtype)
+        specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0], dtype=dtype)
+        k = min(n, len(specials))
+        flat[:k] = specials[:k]
+    else:
+        info = torch.iinfo(dtype)
+        lo, hi = max(info.min, -2**62), min(info.max, 2**62)
+        flat = torch.randint(lo, hi, (n,), generator=g, dtype=torch.int64).to(dtype)
+        if n >= 2:
+            flat[0], flat[1] = info.min, info.max
+    return flat.reshape(shape)
+
+
+def all_parameters(module):
+    """{qualified name: Parameter}, tied parameters under every name they have."""
+    out = {}
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        for name, p in mod._parameters.items():
+            if p is not None:
+                out[f"{mod_name}.{name}" if mod_name else name] = p
+    return out
+
+
+def mapped_ranges(path, pid="self"):
+    """[(start, end)] of every mapping of the file `path` in process `pid`."""
+    real = os.path.realpath(path)
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.rstrip("\n").split(None, 5)
+            if len(parts) == 6 and parts[5] == real:
+                lo, hi = parts[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def in_mapping(ptr, ranges):
+    return any(lo <= ptr < hi for lo, hi in ranges)
+
+
+def smaps_of_file(pid, path):
+    """{field: kB} summed over every mapping of `path` in /proc/PID/smaps."""
+    real = os.path.realpath(path)
+    sums, inside = {}, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                parts = line.rstrip("\n").split(None, 5)
+                inside = len(parts) == 6 and parts[5] == real
+            elif inside and head.endswith(":"):
+                fields = line.split()
+                if len(fields) >= 2 and fields[1].isdigit():
+                    sums[head[:-1]] = sums.get(head[:-1], 0) + int(fields[1])
+    return sums
+
+
+def smaps_rollup(pid):
+    """{field: kB} of /proc/PID/smaps_rollup."""
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 2 and fields[0].endswith(":") and fields[1].isdigit():
+                out[fields[0][:-1]] = int(fields[1])
+    return out
+
+
+def child_env():
+    env = dict(os.environ)
+    env.pop("PYTHONFAULTHANDLER", None)
+    # The package under test must be importable in children as in this process.
+    import tsar
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(tsar.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def run_python(code, *args, timeout=120):
+    """Runs `python -c code args...` and returns the CompletedProcess."""
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=child_env())
+
+
+def reference_decoder():
+    """The spec's independent reference decoder (spec/reference/tsar_ref.py)."""
+    sys.path.insert(0, os.path.join(REPO, "spec", "reference"))
+    try:
+        import tsar_ref
+    finally:
+        sys.path.pop(0)
+    return tsar_ref
