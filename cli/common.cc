@@ -13,16 +13,21 @@ double Now() {
 }  // namespace
 
 std::string HumanBytes(uint64_t n) {
-  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
+  if (n < 1024) return std::to_string(n) + " B";
+  return HumanBytes(static_cast<double>(n));
+}
+
+std::string HumanBytes(double n) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB"};
+  double v = n;
   int u = 0;
-  while (v >= 1024 && u < 4) {
+  while (v >= 1024 && u < 7) {
     v /= 1024;
     ++u;
   }
-  char buf[32];
+  char buf[48];
   if (u == 0) {
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(n));
+    std::snprintf(buf, sizeof buf, "%.0f B", v);
   } else {
     std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
   }

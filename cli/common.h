@@ -19,6 +19,7 @@ inline constexpr int kExitBadInput = 3;     // unreadable or invalid input, I/O 
 
 // "1.5 MiB", "812 B".
 std::string HumanBytes(uint64_t n);
+std::string HumanBytes(double n);  // for sizes past 2^64 (logical bytes of broadcast views)
 // Prints "tsar: <what>" on one line to stderr.
 void PrintError(const std::string& what);
 // The exit code for an error: 2 for kInvalidArgument, else 3.

@@ -20,10 +20,19 @@ bool Contiguous(const TensorInfo& t) {
   return true;
 }
 
-uint64_t TensorBytes(const TensorInfo& t) {
-  uint64_t n = 1;
+// Logical bytes (numel x element size). The spec bounds numel by 2^63 - 1,
+// not numel x element size: a broadcast view such as expand(2^31, 2^31) of a
+// float has 2^64 logical bytes while its storage holds 4. Exact in 128 bits.
+unsigned __int128 TensorBytes(const TensorInfo& t) {
+  unsigned __int128 n = 1;
   for (int64_t s : t.sizes) n *= static_cast<uint64_t>(s);
   return n * ElementSize(t.dtype);
+}
+
+// As a JSON number: an integer when it fits 64 bits, else a double.
+nlohmann::ordered_json JsonBytes(unsigned __int128 n) {
+  if (n <= UINT64_MAX) return static_cast<uint64_t>(n);
+  return static_cast<double>(n);
 }
 
 int RunInspect(const std::string& path, bool json) {
@@ -52,7 +61,7 @@ int RunInspect(const std::string& path, bool json) {
                          {"storage_offset", t.storage_offset},
                          {"storage", t.storage},
                          {"shared", users[t.storage] > 1},
-                         {"nbytes", TensorBytes(t)},
+                         {"nbytes", JsonBytes(TensorBytes(t))},
                          {"role", RoleName(t.role)},
                          {"requires_grad", t.requires_grad}});
     }
@@ -98,7 +107,7 @@ int RunInspect(const std::string& path, bool json) {
           "#" + std::to_string(t.storage) + (users[t.storage] > 1 ? " shared" : "");
       std::printf("  %-*s  %-9s  %-22s %-9s %10s  %s%s\n", static_cast<int>(width), t.name.c_str(),
                   std::string(DTypeName(t.dtype)).c_str(), shape.c_str(), storage.c_str(),
-                  HumanBytes(TensorBytes(t)).c_str(), RoleName(t.role),
+                  HumanBytes(static_cast<double>(TensorBytes(t))).c_str(), RoleName(t.role),
                   t.requires_grad ? " requires_grad" : "");
     }
     for (const auto& [k, v] : a.metadata_items(e))
