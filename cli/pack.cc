@@ -28,7 +28,8 @@ std::pair<std::string, std::string> SplitPair(const std::string& s, const char* 
   const size_t eq = s.find('=');
   if (eq == std::string::npos || eq == 0) {
     throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
-                std::string(flag) + " " + format::Quote(s) + ": expected NAME=VALUE");
+                std::string(flag) + " " + format::Quote(s) + ": expected " +
+                    (std::string(flag) == "--entry" ? "NAME=FILE" : "KEY=VALUE"));
   }
   return {s.substr(0, eq), s.substr(eq + 1)};
 }
@@ -70,6 +71,12 @@ int RunPack(const PackArgs& a) {
   }
   for (const auto& m : a.meta) {
     auto [k, v] = SplitPair(m, "--meta");
+    for (const auto& [seen, unused] : options.metadata) {
+      if (seen == k) {
+        throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
+                    "--meta " + format::Quote(k) + ": given twice; each key takes one value");
+      }
+    }
     options.metadata.emplace_back(k, ParseMeta(v));
   }
   const PackSummary summary = PackFiles(sources, a.output, options);

@@ -58,6 +58,17 @@ TEST_F(CliTest, HelpVersionAndUsageErrors) {
   EXPECT_EQ(r.code, 2);
   r = Tsar("frobnicate");
   EXPECT_EQ(r.code, 2);
+  // A repeated --meta key is a usage error naming the option, not the output file.
+  r = Tsar("pack --meta step=1 --meta step=2 -o " + Path("m.tsar") + " " + Fixture("tied_sd.pt"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(r, "--meta \"step\": given twice"));
+  EXPECT_FALSE(Exists(Path("m.tsar")));
+  r = Tsar("pack --entry model -o " + Path("m.tsar"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(r, "--entry \"model\": expected NAME=FILE"));
+  r = Tsar("pack --meta step -o " + Path("m.tsar") + " " + Fixture("tied_sd.pt"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(r, "--meta \"step\": expected KEY=VALUE"));
 }
 
 TEST_F(CliTest, PackedTorchSaveFilesMatchWhatPythonSees) {
