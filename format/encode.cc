@@ -115,6 +115,11 @@ uint32_t IndexBuilder::AddTensor(TensorSpec t) {
   if (role > kRoleMax) {  // R38
     Misuse(ErrorCode::kInvalidArgument, what + "role: expected 0-3, found " + Dec(role));
   }
+  if (t.requires_grad && !DTypeCodeMayRequireGrad(dtype)) {  // R77
+    Misuse(ErrorCode::kInvalidArgument,
+           what + "requires_grad: expected a floating-point or complex dtype, found " +
+               std::string(DTypeName(t.dtype)));
+  }
   if (t.sizes.size() > kMaxNdim) {  // R40
     Misuse(ErrorCode::kInvalidArgument,
            what + "ndim: expected at most " + Dec(kMaxNdim) + ", found " + Dec(t.sizes.size()));
@@ -144,7 +149,8 @@ uint32_t IndexBuilder::AddTensor(TensorSpec t) {
   }
   CheckDims(what, "size", t.sizes);      // R48
   CheckDims(what, "stride", t.strides);  // R49
-  // R50-R53 with the decoder's own arithmetic, so both accept the same views.
+  // R50-R53 and R78 with the decoder's own arithmetic, so both accept the
+  // same views.
   const uint64_t esize = ElementSize(t.dtype);
   const ViewExtent v =
       ComputeViewExtent(t.sizes.data(), t.strides.data(), static_cast<uint32_t>(t.sizes.size()),

@@ -54,16 +54,18 @@ struct MetadataSpec {
 
 // Collects entries, storages, tensors, sparse records and metadata, then lays
 // them out by the rules of §4.4 and encodes §4.1-§4.9. It refuses every input
-// from which it would write an archive that breaks a rule of §6 (R1-R75), so
-// whatever EncodeHead() returns passes Index::Parse. A refused call throws
-// tsar::Error naming the tensor, sparse tensor, entry or metadata key, with no
-// path and no offset, and leaves the builder as it was:
+// from which it would write an archive that breaks a rule of §6 (R1-R75, R77,
+// R78), so whatever EncodeHead() returns passes Index::Parse. A refused call
+// throws tsar::Error naming the tensor, sparse tensor, entry or metadata key,
+// with no path and no offset, and leaves the builder as it was:
 //   kInvalidArgument  a value outside its enumeration, an empty, too long or
 //                     non-UTF-8 name, a negative size or stride, a view out of
-//                     its storage, inconsistent sparse references, a call after
-//                     Plan() (or EncodeHead() before it);
+//                     its storage, requires_grad on a dtype that is not
+//                     floating-point or complex (R77), inconsistent sparse
+//                     references, a call after Plan() (or EncodeHead() before it);
 //   kOverflow         a view whose element count passes 2^63-1 or whose extent
-//                     passes 2^64 (R50-R52), or a layout past 2^64;
+//                     passes 2^64 (R50-R52), an empty view whose non-zero sizes
+//                     multiply past 2^63-1 (R78), or a layout past 2^64;
 //   kDuplicateName    a name or metadata key used twice in its scope.
 // Not thread-safe.
 class IndexBuilder {
@@ -76,7 +78,8 @@ class IndexBuilder {
   // Adds a storage of `nbytes` bytes; returns its index.
   uint32_t AddStorage(uint64_t nbytes);
   // Adds a tensor to the current entry; returns its index in the tensor table.
-  // Checks R35-R53 for it at once; its sparse references wait for Plan().
+  // Checks R35-R53, R77 and R78 for it at once; its sparse references wait
+  // for Plan().
   uint32_t AddTensor(TensorSpec t);
   // Adds a sparse record to the current entry; returns its index. Checks R54
   // and R56-R61 at once; R63-R65 (the components) wait for Plan().

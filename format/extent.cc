@@ -1,4 +1,4 @@
-// Tensor view arithmetic of spec/FORMAT.md §4.5 (R48-R52).
+// Tensor view arithmetic of spec/FORMAT.md §4.5 (R48-R52, R78).
 #include "format/extent.h"
 
 #include "format/reader.h"
@@ -26,10 +26,21 @@ ViewExtent ComputeViewExtent(const int64_t* sizes, const int64_t* strides, uint3
     if (static_cast<uint64_t>(strides[d]) > kInt64Max) return fail(Fault::kStrideNegative, d, 0);
     empty = empty || sizes[d] == 0;
   }
-  // An empty view reaches no element, so neither its element count nor its
-  // strides can overflow anything: R50 applies only when every size is > 0.
-  // Both running values only grow, so the first dimension at which one passes
-  // its limit is where the whole product or sum would.
+  // An empty view reaches no element, so its strides cannot overflow
+  // anything: R50 applies only when every size is > 0. Its element count is
+  // 0, but LibTorch multiplies its sizes in order with an overflow check, so
+  // R78 bounds the product of its non-zero sizes by 2^63-1 (which implies
+  // LibTorch's check). Every running value only grows, so the first dimension
+  // at which one passes its limit is where the whole product or sum would.
+  if (empty) {
+    uint64_t product = 1;
+    for (uint32_t d = 0; d < ndim; ++d) {
+      const auto size = static_cast<uint64_t>(sizes[d]);
+      if (size == 0) continue;
+      if (size > kInt64Max / product) return fail(Fault::kEmptyOverflow, d, kInt64Max / product);
+      product *= size;
+    }
+  }
   v.numel = empty ? 0 : 1;
   for (uint32_t d = 0; d < ndim && !empty; ++d) {
     const auto size = static_cast<uint64_t>(sizes[d]);
@@ -59,7 +70,8 @@ ViewFaultText DescribeViewFault(const ViewExtent& v, const int64_t* sizes, const
   const std::string d = std::to_string(v.dim);
   // sizes[dim] and strides[dim] exist only for the per-dimension faults.
   const bool per_dim = v.fault == Fault::kSizeNegative || v.fault == Fault::kStrideNegative ||
-                       v.fault == Fault::kNumelOverflow || v.fault == Fault::kLastOverflow;
+                       v.fault == Fault::kNumelOverflow || v.fault == Fault::kLastOverflow ||
+                       v.fault == Fault::kEmptyOverflow;
   const auto size = per_dim ? static_cast<uint64_t>(sizes[v.dim]) : 0;
   const auto stride = per_dim ? static_cast<uint64_t>(strides[v.dim]) : 0;
   const std::string e = std::to_string(element_size);
@@ -72,6 +84,11 @@ ViewFaultText DescribeViewFault(const ViewExtent& v, const int64_t* sizes, const
       return {"size " + d,
               "at most " + std::to_string(v.limit) + " (an element count of at most 2^63-1)",
               std::to_string(size)};
+    case Fault::kEmptyOverflow:
+      return {
+          "size " + d,
+          "at most " + std::to_string(v.limit) + " (a product of non-zero sizes of at most 2^63-1)",
+          std::to_string(size)};
     case Fault::kLastOverflow:
       return {"stride " + d,
               "at most " + std::to_string(v.limit) + " (a last element offset below 2^64)",

@@ -311,7 +311,8 @@ void Index::Decode(const std::string& path) {
     dims_[i] = static_cast<int64_t>(LoadU64(head_.data() + table_offset_[5] + uint64_t{i} * 8));
   }
 
-  // §4.5 tensors: R35-R47 per record field, then R48-R53 on the view.
+  // §4.5 tensors: R35-R47 per record field (R77 after R39), then R48-R53 on
+  // the view (R78 in place of R50 for an empty view).
   tensors_.resize(tensor_count);
   uint32_t entry = 0;
   for (uint32_t i = 0; i < tensor_count; ++i) {
@@ -348,6 +349,14 @@ void Index::Decode(const std::string& path) {
              "0x" + HexBytes(&flags, 1));
     }
     t.requires_grad = flags & kTensorFlagRequiresGrad;
+    // R77, checked here because dtype (R37) and flags are now known: LibTorch
+    // refuses requires_grad on any dtype that is not floating-point or complex.
+    if (t.requires_grad && !DTypeCodeMayRequireGrad(dtype)) {
+      r.Fail(ErrorCode::kInvalidValue, off + 15, field("requires_grad"),
+             "0 with dtype " + std::string(DTypeName(t.dtype)) +
+                 " (only floating-point and complex dtypes, codes 7-15, may require grad)",
+             "1");
+    }
     t.ndim = LoadU32(base + off + 16);
     if (t.ndim > kMaxNdim) {  // R40
       r.Fail(ErrorCode::kBadShape, off + 16, field("ndim"), "at most " + Dec(kMaxNdim),
@@ -384,8 +393,9 @@ void Index::Decode(const std::string& path) {
     }
     RequireZero(r, off + 40, 8, [&] { return field("reserved"); });  // R47
 
-    // R48-R53: the view must stay inside its storage, in checked arithmetic
-    // shared with the encoder (format/extent.h).
+    // R48-R53 and R78: the view must stay inside its storage, and an empty
+    // view's non-zero sizes must multiply to at most 2^63-1, in checked
+    // arithmetic shared with the encoder (format/extent.h).
     const int64_t* sizes = dims_.data() + t.dims_index;
     const int64_t* strides = sizes + t.ndim;
     const uint64_t esize = ElementSize(t.dtype);
@@ -393,7 +403,8 @@ void Index::Decode(const std::string& path) {
     if (v.fault != ViewExtent::Fault::kNone) {
       using Fault = ViewExtent::Fault;
       const ViewFaultText text = DescribeViewFault(v, sizes, strides, t.storage_offset, esize);
-      const bool on_size = v.fault == Fault::kSizeNegative || v.fault == Fault::kNumelOverflow;
+      const bool on_size = v.fault == Fault::kSizeNegative || v.fault == Fault::kNumelOverflow ||
+                           v.fault == Fault::kEmptyOverflow;
       const bool on_stride = v.fault == Fault::kStrideNegative || v.fault == Fault::kLastOverflow;
       // A size or stride fault is reported at that value's dims-table entry.
       const uint64_t at = on_size     ? dim_offset(uint64_t{t.dims_index} + v.dim)

@@ -62,6 +62,17 @@ inline constexpr uint8_t kRoleMax = 3;
 // §4.5 tensor flags.
 inline constexpr uint8_t kTensorFlagRequiresGrad = 0x01;
 
+// §4.5 / §5.1, R77: requires_grad is allowed only on the floating-point and
+// complex dtypes, codes 7-15 (float16, bfloat16, float32, float64, complex32,
+// complex64, complex128, float8_e5m2, float8_e4m3fn): LibTorch refuses it on
+// any other dtype ("Only Tensors of floating point and complex dtype can
+// require gradients").
+inline constexpr uint16_t kFirstGradDTypeCode = 7;
+inline constexpr uint16_t kLastGradDTypeCode = 15;
+inline constexpr bool DTypeCodeMayRequireGrad(uint16_t code) {
+  return code >= kFirstGradDTypeCode && code <= kLastGradDTypeCode;
+}
+
 // §4.5 device hint.
 enum class DeviceType : uint8_t { kUnspecified = 0, kCpu = 1, kCuda = 2 };
 inline constexpr uint8_t kDeviceTypeMax = 2;

@@ -1,5 +1,5 @@
-"""tsar_ref.py: an independent decoder of tsar format 1.0, written from the rules of
-spec/FORMAT.md alone (not from the C++ code). Used to check the spec against samples/
+"""tsar_ref.py: an independent decoder of tsar format 1.0 (document revision 3), written
+from the rules of spec/FORMAT.md alone (not from the C++ code). Used to check the spec against samples/
 and, in tests, to read archives that the C++ packer wrote."""
 import ctypes, struct, sys
 
@@ -10,6 +10,10 @@ def xxh3(b): return _lib.XXH3_64bits(bytes(b), len(b))
 
 MAGIC = bytes([0x89, 0x54, 0x53, 0x41, 0x52, 0x0D, 0x0A, 0x1A])
 ESIZE = {1:1,2:1,3:1,4:2,5:4,6:8,7:2,8:2,9:4,10:8,11:4,12:8,13:16,14:1,15:1,16:2,17:4,18:8}
+DTNAME = {1:"bool",2:"uint8",3:"int8",4:"int16",5:"int32",6:"int64",7:"float16",8:"bfloat16",9:"float32",
+          10:"float64",11:"complex32",12:"complex64",13:"complex128",14:"float8_e5m2",15:"float8_e4m3fn",
+          16:"uint16",17:"uint32",18:"uint64"}
+GRAD_DTYPES = range(7, 16)  # §5.1: the floating-point and complex codes, the only ones R77 lets require grad
 NONE = 0xFFFFFFFF
 I64MAX = 2**63 - 1
 U64 = 2**64
@@ -144,6 +148,8 @@ def decode(data, path):
         if role > 3: fail("invalid_value", off + 14, F("role"), "0-3", role)
         tf = u8(off + 15)
         if tf & 0xFE: fail("reserved_non_zero", off + 15, F("flags"), "bits 1-7 zero", f"0x{tf:02x}")
+        if tf & 1 and dt not in GRAD_DTYPES:  # R77, right after R39
+            fail("invalid_value", off + 15, F("requires_grad"), f"0 with dtype {DTNAME[dt]} (only floating-point and complex dtypes, codes 7-15, may require grad)", 1)
         nd = u32(off + 16)
         if nd > 64: fail("bad_shape", off + 16, F("ndim"), "at most 64", nd)
         di = u32(off + 20)
@@ -165,6 +171,12 @@ def decode(data, path):
             if sd > I64MAX: fail("bad_shape", doff + 8 * (nd + d), F("stride") + f" {d}", "at most 2^63-1", sd)
         sizes = dims[di:di + nd]
         numel, last = (0 if 0 in sizes else 1), 0
+        prod = 1
+        for d in range(nd if not numel else 0):  # R78, in place of R50 for an empty tensor
+            sz = dims[di + d]
+            if sz == 0: continue
+            if prod * sz > I64MAX: fail("overflow", doff + 8 * d, F("size") + f" {d}", f"at most {I64MAX // prod} (a product of non-zero sizes of at most 2^63-1)", sz)
+            prod *= sz
         for d in range(nd if numel else 0):  # R50, only when no size is 0
             sz, sd = dims[di + d], dims[di + nd + d]
             if numel * sz > I64MAX: fail("overflow", doff + 8 * d, F("size") + f" {d}", f"at most {I64MAX // numel} (an element count of at most 2^63-1)", sz)

@@ -231,14 +231,15 @@ TEST(IndexBuilder, RejectsMisuseNamingTheTensor) {
 constexpr int64_t kI64Max = INT64_MAX;
 constexpr int64_t k2p62 = int64_t{1} << 62;
 
-TEST(IndexExtent, EmptyTensorsAreValidWhateverTheirOtherSizesAndStrides) {
-  // R50 does not apply once a size is 0, not even to the dims before it.
+TEST(IndexExtent, EmptyTensorsAreValidWhateverTheirStrides) {
+  // R50 does not apply once a size is 0, not even to the dims before it; R78
+  // only bounds the product of the non-zero sizes, here at or below 2^63-1.
   IndexBuilder b;
   b.AddEntry("m");
   const uint32_t s = b.AddStorage(8);
-  b.AddTensor(Spec("product_passes_2^64", s, DType::kFloat32, {k2p62, 4, 0}, {1, 1, 1}));
-  b.AddTensor(Spec("product_passes_2^63", s, DType::kFloat32,
-                   {int64_t{1} << 40, int64_t{1} << 40, 0}, {0, 0, 0}));
+  b.AddTensor(
+      Spec("product_2^62", s, DType::kFloat32, {int64_t{1} << 31, int64_t{1} << 31, 0}, {1, 1, 1}));
+  b.AddTensor(Spec("product_2^63-1", s, DType::kFloat32, {7, 0, kI64Max / 7}, {0, 0, 0}));
   b.AddTensor(Spec("huge_strides", s, DType::kFloat32, {0, kI64Max}, {kI64Max, kI64Max}));
   b.AddTensor(Spec("at_the_end", s, DType::kFloat32, {3, 0}, {kI64Max, 1}, 2));
   const Index idx = ParseString(Encode(b));
@@ -318,6 +319,149 @@ TEST(IndexExtent, OverflowIsReportedAtTheOffendingSizeOrStride) {
   Put64(f, dims + 16, 0);
   Refix(f);
   EXPECT_EQ(ParseString(f).tensors()[0].numel, 0u);
+}
+
+TEST(IndexExtent, EmptyTensorsNonZeroSizesMultiplyToAtMost2p63Minus1) {
+  // R78: LibTorch multiplies the sizes in order with an overflow check, so it
+  // refuses [2^62, 2^62, 0] although the tensor is empty.
+  IndexBuilder b;
+  b.AddEntry("m");
+  b.AddTensor(Spec("e", b.AddStorage(8), DType::kFloat32, {2, 1, 0}, {1, 1, 1}));
+  const std::string good = Encode(b);
+  const uint64_t dims = TableStart(good, 5);  // sizes at dims + 0, 8, 16; strides at 24, 32, 40
+  const uint64_t t0 = TableStart(good, 2);
+  auto with_sizes = [&](uint64_t a, uint64_t b1, uint64_t c) {
+    std::string f = good;
+    Put64(f, dims, a);
+    Put64(f, dims + 8, b1);
+    Put64(f, dims + 16, c);
+    Refix(f);
+    return f;
+  };
+
+  Error e = ParseError(with_sizes(k2p62, k2p62, 0));
+  EXPECT_EQ(e.code(), ErrorCode::kOverflow);
+  EXPECT_EQ(e.offset(), dims + 8);  // the size that passes the limit, as R50
+  EXPECT_STREQ(e.what(),
+               "v.tsar: offset 232 (0xe8): tensor #0 \"e\" size 1: expected at most 1 (a "
+               "product of non-zero sizes of at most 2^63-1), found 4611686018427387904");
+  // A 0 before the factors does not hide them: reported at size 2.
+  e = ParseError(with_sizes(k2p62, 0, 2));
+  EXPECT_EQ(e.code(), ErrorCode::kOverflow);
+  EXPECT_EQ(e.offset(), dims + 16);
+  EXPECT_STREQ(e.what(),
+               "v.tsar: offset 240 (0xf0): tensor #0 \"e\" size 2: expected at most 1 (a "
+               "product of non-zero sizes of at most 2^63-1), found 2");
+  EXPECT_TRUE(ThrowsTsar([&] { ParseString(with_sizes(0, 8, kI64Max / 7)); }, ErrorCode::kOverflow,
+                         dims + 16));
+
+  // At the limit, and below it, the tensor is valid.
+  for (const std::string& f :
+       {with_sizes(uint64_t{1} << 31, uint64_t{1} << 31, 0), with_sizes(7, 0, kI64Max / 7),
+        with_sizes(kI64Max, 0, 1), with_sizes(0, 0, kI64Max), with_sizes(k2p62, 0, 1)}) {
+    EXPECT_EQ(ParseString(f).tensors()[0].numel, 0u);
+  }
+
+  // Order: R48 and R49 come first, and R78 before R51.
+  std::string f = with_sizes(k2p62, k2p62, 0);
+  Put64(f, dims + 40, UINT64_MAX);  // stride 2 = -1
+  Refix(f);
+  EXPECT_TRUE(ThrowsTsar([&] { ParseString(f); }, ErrorCode::kBadShape, dims + 40));
+  f = with_sizes(k2p62, k2p62, 0);
+  Put64(f, t0 + 24, UINT64_MAX);  // storage_offset * 4 overflows too (R51)
+  Refix(f);
+  EXPECT_TRUE(ThrowsTsar([&] { ParseString(f); }, ErrorCode::kOverflow, dims + 8));
+
+  // The encoder refuses what the decoder rejects, and accepts the limit.
+  IndexBuilder c;
+  c.AddEntry("m");
+  const uint32_t s = c.AddStorage(8);
+  try {
+    c.AddTensor(Spec("big", s, DType::kFloat32, {k2p62, k2p62, 0}, {1, 1, 1}));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kOverflow);
+    EXPECT_STREQ(err.what(),
+                 "tensor \"big\": size 1: expected at most 1 (a product of non-zero sizes of at "
+                 "most 2^63-1), found 4611686018427387904");
+  }
+  c.AddTensor(Spec("limit", s, DType::kFloat32, {0, 7, kI64Max / 7}, {1, 1, 1}));
+  EXPECT_EQ(ParseString(Encode(c)).tensors().size(), 1u);
+}
+
+TEST(IndexDecode, RequiresGradOnlyOnFloatingPointAndComplexDtypes) {
+  // R77: every dtype of §5.1 with bit 0 of flags set; codes 7-15 are the
+  // floating-point and complex ones.
+  for (DType dt : kAllDTypes) {
+    IndexBuilder b;
+    b.AddEntry("m");
+    b.AddTensor(Spec("t", b.AddStorage(64), dt, {2}, {1}));
+    std::string f = Encode(b);
+    const uint64_t flags = TableStart(f, 2) + 15;
+    f[flags] = 1;
+    Refix(f);
+    const auto code = static_cast<uint16_t>(dt);
+    if (code >= 7 && code <= 15) {
+      EXPECT_TRUE(ParseString(f).tensors()[0].requires_grad) << DTypeName(dt);
+    } else {
+      EXPECT_TRUE(ThrowsTsar([&] { ParseString(f); }, ErrorCode::kInvalidValue, flags))
+          << DTypeName(dt);
+    }
+  }
+
+  IndexBuilder b;
+  b.AddEntry("m");
+  b.AddTensor(Spec("idx", b.AddStorage(64), DType::kInt64, {2}, {1}));
+  const std::string good = Encode(b);
+  const uint64_t t0 = TableStart(good, 2);
+  std::string f = good;
+  f[t0 + 15] = 1;
+  Refix(f);
+  Error e = ParseError(f);
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidValue);
+  EXPECT_EQ(e.offset(), t0 + 15);
+  EXPECT_STREQ(e.what(),
+               "v.tsar: offset 191 (0xbf): tensor #0 \"idx\" requires_grad: expected 0 with dtype "
+               "int64 (only floating-point and complex dtypes, codes 7-15, may require grad), "
+               "found 1");
+  // Order: R39 (reserved bits) before R77, and R77 before R40 (ndim).
+  f = good;
+  f[t0 + 15] = '\x81';
+  Refix(f);
+  EXPECT_TRUE(ThrowsTsar([&] { ParseString(f); }, ErrorCode::kReservedNonZero, t0 + 15));
+  f = good;
+  f[t0 + 15] = 1;
+  Put64(f, t0 + 16, 65);  // ndim 65 (and dims_index 0: the u64 spans both)
+  Refix(f);
+  EXPECT_TRUE(ThrowsTsar([&] { ParseString(f); }, ErrorCode::kInvalidValue, t0 + 15));
+}
+
+TEST(IndexBuilder, RefusesRequiresGradOnIntegerAndBoolDtypes) {
+  IndexBuilder b;
+  b.AddEntry("m");
+  const uint32_t s = b.AddStorage(64);
+  for (DType dt : {DType::kInt64, DType::kBool, DType::kUInt8, DType::kUInt64}) {
+    TensorSpec t = Spec(std::string(DTypeName(dt)), s, dt, {2}, {1});
+    t.requires_grad = true;
+    try {
+      b.AddTensor(t);
+      ADD_FAILURE() << DTypeName(dt) << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(std::string(e.what()),
+                "tensor \"" + std::string(DTypeName(dt)) +
+                    "\": requires_grad: expected a floating-point or complex dtype, found " +
+                    std::string(DTypeName(dt)));
+    }
+  }
+  for (DType dt : {DType::kFloat16, DType::kComplex64, DType::kFloat8E4M3FN, DType::kComplex32}) {
+    TensorSpec t = Spec(std::string(DTypeName(dt)), s, dt, {2}, {1});
+    t.requires_grad = true;
+    b.AddTensor(t);
+  }
+  const Index idx = ParseString(Encode(b));
+  ASSERT_EQ(idx.tensors().size(), 4u);  // refused calls left no trace
+  for (const TensorRecord& t : idx.tensors()) EXPECT_TRUE(t.requires_grad) << t.name;
 }
 
 // Runs `f`, which must throw tsar::Error `code` whose message names `name`.
@@ -733,6 +877,7 @@ TEST(IndexBuilderProperty, EverythingItWritesDecodes) {
       if (sparse_id != kNone && storages > 0 && chance(90)) {  // mostly a component that fits
         t.storage = static_cast<uint32_t>(below(storages));
         t.dtype = DType::kUInt8;
+        t.requires_grad = false;  // R77
         t.sizes.assign(below(3), 0);
         t.strides = t.sizes;
         t.storage_offset = 0;

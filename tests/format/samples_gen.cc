@@ -217,7 +217,8 @@ struct Invalid {
 };
 
 std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::string& shared,
-                                      const std::string& meta, const std::string& sparse) {
+                                      const std::string& meta, const std::string& sparse,
+                                      const std::string& aligned, const std::string& empty_views) {
   auto fixed = [](uint64_t o) { return [o](const std::string&) { return o; }; };
   auto tensor0 = [](uint64_t field) {
     return [field](const std::string& f) { return Table(f, 2) + field; };
@@ -360,6 +361,10 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
        with(
            minimal, [](std::string& f) { f[Table(f, 2) + 15] = '\x80'; }, true),
        ErrorCode::kReservedNonZero, tensor0(15), "tensor flag bit 7"},
+      {"requires_grad_int",
+       with(
+           aligned, [](std::string& f) { f[Table(f, 2) + 15] = 1; }, true),
+       ErrorCode::kInvalidValue, tensor0(15), "requires_grad on an int64 tensor"},
       {"tensor_ndim_65",
        with(
            minimal, [](std::string& f) { Put32(f, Table(f, 2) + 16, 65); }, true),
@@ -407,6 +412,22 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
          return Table(f, 5) + 8 * uint64_t{U32At(f, Table(f, 2) + 48 + 20)} + 8;
        },
        "sizes [2^62, 3] with zero strides: 3 * 2^62 elements, above 2^63-1, at size 1"},
+      {"empty_numel_overflow",
+       with(
+           empty_views,
+           [](std::string& f) {
+             // Tensor #1 ("huge"): sizes [2^62, 2^62, 0], which LibTorch refuses.
+             const uint64_t dims = Table(f, 5) + 8 * uint64_t{U32At(f, Table(f, 2) + 48 + 20)};
+             Put64(f, dims, uint64_t{1} << 62);
+             Put64(f, dims + 8, uint64_t{1} << 62);
+             Put64(f, dims + 16, 0);
+           },
+           true),
+       ErrorCode::kOverflow,
+       [](const std::string& f) {
+         return Table(f, 5) + 8 * uint64_t{U32At(f, Table(f, 2) + 48 + 20)} + 8;
+       },
+       "empty, but sizes [2^62, 2^62, 0]: the non-zero sizes multiply past 2^63-1 at size 1"},
       {"tensor_sparse_without_role",
        with(
            minimal, [](std::string& f) { Put32(f, Table(f, 2) + 32, 0); }, true),
@@ -546,16 +567,17 @@ Draft Aligned() {
 }
 
 // valid/empty_views: views with a size of 0 reach no byte, so they are valid
-// whatever their other sizes and their strides (§4.5, E3), as long as each
-// is at most 2^63-1 and storage_offset * element size is within the storage.
+// whatever their strides (§4.5, E3), as long as each size and stride is at
+// most 2^63-1, their non-zero sizes multiply to at most 2^63-1 (R78) and
+// storage_offset * element size is within the storage. "huge" sits on the R78
+// limit: 7 * (2^63-1)/7 = 2^63-1, with the 0 between the two factors.
 Draft EmptyViews() {
   Draft d;
   d.Entry("model");
   const uint32_t s = d.Storage(Floats({1.0f, 2.0f}));
   constexpr int64_t kMax = INT64_MAX;
-  constexpr int64_t k62 = int64_t{1} << 62;
   d.Tensor(T("at_end", s, DType::kFloat32, {0}, {1}, 2));
-  d.Tensor(T("huge", s, DType::kFloat32, {k62, 0, k62}, {kMax, kMax, kMax}));
+  d.Tensor(T("huge", s, DType::kFloat32, {7, 0, kMax / 7}, {kMax, kMax, kMax}));
   d.Tensor(T("wide", s, DType::kInt64, {0, 3}, {kMax, 1}, 1));
   return d;
 }
@@ -622,7 +644,7 @@ std::string Tsv(std::string s) {
 
 std::vector<SampleFile> GenerateSamples() {
   std::vector<SampleFile> out;
-  std::string minimal, shared, meta, sparse;
+  std::string minimal, shared, meta, sparse, aligned, empty_views;
   struct Named {
     const char* name;
     Draft (*make)();
@@ -644,9 +666,11 @@ std::vector<SampleFile> GenerateSamples() {
     if (std::string(n.name) == "shared") shared = bytes;
     if (std::string(n.name) == "entries_meta") meta = bytes;
     if (std::string(n.name) == "sparse") sparse = bytes;
+    if (std::string(n.name) == "aligned") aligned = bytes;
+    if (std::string(n.name) == "empty_views") empty_views = bytes;
   }
   std::string manifest = "file\tcode\toffset\tmessage\tdescription\n";
-  for (const Invalid& inv : InvalidCatalogue(minimal, shared, meta, sparse)) {
+  for (const Invalid& inv : InvalidCatalogue(minimal, shared, meta, sparse, aligned, empty_views)) {
     const std::string bytes = inv.make();
     const std::string file = std::string(inv.name) + ".tsar";
     try {
