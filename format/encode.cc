@@ -21,23 +21,6 @@ std::string Dec(uint64_t v) { return std::to_string(v); }
   throw Error(code, "", std::nullopt, message);
 }
 
-// R22-R24 for a name or key; `what` is "entry", "tensor", "sparse tensor" or
-// "metadata", `field` is "name" or "key".
-void CheckName(const std::string& what, const std::string& name, const char* field = "name") {
-  if (name.empty()) {
-    Misuse(ErrorCode::kInvalidArgument,
-           what + " \"\": " + field + ": expected 1 to 65535 bytes, found 0");
-  }
-  if (name.size() > kMaxNameLength) {
-    Misuse(ErrorCode::kInvalidArgument, what + " " + Quote(name) + ": " + field +
-                                            ": expected at most " + Dec(kMaxNameLength) +
-                                            " bytes, found " + Dec(name.size()));
-  }
-  if (!IsValidUtf8(name)) {
-    Misuse(ErrorCode::kInvalidArgument, what + " " + Quote(name) + ": " + field +
-                                            ": expected valid UTF-8, found " + Quote(name));
-  }
-}
 
 // Sizes (and strides) of a tensor or sparse record: what R48/R49/R61 require,
 // worded for a caller who passes signed values.
@@ -58,6 +41,22 @@ bool MetaLess(const MetadataSpec& a, const MetadataSpec& b) {
 }
 
 }  // namespace
+
+void CheckName(const std::string& what, const std::string& name, const char* field) {
+  if (name.empty()) {
+    Misuse(ErrorCode::kInvalidArgument,
+           what + " \"\": " + field + ": expected 1 to 65535 bytes, found 0");
+  }
+  if (name.size() > kMaxNameLength) {
+    Misuse(ErrorCode::kInvalidArgument, what + " " + Quote(name) + ": " + field +
+                                            ": expected at most " + Dec(kMaxNameLength) +
+                                            " bytes, found " + Dec(name.size()));
+  }
+  if (!IsValidUtf8(name)) {
+    Misuse(ErrorCode::kInvalidArgument, what + " " + Quote(name) + ": " + field +
+                                            ": expected valid UTF-8, found " + Quote(name));
+  }
+}
 
 IndexBuilder::IndexBuilder(uint32_t alignment) : alignment_(alignment) {
   if (alignment < kMinAlignment || alignment > kMaxAlignment || (alignment & (alignment - 1))) {

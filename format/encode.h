@@ -52,6 +52,11 @@ struct MetadataSpec {
   std::string bytes;  // kString, kBytes
 };
 
+// R22-R24 for a name or key: 1 to 65535 bytes of valid UTF-8. `what` is
+// "entry", "tensor", "sparse tensor" or "metadata", `field` "name" or "key".
+// Throws kInvalidArgument ("tensor \"\": name: expected 1 to 65535 bytes...").
+void CheckName(const std::string& what, const std::string& name, const char* field = "name");
+
 // Collects entries, storages, tensors, sparse records and metadata, then lays
 // them out by the rules of §4.4 and encodes §4.1-§4.9. It refuses every input
 // from which it would write an archive that breaks a rule of §6 (R1-R75, R77,

@@ -1,10 +1,26 @@
 // tsar::PackFiles (writer/pack_files.h): imports, then one Writer.
 #include "writer/pack_files.h"
 
+#include "format/encode.h"
 #include "format/reader.h"
 #include "writer/importer.h"
 
 namespace tsar {
+namespace {
+
+// A name read from an input that the format cannot hold (empty, over 65535
+// bytes, not UTF-8) is a bad input naming that input, not a misuse of the
+// writer naming the output.
+void CheckInputName(const std::string& input, const std::string& what, const std::string& name,
+                    const char* field = "name") {
+  try {
+    format::CheckName(what, name, field);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kBadInput, input, std::nullopt, e.what());
+  }
+}
+
+}  // namespace
 
 PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string& output,
                       const PackFilesOptions& options) {
@@ -28,6 +44,8 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     const bool prefix = !s.entry.empty() && in.entries.size() > 1;
     for (auto& e : in.entries) {
       if (prefix) e.name = s.entry + "." + e.name;
+      CheckInputName(s.path, "entry", e.name);
+      for (const auto& t : e.tensors) CheckInputName(s.path, "tensor", t.name);
       for (const auto& n : summary.entries) {
         if (n == e.name) {
           throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
@@ -42,6 +60,7 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     }
     for (auto& m : in.metadata) {
       if (!m.entry.empty() && prefix) m.entry = s.entry + "." + m.entry;
+      CheckInputName(s.path, "metadata", m.key, "key");
       writer.add_metadata(m.key, m.value, m.entry);
     }
     for (const auto& line : in.skipped) {
