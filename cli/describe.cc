@@ -6,20 +6,6 @@
 
 namespace tsar::cli {
 
-const char* RoleName(Role r) {
-  switch (r) {
-    case Role::kParameter:
-      return "parameter";
-    case Role::kBuffer:
-      return "buffer";
-    case Role::kSparseComponent:
-      return "sparse_component";
-    case Role::kTensor:
-      break;
-  }
-  return "tensor";
-}
-
 std::string Dims(const std::vector<int64_t>& v) {
   std::ostringstream o;
   o << "[";

@@ -10,8 +10,6 @@
 
 namespace tsar::cli {
 
-// "parameter", "buffer", "sparse_component" or "tensor".
-const char* RoleName(Role r);
 // "[2, 3]".
 std::string Dims(const std::vector<int64_t>& v);
 // Lower-case hex of up to `max` bytes, "..." when cut.

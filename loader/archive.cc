@@ -161,6 +161,20 @@ at::Tensor Archive::Impl::Make(uint32_t i) const {
   return out;
 }
 
+const char* RoleName(Role role) noexcept {
+  switch (role) {
+    case Role::kParameter:
+      return "parameter";
+    case Role::kBuffer:
+      return "buffer";
+    case Role::kSparseComponent:
+      return "sparse_component";
+    case Role::kTensor:
+      break;
+  }
+  return "tensor";
+}
+
 const std::string& Archive::path() const { return impl_->core->path; }
 MapMode Archive::mode() const { return impl_->core->mapping->mode(); }
 uint16_t Archive::format_major() const { return impl_->index().header().major; }

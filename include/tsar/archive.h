@@ -54,6 +54,9 @@ struct OpenOptions {
 
 // Role of a tensor in its entry (spec §4.5).
 enum class Role : uint8_t { kTensor = 0, kParameter = 1, kBuffer = 2, kSparseComponent = 3 };
+// "tensor", "parameter", "buffer", "sparse_component": as inspect --json and
+// Python's TensorInfo.role spell it.
+const char* RoleName(Role role) noexcept;
 
 // What the index says about one tensor, without touching its bytes.
 struct TensorInfo {

@@ -46,20 +46,6 @@ py::object Dtype(DType d) {
   return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t)));
 }
 
-const char* RoleName(Role r) {
-  switch (r) {
-    case Role::kParameter:
-      return "parameter";
-    case Role::kBuffer:
-      return "buffer";
-    case Role::kSparseComponent:
-      return "sparse_component";
-    case Role::kTensor:
-      break;
-  }
-  return "tensor";
-}
-
 py::tuple Info(const TensorInfo& i) {
   return py::make_tuple(i.name, i.entry, Dtype(i.dtype), py::tuple(py::cast(i.sizes)),
                         py::tuple(py::cast(i.strides)), i.storage_offset, i.storage,
