@@ -111,7 +111,7 @@ struct Walker {
     const pickle::StorageRef& s = pk.storages[t.storage];
     const DType dt = *DTypeFromName(s.dtype);  // checked when the storage was mapped
     at::Tensor out = MakeView(storages[t.storage], dt, t.sizes, t.strides, t.storage_offset,
-                              "tensor " + format::Quote(name));
+                              "tensor " + format::Quote(name), path);
     if (t.requires_grad) {
       if (!out.is_floating_point() && !out.is_complex()) {
         Bad(path, std::nullopt,

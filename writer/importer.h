@@ -84,9 +84,11 @@ class MappedInput {
 };
 
 // A tensor of `dtype` viewing `storage` (no copy, no dispatcher); sizes and
-// strides in elements. The caller has validated the extent.
+// strides in elements. The caller has validated the extent. Throws kBadInput
+// naming `path` and `what` for sizes LibTorch cannot hold (their non-zero
+// product past 2^63 - 1, even when a size is 0).
 at::Tensor MakeView(const c10::Storage& storage, DType dtype, const std::vector<int64_t>& sizes,
                     const std::vector<int64_t>& strides, uint64_t storage_offset,
-                    const std::string& what);
+                    const std::string& what, const std::string& path);
 
 }  // namespace tsar::importer

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "format/reader.h"
 #include "loader/open_file.h"
 #include "loader/scalar_type.h"
 #include "writer/importer.h"
@@ -52,8 +53,28 @@ c10::Storage MappedInput::Storage(const std::shared_ptr<const MappedInput>& self
 
 at::Tensor MakeView(const c10::Storage& storage, DType dtype, const std::vector<int64_t>& sizes,
                     const std::vector<int64_t>& strides, uint64_t storage_offset,
-                    const std::string& what) {
-  const c10::ScalarType type = ToScalarType(dtype, what);
+                    const std::string& what, const std::string& path) {
+  // LibTorch multiplies every size, zeros included, and throws its own
+  // "numel: integer multiplication overflow" past 2^63 - 1: refuse first,
+  // naming the input (spec R50, R78: the product of the non-zero sizes).
+  uint64_t numel = 1;
+  for (const int64_t d : sizes) {
+    if (d > 0 && (!format::CheckedMul(numel, static_cast<uint64_t>(d), &numel) ||
+                  numel > static_cast<uint64_t>(INT64_MAX))) {
+      std::string shape;
+      for (const int64_t x : sizes) shape += (shape.empty() ? "" : ", ") + std::to_string(x);
+      throw Error(ErrorCode::kBadInput, path, std::nullopt,
+                  what + ": sizes: expected non-zero sizes whose product is at most 2^63-1, "
+                         "found [" + shape + "]");
+    }
+  }
+  c10::ScalarType type;
+  try {
+    type = ToScalarType(dtype, what);
+  } catch (const Error& e) {  // a dtype this LibTorch lacks: name the input too
+    if (!e.path().empty()) throw;
+    throw Error(e.code(), path, std::nullopt, e.what());
+  }
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
       c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
       c10::scalarTypeToTypeMeta(type));

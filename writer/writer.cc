@@ -82,7 +82,7 @@ void WithPath(const std::string& path, F&& f) {
 Writer::Writer(std::string path, PackOptions options) : state_(std::make_unique<State>()) {
   state_->path = std::move(path);
   state_->options = std::move(options);
-  format::IndexBuilder check(state_->options.alignment);  // validates alignment now
+  WithPath(state_->path, [&] { format::IndexBuilder check(state_->options.alignment); });
 }
 
 Writer::~Writer() = default;

@@ -229,3 +229,13 @@ def test_falls_back_to_read_when_mmap_is_refused(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["read", "45.0"]
     assert path in r.stderr, f"the fallback warns on stderr naming the archive: {r.stderr!r}"
+
+
+def test_a_bad_alignment_names_the_output_and_writes_nothing(tmp_path):
+    path = tmp_path / "a.tsar"
+    with pytest.raises(tsar.Error) as e:
+        tsar.save({"w": torch.ones(4)}, path, alignment=100)
+    assert e.value.code == tsar.ErrorCode.INVALID_ARGUMENT
+    assert e.value.path == str(path)
+    assert str(e.value) == f"{path}: alignment: expected a power of two in [64, 2^30], found 100"
+    assert not path.exists()

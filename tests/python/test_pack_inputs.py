@@ -37,3 +37,4 @@ def test_a_name_the_format_cannot_hold_is_a_bad_input(cli, tmp_path, name, needl
     assert e.value.code == tsar.ErrorCode.BAD_INPUT
     assert e.value.path == str(src)
     assert needle in str(e.value)
+
