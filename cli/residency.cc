@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "loader/open_file.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "loader/open_file.h"
 #include "tsar/archive.h"
 
 namespace tsar::cli {

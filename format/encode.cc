@@ -21,7 +21,6 @@ std::string Dec(uint64_t v) { return std::to_string(v); }
   throw Error(code, "", std::nullopt, message);
 }
 
-
 // Sizes (and strides) of a tensor or sparse record: what R48/R49/R61 require,
 // worded for a caller who passes signed values.
 void CheckDims(const std::string& what, const char* field, const std::vector<int64_t>& v) {

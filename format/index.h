@@ -98,11 +98,10 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
 class Index {
  public:
   // Decodes and validates header and index: rules R1-R75, R77 and R78 of
-  // §6.3, in the order §6.3 lists them (not R76, the storage checksums). `head` holds the file's bytes [0, n)
-  // with n >= the header's data_offset (extra bytes are dropped; fewer is
-  // R14, kTruncated); `file_size` is the actual size of the file. Throws
-  // tsar::Error with the code, offset and message of the first rule broken
-  // (§6.2, §6.7), naming `path`.
+  // §6.3, in the order §6.3 lists them (not R76, the storage checksums). `head` holds the file's
+  // bytes [0, n) with n >= the header's data_offset (extra bytes are dropped; fewer is R14,
+  // kTruncated); `file_size` is the actual size of the file. Throws tsar::Error with the code,
+  // offset and message of the first rule broken (§6.2, §6.7), naming `path`.
   static Index Parse(std::vector<uint8_t> head, uint64_t file_size, const std::string& path);
 
   // Convenience for in-memory archives: parses the whole byte string.

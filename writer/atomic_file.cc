@@ -101,9 +101,9 @@ std::string FollowLinks(const std::string& path) {
     std::string link(buf, static_cast<size_t>(n));
     p = (link[0] == '/' || p.find('/') == std::string::npos) ? link : DirOf(p) + "/" + link;
   }
-  throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
-              "output: more than " + std::to_string(kMaxLinks) +
-                  " symbolic links to follow (a loop?)");
+  throw Error(
+      ErrorCode::kInvalidArgument, path, std::nullopt,
+      "output: more than " + std::to_string(kMaxLinks) + " symbolic links to follow (a loop?)");
 }
 
 }  // namespace

@@ -115,9 +115,10 @@ struct Walker {
     if (t.requires_grad) {
       if (!out.is_floating_point() && !out.is_complex()) {
         Bad(path, std::nullopt,
-            "tensor " + format::Quote(name) + ": requires_grad: expected a floating-point or "
-                "complex dtype, found " + std::string(DTypeName(dt)) +
-                " (torch.load refuses this tensor too)");
+            "tensor " + format::Quote(name) +
+                ": requires_grad: expected a floating-point or "
+                "complex dtype, found " +
+                std::string(DTypeName(dt)) + " (torch.load refuses this tensor too)");
       }
       out.set_requires_grad(true);
     }

@@ -64,8 +64,10 @@ at::Tensor MakeView(const c10::Storage& storage, DType dtype, const std::vector<
       std::string shape;
       for (const int64_t x : sizes) shape += (shape.empty() ? "" : ", ") + std::to_string(x);
       throw Error(ErrorCode::kBadInput, path, std::nullopt,
-                  what + ": sizes: expected non-zero sizes whose product is at most 2^63-1, "
-                         "found [" + shape + "]");
+                  what +
+                      ": sizes: expected non-zero sizes whose product is at most 2^63-1, "
+                      "found [" +
+                      shape + "]");
     }
   }
   c10::ScalarType type;

@@ -92,10 +92,9 @@ PYBIND11_MODULE(_tsar, m) {
   py::class_<Archive>(m, "Archive")
       .def_property_readonly("path", &Archive::path)
       .def_property_readonly("mode", [](const Archive& a) { return ModeName(a.mode()); })
-      .def_property_readonly("format_version",
-                             [](const Archive& a) {
-                               return py::make_tuple(a.format_major(), a.format_minor());
-                             })
+      .def_property_readonly(
+          "format_version",
+          [](const Archive& a) { return py::make_tuple(a.format_major(), a.format_minor()); })
       .def_property_readonly("alignment", &Archive::alignment)
       .def_property_readonly("file_size", &Archive::file_size)
       .def_property_readonly("data_ptr",
@@ -105,21 +104,23 @@ PYBIND11_MODULE(_tsar, m) {
       .def("names", &Archive::names, py::arg("entry"))
       .def("contains", &Archive::contains, py::arg("name"), py::arg("entry"))
       .def("tensor", &Archive::tensor, py::arg("name"), py::arg("entry"))
-      .def("state_dict",
-           [](const Archive& a, const std::string& entry) {
-             std::vector<std::pair<std::string, at::Tensor>> out;
-             for (auto& item : a.state_dict(entry)) out.emplace_back(item.key(), item.value());
-             return out;
-           },
-           py::arg("entry"))
-      .def("metadata_items",
-           [](const Archive& a, const std::string& entry) {
-             py::list out;
-             for (const auto& [k, v] : a.metadata_items(entry))
-               out.append(py::make_tuple(k, ToPython(v)));
-             return out;
-           },
-           py::arg("entry"))
+      .def(
+          "state_dict",
+          [](const Archive& a, const std::string& entry) {
+            std::vector<std::pair<std::string, at::Tensor>> out;
+            for (auto& item : a.state_dict(entry)) out.emplace_back(item.key(), item.value());
+            return out;
+          },
+          py::arg("entry"))
+      .def(
+          "metadata_items",
+          [](const Archive& a, const std::string& entry) {
+            py::list out;
+            for (const auto& [k, v] : a.metadata_items(entry))
+              out.append(py::make_tuple(k, ToPython(v)));
+            return out;
+          },
+          py::arg("entry"))
       .def("info", [](const Archive& a, const std::string& name,
                       const std::string& entry) { return Info(a.info(name, entry)); })
       .def("infos",
@@ -147,8 +148,8 @@ PYBIND11_MODULE(_tsar, m) {
   m.def(
       "save",
       [](const std::string& path,
-         const std::vector<std::pair<std::string, std::vector<std::tuple<std::string, at::Tensor, int>>>>&
-             entries,
+         const std::vector<std::pair<
+             std::string, std::vector<std::tuple<std::string, at::Tensor, int>>>>& entries,
          const py::list& metadata, uint32_t alignment, bool durable) {
         PackOptions o;
         o.alignment = alignment;
@@ -192,8 +193,8 @@ PYBIND11_MODULE(_tsar, m) {
         }
         return py::make_tuple(s.tensors, s.entries, s.nbytes, s.notes);
       },
-      py::arg("sources"), py::arg("dst"), py::arg("entry"), py::arg("strict"),
-      py::arg("alignment"), py::arg("metadata"));
+      py::arg("sources"), py::arg("dst"), py::arg("entry"), py::arg("strict"), py::arg("alignment"),
+      py::arg("metadata"));
 
   // slots: the module's state_dict(keep_vars=True) items, rebound in place.
   m.def(

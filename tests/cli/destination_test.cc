@@ -66,9 +66,8 @@ TEST_F(DestinationTest, DevicesFifosAndSocketsAreNeverReplaced) {
   const std::map<mode_t, std::string> names = {
       {S_IFIFO, "a FIFO"}, {S_IFSOCK, "a socket"}, {S_IFCHR, "a character device"}};
   for (const auto& [target, type] : targets) {
-    for (const std::string& cmd :
-         {"pack -q " + Fixture("tied_sd.pt") + " -o " + target,
-          "export " + Path("ok.tsar") + " -o " + target}) {
+    for (const std::string& cmd : {"pack -q " + Fixture("tied_sd.pt") + " -o " + target,
+                                   "export " + Path("ok.tsar") + " -o " + target}) {
       const Result r = Tsar(cmd);
       EXPECT_EQ(r.code, 2) << cmd << ": " << r.err;
       EXPECT_TRUE(OneErrorLine(r, "is " + names.at(type) + ", expected a regular file")) << cmd;
@@ -138,10 +137,10 @@ TEST_F(DestinationTest, TemporariesOfDeadProcessesAreRemovedByTheNextPack) {
   const std::vector<std::string> stale = {".out.tsar.tmp-" + d + "@" + ns,
                                           ".other.tsar.tmp-" + d + "@" + ns + ".a1B2c3"};
   const std::vector<std::string> kept = {
-      ".out.tsar.tmp-" + live + "@" + ns,               // a live process
-      ".out.tsar.tmp-" + d + "@" + ns + "1",            // another PID namespace
-      ".out.tsar.tmp-" + d,                             // not our name pattern
-      "out.tsar.tmp-" + d + "@" + ns};                  // not hidden
+      ".out.tsar.tmp-" + live + "@" + ns,     // a live process
+      ".out.tsar.tmp-" + d + "@" + ns + "1",  // another PID namespace
+      ".out.tsar.tmp-" + d,                   // not our name pattern
+      "out.tsar.tmp-" + d + "@" + ns};        // not hidden
   for (const auto& n : stale) testing::WriteAll(Path(n), "partial");
   for (const auto& n : kept) testing::WriteAll(Path(n), "partial");
   const Result r = Tsar("pack -q " + Fixture("tied_sd.pt") + " -o " + Path("out.tsar"));

@@ -207,7 +207,8 @@ TEST_F(ArchiveTest, FaultsInManyThreadsAtOncePrintTheDiagnosticOnce) {
     close(fds[1]);
     std::string err;
     char buf[4096];
-    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<size_t>(n));
+    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;)
+      err.append(buf, static_cast<size_t>(n));
     close(fds[0]);
     int status = 0;
     waitpid(pid, &status, 0);
