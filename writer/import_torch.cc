@@ -8,6 +8,7 @@
 
 #include "format/endian.h"
 #include "format/reader.h"
+#include "format/spec.h"
 #include "writer/importer.h"
 #include "writer/pickle.h"
 
@@ -113,7 +114,7 @@ struct Walker {
     at::Tensor out = MakeView(storages[t.storage], dt, t.sizes, t.strides, t.storage_offset,
                               "tensor " + format::Quote(name), path);
     if (t.requires_grad) {
-      if (!out.is_floating_point() && !out.is_complex()) {
+      if (!format::DTypeCodeMayRequireGrad(static_cast<uint16_t>(dt))) {  // as spec R77
         Bad(path, std::nullopt,
             "tensor " + format::Quote(name) +
                 ": requires_grad: expected a floating-point or "

@@ -84,9 +84,10 @@ class MappedInput {
 };
 
 // A tensor of `dtype` viewing `storage` (no copy, no dispatcher); sizes and
-// strides in elements. The caller has validated the extent. Throws kBadInput
-// naming `path` and `what` for sizes LibTorch cannot hold (their non-zero
-// product past 2^63 - 1, even when a size is 0).
+// strides in elements. The caller has validated the extent against the
+// storage. Throws kBadInput naming `path` and `what` for a view the spec's
+// rules R48-R52, R78 refuse (LibTorch cannot build it either: sizes whose
+// non-zero product passes 2^63 - 1, even when a size is 0).
 at::Tensor MakeView(const c10::Storage& storage, DType dtype, const std::vector<int64_t>& sizes,
                     const std::vector<int64_t>& strides, uint64_t storage_offset,
                     const std::string& what, const std::string& path);

@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "format/reader.h"
+#include "format/extent.h"
 #include "loader/open_file.h"
 #include "loader/scalar_type.h"
 #include "writer/importer.h"
@@ -54,21 +54,18 @@ c10::Storage MappedInput::Storage(const std::shared_ptr<const MappedInput>& self
 at::Tensor MakeView(const c10::Storage& storage, DType dtype, const std::vector<int64_t>& sizes,
                     const std::vector<int64_t>& strides, uint64_t storage_offset,
                     const std::string& what, const std::string& path) {
-  // LibTorch multiplies every size, zeros included, and throws its own
-  // "numel: integer multiplication overflow" past 2^63 - 1: refuse first,
-  // naming the input (spec R50, R78: the product of the non-zero sizes).
-  uint64_t numel = 1;
-  for (const int64_t d : sizes) {
-    if (d > 0 && (!format::CheckedMul(numel, static_cast<uint64_t>(d), &numel) ||
-                  numel > static_cast<uint64_t>(INT64_MAX))) {
-      std::string shape;
-      for (const int64_t x : sizes) shape += (shape.empty() ? "" : ", ") + std::to_string(x);
-      throw Error(ErrorCode::kBadInput, path, std::nullopt,
-                  what +
-                      ": sizes: expected non-zero sizes whose product is at most 2^63-1, "
-                      "found [" +
-                      shape + "]");
-    }
+  // The spec's view rules (R48-R52, R78) are what LibTorch can build: past
+  // them it throws its own errors ("numel: integer multiplication overflow",
+  // even for an empty tensor). Refuse first, naming the input.
+  const auto ndim = static_cast<uint32_t>(sizes.size());
+  const uint64_t esize = ElementSize(dtype);
+  const format::ViewExtent v =
+      format::ComputeViewExtent(sizes.data(), strides.data(), ndim, storage_offset, esize);
+  if (v.fault != format::ViewExtent::Fault::kNone) {
+    const format::ViewFaultText text =
+        format::DescribeViewFault(v, sizes.data(), strides.data(), storage_offset, esize);
+    throw Error(ErrorCode::kBadInput, path, std::nullopt,
+                what + ": " + text.field + ": expected " + text.expected + ", found " + text.found);
   }
   c10::ScalarType type;
   try {
