@@ -11,7 +11,7 @@
 #include <random>
 #include <thread>
 
-#include "tests/loader/test_helpers.h"
+#include "tests/cli/cli_fixture.h"
 
 namespace tsar {
 namespace {
@@ -25,18 +25,7 @@ using testing::Sh;
 const std::string kTsar = TSAR_CLI;
 const std::string kSource = TSAR_SOURCE_DIR;
 
-class CliTest : public ::testing::Test {
- protected:
-  void SetUp() override { dir_ = testing::TempDir(); }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-  std::string Path(const std::string& n) const { return dir_ + "/" + n; }
-  Result Tsar(const std::string& args) const { return Sh(kTsar + " " + args); }
-  bool Exists(const std::string& p) const {
-    struct stat st;
-    return stat(p.c_str(), &st) == 0;
-  }
-  std::string dir_;
-};
+using CliTest = testing::CliFixture;
 
 TEST_F(CliTest, HelpVersionAndUsageErrors) {
   Result r = Tsar("--help");

@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "tests/loader/test_helpers.h"
+#include "tests/cli/cli_fixture.h"
 
 namespace tsar {
 namespace {
@@ -21,20 +21,13 @@ using testing::OneErrorLine;
 using testing::Result;
 using testing::Sh;
 
-const std::string kTsar = TSAR_CLI;
-
-class DestinationTest : public ::testing::Test {
+// Tsar() runs under `timeout`: a hang is exit 124, which every test below rejects.
+class DestinationTest : public testing::CliFixture {
  protected:
-  void SetUp() override { dir_ = testing::TempDir(); }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-  std::string Path(const std::string& n) const { return dir_ + "/" + n; }
-  // `timeout` turns a hang into exit 124, which every test below rejects.
-  Result Tsar(const std::string& args) const { return Sh("timeout 60 " + kTsar + " " + args); }
   mode_t Type(const std::string& p) const {
     struct stat st;
     return lstat(p.c_str(), &st) == 0 ? (st.st_mode & S_IFMT) : 0;
   }
-  std::string dir_;
 };
 
 // Returns false when this process may not make device nodes (not root).

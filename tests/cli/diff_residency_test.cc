@@ -15,7 +15,7 @@
 #include <random>
 #include <set>
 
-#include "tests/loader/test_helpers.h"
+#include "tests/cli/cli_fixture.h"
 #include "tsar/tsar.h"
 
 namespace tsar {
@@ -30,21 +30,13 @@ using testing::Result;
 using testing::Sh;
 using testing::Worker;
 
-const std::string kTsar = TSAR_CLI;
 const std::string kWorker = TSAR_TEST_WORKER;
 
 bool Has(const std::string& text, const std::string& line) {
   return ("\n" + text).find("\n" + line + "\n") != std::string::npos;
 }
 
-class DiffResidencyTest : public ::testing::Test {
- protected:
-  void SetUp() override { dir_ = testing::TempDir(); }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-  std::string Path(const std::string& n) const { return dir_ + "/" + n; }
-  Result Tsar(const std::string& args) const { return Sh(kTsar + " " + args); }
-  std::string dir_;
-};
+using DiffResidencyTest = testing::CliFixture;
 
 std::set<std::string> Strings(const Json& array) {
   std::set<std::string> out;
