@@ -9,7 +9,7 @@ build=${1:-build}
 packages=(
   g++ cmake ninja-build pkg-config ccache          # toolchain
   libtorch-dev                                      # LibTorch 1.13 (CPU)
-  libxxhash-dev libcli11-dev nlohmann-json3-dev libhdf5-dev
+  libxxhash-dev libcli11-dev nlohmann-json3-dev libhdf5-dev libminizip-dev
   libgtest-dev libbenchmark-dev                     # tests, benchmarks
   clang libclang-rt-14-dev                          # libFuzzer + sanitizers
   python3-torch python3-torchvision python3-h5py python3-numpy   # test fixtures

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -106,9 +107,27 @@ std::string FollowLinks(const std::string& path) {
       "output: more than " + std::to_string(kMaxLinks) + " symbolic links to follow (a loop?)");
 }
 
+// The process's umask, read without changing it (umask(2) can only be read
+// by setting it, which races with other threads creating files).
+mode_t CurrentUmask() {
+  if (FILE* f = std::fopen("/proc/self/status", "re")) {
+    char line[256];
+    unsigned mask = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, f)) {
+      found = std::sscanf(line, "Umask: %o", &mask) == 1;
+    }
+    std::fclose(f);
+    if (found) return static_cast<mode_t>(mask);
+  }
+  const mode_t mask = umask(0);
+  umask(mask);
+  return mask;
+}
+
 }  // namespace
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+AtomicFile::AtomicFile(std::string path, bool named) : path_(std::move(path)) {
   if (path_.empty() || path_.back() == '/') {
     throw Error(ErrorCode::kInvalidArgument, path_, std::nullopt, "output: expected a file name");
   }
@@ -128,7 +147,9 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   }
   RemoveStaleTemporaries(dir_);
 #ifdef O_TMPFILE
-  fd_ = open(dir_.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, kMode);
+  // Owner-only while written (HDF5 reopens it by path, WritablePath()); the
+  // archive's mode is set when it is published. mkstemp makes it 0600 too.
+  if (!named) fd_ = open(dir_.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, S_IRUSR | S_IWUSR);
 #endif
   if (fd_ < 0) {
     temp_name_ = dir_ + "/." + BaseOf(target_) + kTempInfix + TempTag() + ".XXXXXX";
@@ -139,9 +160,6 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
       throw Error(ErrorCode::kIo, path_, std::nullopt,
                   "cannot create a file in directory " + dir_ + ": " + std::strerror(err));
     }
-    const mode_t mask = umask(0);
-    umask(mask);
-    fchmod(fd_, kMode & ~mask);
   }
 }
 
@@ -172,7 +190,28 @@ void AtomicFile::WriteAt(uint64_t offset, const void* data, uint64_t size) {
   }
 }
 
+void AtomicFile::CheckSpace(uint64_t size) const {
+  struct statvfs fs;
+  if (fstatvfs(fd_, &fs) != 0) return;  // unknown: the writes will say
+  const unsigned __int128 free = static_cast<unsigned __int128>(fs.f_bavail) * fs.f_frsize;
+  if (free < size) {
+    throw Error(ErrorCode::kIo, path_, std::nullopt,
+                "output: needs " + std::to_string(size) + " bytes, the file system of " + dir_ +
+                    " has " + std::to_string(static_cast<uint64_t>(free)) + " free");
+  }
+}
+
+std::string AtomicFile::WritablePath() const {
+  if (temp_name_.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, path_, std::nullopt,
+                "output: the temporary file has no name (construct the AtomicFile named)");
+  }
+  return temp_name_;
+}
+
 void AtomicFile::Publish(bool durable) {
+  const mode_t mask = CurrentUmask();
+  if (fchmod(fd_, kMode & ~mask) != 0) Fail("cannot set the mode of the new file", errno);
   if (durable && fsync(fd_) != 0) Fail("cannot flush", errno);
   if (temp_name_.empty()) {
     // Give the unnamed file a name in the same directory, then rename it over

@@ -20,7 +20,8 @@ class AtomicFile {
   // links), first removing temporaries that dead processes left in that
   // directory. Throws kInvalidArgument for a destination that is not a
   // regular file or a new name, kIo (naming the directory) when it cannot.
-  explicit AtomicFile(std::string path);
+  // `named`: a temporary name from the start instead of O_TMPFILE.
+  explicit AtomicFile(std::string path, bool named = false);
   // Without Publish(), the temporary file is removed; `path` is untouched.
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;
@@ -28,6 +29,14 @@ class AtomicFile {
 
   void Resize(uint64_t size);
   void WriteAt(uint64_t offset, const void* data, uint64_t size);
+  // Throws kIo, before anything is written, when the destination's file
+  // system has fewer than `size` bytes free for this user.
+  void CheckSpace(uint64_t size) const;
+  // The temporary file's path, for libraries that can only write to a path
+  // (HDF5, which resolves it with realpath, so an unnamed file will not do).
+  // Only for an AtomicFile constructed with `named`. The file is private to
+  // its owner (0600) until Publish() gives it the archive's mode.
+  std::string WritablePath() const;
   // Flushes (when durable), then atomically replaces `path`.
   void Publish(bool durable);
 

@@ -1,13 +1,16 @@
 // Export to HDF5 as h5py lays it out: one dataset per tensor, dotted names as
 // nested groups, metadata as attributes; bool as h5py's enum, complex as h5py's
-// {r, i} compound, float16 as IEEE half. Built in memory (core driver) and then
-// written atomically, since HDF5 can only write to a path.
+// {r, i} compound, float16 as IEEE half. HDF5 writes into the AtomicFile's
+// temporary file (it can only write to a path: AtomicFile::WritablePath), one
+// bounded piece of a tensor at a time (writer/pieces.h), so exporting needs
+// no memory in proportion to the model; the file is published when done.
 #include <ATen/core/Tensor.h>
 #include <hdf5.h>
 
 #include "format/reader.h"
 #include "writer/atomic_file.h"
 #include "writer/export_internal.h"
+#include "writer/pieces.h"
 
 namespace tsar::exporter {
 namespace {
@@ -23,6 +26,11 @@ class H5 {
   H5& operator=(const H5&) = delete;
   hid_t get() const { return id_; }
   bool ok() const { return id_ >= 0; }
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = -1;
+    return id;
+  }
 
  private:
   hid_t id_;
@@ -145,6 +153,21 @@ void Attribute(hid_t loc, const std::string& key, const MetadataValue& v,
     Fail(path, "cannot write attribute " + format::Quote(key));
 }
 
+// HDF5 names are C strings, and '/' separates the components of a path.
+void CheckName(const Archive& a, const std::string& what, const std::string& name) {
+  if (name.find('\0') != std::string::npos) {
+    throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
+                what + " " + format::Quote(name) +
+                    ": holds a NUL byte, which an HDF5 name cannot; export to .pt or .safetensors");
+  }
+  if (name.find('/') != std::string::npos) {
+    throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
+                what + " " + format::Quote(name) +
+                    ": holds a '/', which HDF5 reads as a group separator; export to .pt or "
+                    ".safetensors");
+  }
+}
+
 std::vector<std::string> Split(const std::string& name) {
   std::vector<std::string> parts;
   size_t start = 0;
@@ -160,15 +183,42 @@ std::vector<std::string> Split(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
-  AtomicFile out(path);  // first: a bad destination fails before any work
+  AtomicFile out(path, /*named=*/true);  // first: a bad destination fails before any work
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   std::vector<std::string> notes;
-  const H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  H5Pset_fapl_core(fapl.get(), 64 << 20, /*backing_store=*/0);
-  const H5 file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!file.ok()) Fail(path, "cannot create an in-memory file");
   const auto entries = a.entries();
+  const auto infos = a.infos();
   const bool single = entries.size() == 1;
+  // Names and sizes first: nothing is written for an archive HDF5 cannot hold.
+  uint64_t total = 0;
+  for (const auto& e : entries) CheckName(a, "entry", e);
+  for (const auto& [k, v] : a.metadata_items()) CheckName(a, "metadata key", k);
+  for (const auto& t : infos) {
+    if (t.name.find('\0') != std::string::npos || t.name.find('/') != std::string::npos) {
+      CheckName(a, "tensor", FlatName(a, t));
+    }
+    uint64_t n = ElementSize(t.dtype);
+    bool empty = false;
+    for (int64_t d : t.sizes) empty = empty || d == 0;
+    for (int64_t d : t.sizes) {
+      if (!empty && !format::CheckedMul(n, static_cast<uint64_t>(d), &n)) {
+        throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
+                    "tensor " + format::Quote(FlatName(a, t)) +
+                        ": its contiguous copy would be more than 2^64 - 1 bytes, more than an "
+                        "HDF5 file can hold");
+      }
+    }
+    if (!format::CheckedAdd(total, empty ? 0 : n, &total)) {
+      throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
+                  "the export would be more than 2^64 - 1 bytes, more than an HDF5 file can hold");
+    }
+  }
+  out.CheckSpace(total);
+  const H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_file_locking(fapl.get(), false, true);  // the file is ours alone until published
+  const std::string writable = out.WritablePath();
+  H5 file(H5Fcreate(writable.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  if (!file.ok()) Fail(path, "cannot create the file");
   for (const auto& [k, v] : a.metadata_items()) Attribute(file.get(), k, v, notes, path);
   for (const auto& e : entries) {
     H5 entry_group(
@@ -176,8 +226,11 @@ std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
         H5Gclose);
     const hid_t root = single ? file.get() : entry_group.get();
     if (root < 0) Fail(path, "cannot create group " + format::Quote(e));
-    for (const auto& [k, v] : a.metadata_items(e)) Attribute(root, k, v, notes, path);
-    for (const auto& t : a.infos()) {
+    for (const auto& [k, v] : a.metadata_items(e)) {
+      CheckName(a, "metadata key", k);
+      Attribute(root, k, v, notes, path);
+    }
+    for (const auto& t : infos) {
       if (t.entry != e) continue;
       bool owned = false;
       const hid_t type = FileType(t.dtype, &owned);
@@ -198,31 +251,45 @@ std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
       }
       std::vector<hid_t> opened;
       const hid_t g = GroupFor(root, parts, opened, path, t.name);
+      const bool taken = H5Lexists(g, parts.back().c_str(), H5P_DEFAULT) > 0;
       std::vector<hsize_t> dims(t.sizes.begin(), t.sizes.end());
       const H5 space(t.sizes.empty()
                          ? H5Screate(H5S_SCALAR)
                          : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                      H5Sclose);
-      const H5 ds(H5Dcreate2(g, parts.back().c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                             H5P_DEFAULT),
+      const H5 ds(taken ? -1
+                        : H5Dcreate2(g, parts.back().c_str(), type, space.get(), H5P_DEFAULT,
+                                     H5P_DEFAULT, H5P_DEFAULT),
                   H5Dclose);
       for (auto it = opened.rbegin(); it != opened.rend(); ++it) H5Gclose(*it);
-      if (!ds.ok())
-        Fail(path, "cannot create dataset " + format::Quote(t.name) + " (is the name used twice?)");
-      const at::Tensor x = a.tensor(t.name, t.entry).contiguous();
-      if (x.numel() > 0 &&
-          H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data_ptr()) < 0) {
-        Fail(path, "cannot write dataset " + format::Quote(t.name));
+      if (taken) {
+        throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
+                    "tensor " + format::Quote(t.name) +
+                        ": a group of that name holds other tensors (names that extend it with "
+                        "'.'), which HDF5 groups cannot express");
       }
+      if (!ds.ok()) Fail(path, "cannot create dataset " + format::Quote(t.name));
+      ForEachPiece(a.tensor(t.name, t.entry), [&](const Piece& p) {
+        if (t.sizes.empty()) {
+          if (H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data) < 0)
+            Fail(path, "cannot write dataset " + format::Quote(t.name));
+          return;
+        }
+        std::vector<hsize_t> start(p.start.begin(), p.start.end());
+        std::vector<hsize_t> count(p.count.begin(), p.count.end());
+        const hsize_t elements = p.nbytes / ElementSize(t.dtype);
+        const H5 mem(H5Screate_simple(1, &elements, nullptr), H5Sclose);
+        const H5 file_space(H5Dget_space(ds.get()), H5Sclose);
+        if (!mem.ok() || !file_space.ok() ||
+            H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
+                                count.data(), nullptr) < 0 ||
+            H5Dwrite(ds.get(), type, mem.get(), file_space.get(), H5P_DEFAULT, p.data) < 0) {
+          Fail(path, "cannot write dataset " + format::Quote(t.name));
+        }
+      });
     }
   }
-  if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) Fail(path, "cannot flush");
-  const ssize_t size = H5Fget_file_image(file.get(), nullptr, 0);
-  if (size < 0) Fail(path, "cannot get the file image");
-  std::vector<char> image(static_cast<size_t>(size));
-  if (H5Fget_file_image(file.get(), image.data(), image.size()) != size)
-    Fail(path, "cannot copy the file image");
-  out.WriteAt(0, image.data(), image.size());
+  if (H5Fclose(file.release()) < 0) Fail(path, "cannot finish the file");
   out.Publish(/*durable=*/true);
   return notes;
 }

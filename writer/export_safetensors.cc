@@ -11,6 +11,7 @@
 #include "format/reader.h"
 #include "writer/atomic_file.h"
 #include "writer/export_internal.h"
+#include "writer/pieces.h"
 
 namespace tsar::exporter {
 namespace {
@@ -54,15 +55,34 @@ const char* Code(DType dt) {
   }
 }
 
+// Bytes of a tensor's contiguous copy; kOverflow naming it past 2^64 - 1.
+uint64_t ContiguousBytes(const Archive& a, const TensorInfo& t) {
+  uint64_t n = ElementSize(t.dtype);
+  bool empty = false;
+  for (int64_t d : t.sizes) empty = empty || d == 0;
+  if (empty) return 0;
+  for (int64_t d : t.sizes) {
+    if (!format::CheckedMul(n, static_cast<uint64_t>(d), &n)) {
+      throw Error(ErrorCode::kOverflow, a.path(), std::nullopt,
+                  "tensor " + format::Quote(FlatName(a, t)) +
+                      ": its contiguous copy would be more than 2^64 - 1 bytes");
+    }
+  }
+  return n;
+}
+
 }  // namespace
 
 std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& path,
                                            const ExportOptions& options) {
+  AtomicFile out(path);  // first: a bad destination fails before any work
   std::vector<std::string> notes;
   const auto infos = a.infos();
+  const bool single = a.entries().size() == 1;
+  const auto flat = [&](const TensorInfo& t) { return single ? t.name : t.entry + "/" + t.name; };
   std::map<uint32_t, std::vector<std::string>> users;
   for (const auto& t : infos) {
-    users[t.storage].push_back(FlatName(a, t));
+    users[t.storage].push_back(flat(t));
   }
   if (!options.materialize_shared) {
     std::string shared;
@@ -78,21 +98,26 @@ std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& 
                       " (use --materialize-shared to write each as its own copy)");
     }
   }
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  // JSON objects are written member by member, in archive order: an ordered
+  // JSON object would look each key up by a linear scan (quadratic).
+  std::string meta;
   for (const auto& [k, v] : a.metadata_items()) {
+    std::string value;
     if (const auto* s = std::get_if<std::string>(&v)) {
-      meta[k] = *s;
+      value = *s;
     } else if (const auto* i = std::get_if<int64_t>(&v)) {
-      meta[k] = std::to_string(*i);
+      value = std::to_string(*i);
     } else if (const auto* d = std::get_if<double>(&v)) {
       char buf[40];
       std::snprintf(buf, sizeof buf, "%.17g", *d);
-      meta[k] = buf;
+      value = buf;
     } else {
       notes.push_back("metadata " + k +
                       ": bytes values cannot be safetensors metadata (strings only); left out");
+      continue;
     }
+    meta +=
+        (meta.empty() ? "" : ",") + nlohmann::json(k).dump() + ":" + nlohmann::json(value).dump();
   }
   for (const auto& e : a.entries()) {
     for (const auto& [k, v] : a.metadata_items(e)) {
@@ -100,35 +125,50 @@ std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& 
                       ": safetensors has no per-entry metadata; left out");
     }
   }
-  if (!meta.empty()) header["__metadata__"] = meta;
+  std::string json = "{";
+  if (!meta.empty()) json += "\"__metadata__\":{" + meta + "}";
   uint64_t offset = 0;
-  std::vector<at::Tensor> tensors;
   for (const auto& t : infos) {
     const char* code = Code(t.dtype);
     if (!code) {
       throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
-                  "tensor " + format::Quote(FlatName(a, t)) + ": safetensors has no dtype " +
+                  "tensor " + format::Quote(flat(t)) + ": safetensors has no dtype " +
                       std::string(DTypeName(t.dtype)));
     }
-    at::Tensor x = a.tensor(t.name, t.entry).contiguous();
-    const uint64_t n = x.numel() * x.element_size();
-    header[FlatName(a, t)] = {
-        {"dtype", code}, {"shape", t.sizes}, {"data_offsets", {offset, offset + n}}};
-    offset += n;
-    tensors.push_back(std::move(x));
+    const uint64_t n = ContiguousBytes(a, t);
+    uint64_t end = 0;
+    if (!format::CheckedAdd(offset, n, &end)) {
+      throw Error(
+          ErrorCode::kOverflow, a.path(), std::nullopt,
+          "tensor " + format::Quote(flat(t)) + ": the export would be more than 2^64 - 1 bytes");
+    }
+    if (json.size() > 1) json += ',';
+    json += nlohmann::json(flat(t)).dump();
+    json += ':';
+    json +=
+        nlohmann::ordered_json{{"dtype", code}, {"shape", t.sizes}, {"data_offsets", {offset, end}}}
+            .dump();
+    offset = end;
   }
-  std::string json = header.dump();
+  json += '}';
   json.append((8 - json.size() % 8) % 8, ' ');
-  AtomicFile out(path);
+  uint64_t total = 0;
+  if (!format::CheckedAdd(8 + json.size(), offset, &total)) {
+    throw Error(ErrorCode::kOverflow, a.path(), std::nullopt,
+                "the export would be more than 2^64 - 1 bytes");
+  }
+  out.CheckSpace(total);
   uint8_t len[8];
   format::StoreU64(len, json.size());
   out.WriteAt(0, len, 8);
   out.WriteAt(8, json.data(), json.size());
   uint64_t pos = 8 + json.size();
-  for (const auto& x : tensors) {
-    const uint64_t n = x.numel() * x.element_size();
-    if (n) out.WriteAt(pos, x.data_ptr(), n);
-    pos += n;
+  // One tensor at a time, strided ones a bounded piece at a time.
+  for (const auto& t : infos) {
+    ForEachPiece(a.tensor(t.name, t.entry), [&](const Piece& p) {
+      out.WriteAt(pos, p.data, p.nbytes);
+      pos += p.nbytes;
+    });
   }
   out.Resize(pos);
   out.Publish(/*durable=*/true);

@@ -1,5 +1,4 @@
 // Input detection by content and dispatch for `tsar pack` (writer/importer.h).
-#include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 #include "format/spec.h"
 #include "loader/open_file.h"
 #include "writer/importer.h"
+#include "writer/zip_reader.h"
 
 namespace tsar::importer {
 
@@ -46,11 +46,11 @@ InputKind Detect(const std::string& path) {
   if (n >= 8 && std::memcmp(b, kHdf5, 8) == 0) return InputKind::kHdf5;
   if (n >= 4 && b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4) {
     try {
-      caffe2::serialize::PyTorchStreamReader reader(path);
-      if (reader.hasRecord("constants.pkl") || reader.hasRecord("code/__torch__.py"))
+      const auto input = MappedInput::Open(path);
+      const zip::Reader zip(input->data(), input->size(), path);
+      if (zip.Find(zip.prefix() + "constants.pkl") || zip.Find(zip.prefix() + "code/__torch__.py"))
         return InputKind::kTorchScript;
-      if (reader.hasRecord("data.pkl")) return InputKind::kTorchSave;
-    } catch (const c10::Error&) {
+    } catch (const Error&) {
       // A damaged or foreign zip: the torch.save importer names what is wrong.
     }
     return InputKind::kTorchSave;

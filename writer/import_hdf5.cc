@@ -423,11 +423,15 @@ class Hdf5Importer {
            ", also the name of dataset " + Quote(it->second));
     }
 
-    const c10::ScalarType scalar = ToScalarType(numeric.dtype, path_ + ": " + what);
-    at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(scalar));
-    if (nbytes > 0 &&
-        H5Dread(dataset, numeric.memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()) < 0) {
-      Fail(what + ": cannot read: " + Hdf5Message());
+    at::Tensor t = MappedView(dataset, dcpl.get(), type.get(), numeric, sizes, nbytes, what);
+    if (!t.defined()) {
+      // Chunked, compressed or converted: read into memory.
+      const c10::ScalarType scalar = ToScalarType(numeric.dtype, path_ + ": " + what);
+      t = at::empty(sizes, at::TensorOptions().dtype(scalar));
+      if (nbytes > 0 &&
+          H5Dread(dataset, numeric.memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()) < 0) {
+        Fail(what + ": cannot read: " + Hdf5Message());
+      }
     }
     if (numeric.dtype == DType::kBool) {
       const auto* p = static_cast<const uint8_t*>(t.data_ptr());
@@ -439,6 +443,34 @@ class Hdf5Importer {
   }
 
   static bool IsValidName(const std::string& s) { return format::IsValidUtf8(s); }
+
+  // A dataset stored contiguously, unfiltered and in exactly the bytes of its
+  // memory type (h5py's default layout) is a zero-copy view of the mapped
+  // file, like the tensors of a torch.save or safetensors input: packing it
+  // holds no copy. Undefined for any other dataset.
+  at::Tensor MappedView(hid_t dataset, hid_t dcpl, hid_t type, const Numeric& numeric,
+                        const std::vector<int64_t>& sizes, uint64_t nbytes,
+                        const std::string& what) {
+    if (nbytes == 0 || H5Pget_layout(dcpl) != H5D_CONTIGUOUS || H5Pget_nfilters(dcpl) != 0 ||
+        H5Tequal(type, numeric.memory.get()) <= 0) {
+      return {};
+    }
+    const haddr_t at = H5Dget_offset(dataset);
+    if (at == HADDR_UNDEF) return {};
+    if (!input_) input_ = MappedInput::Open(path_);
+    if (at > input_->size() || nbytes > input_->size() - at) {
+      Fail(what + ": expected its " + std::to_string(nbytes) + " bytes at offset " +
+           std::to_string(at) + " inside the file of " + std::to_string(input_->size()) + " bytes");
+    }
+    std::vector<int64_t> strides(sizes.size());
+    int64_t stride = 1;
+    for (size_t d = sizes.size(); d-- > 0;) {
+      strides[d] = stride;
+      stride *= std::max<int64_t>(sizes[d], 1);
+    }
+    return MakeView(MappedInput::Storage(input_, at, nbytes), numeric.dtype, sizes, strides, 0,
+                    what, path_);
+  }
 
   void ReadAttributes(hid_t object, const std::string& h5path, const std::string& dotted) {
     std::vector<std::string> names;
@@ -537,6 +569,7 @@ class Hdf5Importer {
   const std::string& path_;
   const ImportOptions& options_;
   const uint64_t file_size_;
+  std::shared_ptr<const MappedInput> input_;  // mapped at the first contiguous dataset
   Imported out_;
   std::set<haddr_t> visited_;
   std::map<std::string, std::string> names_;  // tensor name -> dataset path

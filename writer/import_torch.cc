@@ -1,7 +1,6 @@
-// Importers for Python torch.save zip files (read with LibTorch's
-// PyTorchStreamReader and our restricted pickle reader, never executing
+// Importers for Python torch.save zip files (read with minizip,
+// writer/zip_reader.h, and our restricted pickle reader, never executing
 // anything) and TorchScript archives (torch::jit::load).
-#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/import.h>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +10,7 @@
 #include "format/spec.h"
 #include "writer/importer.h"
 #include "writer/pickle.h"
+#include "writer/zip_reader.h"
 
 namespace tsar::importer {
 namespace {
@@ -20,84 +20,16 @@ namespace {
   throw Error(ErrorCode::kBadInput, path, offset, msg);
 }
 
+// data.pkl holds the structure only (tensor bytes are records of their own):
+// a few bytes per tensor name and shape, tens of MB for 100,000 tensors. A
+// larger one is refused before it is inflated.
+constexpr uint64_t kMaxDataPkl = uint64_t{256} << 20;
+
 // The first line of a c10::Error, without LibTorch's C++ backtrace.
 std::string FirstLine(const std::exception& e) {
   std::string s = e.what();
   const size_t nl = s.find('\n');
   return nl == std::string::npos ? s : s.substr(0, nl);
-}
-
-// Checks the zip local file header in front of the record data at
-// `data_offset` (which PyTorchStreamReader located): stored (not
-// compressed), and exactly `nbytes` long. Returns nothing; throws kBadInput.
-void CheckStoredRecord(const MappedInput& in, uint64_t data_offset, const std::string& key,
-                       uint64_t nbytes) {
-  const std::string suffix = "/data/" + key;
-  const uint8_t* d = in.data();
-  if (data_offset < 30 || data_offset > in.size()) {
-    Bad(in.path(), data_offset, "record data/" + key + ": expected an offset inside the file");
-  }
-  // The header is 30 bytes + name + extra field (both < 64 KiB) before the data.
-  const uint64_t max_back = 30 + 65535 + 65535;
-  const uint64_t lowest = data_offset > max_back ? data_offset - max_back : 0;
-  for (uint64_t p = data_offset - 30 + 1; p-- > lowest;) {
-    if (d[p] != 'P' || d[p + 1] != 'K' || d[p + 2] != 3 || d[p + 3] != 4) continue;
-    const uint16_t flags = format::LoadU16(d + p + 6);
-    const uint16_t method = format::LoadU16(d + p + 8);
-    uint64_t size = format::LoadU32(d + p + 22);
-    const uint16_t name_len = format::LoadU16(d + p + 26);
-    const uint16_t extra_len = format::LoadU16(d + p + 28);
-    if (p + 30 + name_len + extra_len != data_offset) continue;
-    const std::string name(reinterpret_cast<const char*>(d + p + 30), name_len);
-    if (name.size() < suffix.size() ||
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      break;
-    if (method != 0)
-      Bad(in.path(), p + 8,
-          "record " + format::Quote(name) +
-              ": expected stored (method 0), found compression method " + std::to_string(method));
-    if (data_offset > in.size() || nbytes > in.size() - data_offset) {
-      Bad(in.path(), data_offset,
-          "record " + format::Quote(name) + ": expected " + std::to_string(nbytes) +
-              " bytes inside the file, found the end of the file");
-    }
-    if (flags & 0x08) {
-      // torch.save streams records, so the sizes follow the data in a data
-      // descriptor: [PK 07 08] crc32, compressed size, uncompressed size
-      // (4 bytes each, or 8 for zip64).
-      uint64_t q = data_offset + nbytes;
-      const uint64_t left = in.size() - q;
-      if (left >= 4 && d[q] == 'P' && d[q + 1] == 'K' && d[q + 2] == 7 && d[q + 3] == 8) q += 4;
-      const uint64_t rest = in.size() - q;
-      const bool small = rest >= 12 && format::LoadU32(d + q + 4) == nbytes &&
-                         format::LoadU32(d + q + 8) == nbytes;
-      const bool big = rest >= 20 && format::LoadU64(d + q + 4) == nbytes &&
-                       format::LoadU64(d + q + 12) == nbytes;
-      if (!small && !big) {
-        Bad(in.path(), data_offset + nbytes,
-            "record " + format::Quote(name) + ": expected a data descriptor of " +
-                std::to_string(nbytes) +
-                " bytes (numel x element size from data.pkl) after the data, found none");
-      }
-      return;
-    }
-    if (size == 0xFFFFFFFFu) {  // zip64: the sizes are in extra field 0x0001
-      for (uint64_t x = p + 30 + name_len; x + 4 <= data_offset;) {
-        const uint16_t id = format::LoadU16(d + x), len = format::LoadU16(d + x + 2);
-        if (x + 4 + len > data_offset) break;
-        if (id == 0x0001 && len >= 8) size = format::LoadU64(d + x + 4);
-        x += 4 + len;
-      }
-    }
-    if (size != nbytes) {
-      Bad(in.path(), p + 22,
-          "record " + format::Quote(name) + ": expected " + std::to_string(nbytes) +
-              " bytes (numel x element size from data.pkl), found " + std::to_string(size));
-    }
-    return;
-  }
-  Bad(in.path(), data_offset,
-      "record data/" + key + ": expected a zip local header in front of its data, found none");
 }
 
 struct Walker {
@@ -236,17 +168,13 @@ struct Walker {
 
 Imported ImportTorchSave(const std::string& path, const ImportOptions& options) {
   const auto input = MappedInput::Open(path);
-  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
-  std::string pkl;
-  try {
-    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
-    if (!reader->hasRecord("data.pkl"))
-      Bad(path, std::nullopt, "expected a torch.save zip with a data.pkl record, found none");
-    auto [ptr, n] = reader->getRecord("data.pkl");
-    pkl.assign(static_cast<const char*>(ptr.get()), n);
-  } catch (const c10::Error& e) {
-    Bad(path, std::nullopt, "not a readable torch.save zip file: " + FirstLine(e));
+  const zip::Reader zip(input->data(), input->size(), path);
+  const zip::Record* pkl_record = zip.Find(zip.prefix() + "data.pkl");
+  if (!pkl_record) {
+    Bad(path, std::nullopt,
+        "expected a torch.save zip with a record " + zip.prefix() + "data.pkl, found none");
   }
+  const std::string pkl = zip.Read(*pkl_record, kMaxDataPkl);
   const pickle::Result pk =
       pickle::Parse(reinterpret_cast<const uint8_t*>(pkl.data()), pkl.size(), path + ":data.pkl");
 
@@ -260,18 +188,13 @@ Imported ImportTorchSave(const std::string& path, const ImportOptions& options) 
       throw Error(ErrorCode::kOverflow, path, std::nullopt,
                   "storage " + s.key + ": numel " + std::to_string(s.numel) + " overflows");
     }
-    const std::string record = "data/" + s.key;
-    uint64_t offset = 0;
-    try {
-      if (!reader->hasRecord(record))
-        Bad(path, std::nullopt,
-            "expected a record " + record + " for a storage named in data.pkl, found none");
-      offset = reader->getRecordOffset(record);
-    } catch (const c10::Error& e) {
-      Bad(path, std::nullopt, "record " + record + ": " + FirstLine(e));
+    const std::string record = zip.prefix() + "data/" + s.key;
+    const zip::Record* r = zip.Find(record);
+    if (!r) {
+      Bad(path, std::nullopt,
+          "expected a record " + record + " for a storage named in data.pkl, found none");
     }
-    CheckStoredRecord(*input, offset, s.key, nbytes);
-    storages.push_back(MappedInput::Storage(input, offset, nbytes));
+    storages.push_back(MappedInput::Storage(input, zip.StoredData(*r, nbytes), nbytes));
   }
 
   Imported out;
