@@ -57,7 +57,11 @@ InputKind Detect(const std::string& path) {
   }
   if (n >= 9) {
     const uint64_t header = format::LoadU64(b);
-    if (b[8] == '{' && header >= 2 && header <= static_cast<uint64_t>(size) - 8)
+    // A header starting with whitespace is not valid safetensors, but it is
+    // meant to be: the importer says what is wrong with it.
+    const bool json_start =
+        b[8] == '{' || b[8] == ' ' || b[8] == '\n' || b[8] == '\t' || b[8] == '\r';
+    if (json_start && header >= 2 && header <= static_cast<uint64_t>(size) - 8)
       return InputKind::kSafetensors;
   }
   size_t i = 0;

@@ -2,6 +2,7 @@
 // (*.safetensors.index.json): the whole header is validated, stricter than the
 // reference reader, before any tensor exists; tensors are views of the mapping.
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -97,70 +98,121 @@ std::optional<uint64_t> AsU64(const Json& v) {
   return std::nullopt;
 }
 
-// Parses `text` (found at file offset `base` of `path`) as JSON. Unlike
-// nlohmann's default, a key repeated in one object is an error (`noun` names
-// the root's keys in that message), and so is nesting deeper than
-// kMaxJsonDepth. Fills `key_order` with the keys of each object directly
-// under the root, in file order (the Json object itself is sorted by key).
-Json ParseStrictJson(std::string_view text, const std::string& path, uint64_t base,
-                     const std::string& what, const std::string& noun,
-                     std::map<std::string, std::vector<std::string>>* key_order) {
-  struct Frame {
-    std::unordered_set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<Frame> frames;
-  auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) -> bool {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        if (depth >= kMaxJsonDepth) {
-          Fail(path, std::nullopt,
-               what + ": expected JSON nested at most " + std::to_string(kMaxJsonDepth) +
-                   " levels deep, found deeper nesting");
-        }
-        if (event == Json::parse_event_t::object_start) frames.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-        frames.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        const std::string& key = parsed.get_ref<const std::string&>();
-        Frame& frame = frames.back();
-        if (!frame.keys.insert(key).second) {
-          if (frames.size() == 1) {
-            Fail(path, std::nullopt, what + ": " + noun + " " + Quote(key) + " appears twice");
-          }
-          std::string where;
-          for (size_t i = 0; i + 1 < frames.size(); ++i) {
-            where += (i ? "." : "") + Quote(frames[i].last_key);
-          }
-          Fail(path, std::nullopt, what + ": " + where + ": key " + Quote(key) + " appears twice");
-        }
-        frame.last_key = key;
-        // Every enclosing value is an object exactly when depth == frames.size().
-        if (depth == 2 && frames.size() == 2 && key_order != nullptr) {
-          (*key_order)[frames[0].last_key].push_back(key);
-        }
-        break;
-      }
-      default:
-        break;
+// Builds the DOM of a JSON text from nlohmann's SAX events, in time linear in
+// the text (nlohmann's callback parser rescans a parent object at the end of
+// each child: quadratic in the number of tensors), and refuses what
+// nlohmann's own DOM parser would let through silently: a key repeated in
+// one object, and nesting deeper than kMaxJsonDepth.
+class StrictDom final : public nlohmann::json_sax<Json> {
+ public:
+  StrictDom(const std::string& path, uint64_t base, const std::string& what,
+            const std::string& noun, std::map<std::string, std::vector<std::string>>* key_order)
+      : path_(path), base_(base), what_(what), noun_(noun), key_order_(key_order) {}
+
+  Json Take() { return std::move(root_); }
+
+  bool null() override { return Put(nullptr); }
+  bool boolean(bool v) override { return Put(v); }
+  bool number_integer(number_integer_t v) override { return Put(v); }
+  bool number_unsigned(number_unsigned_t v) override { return Put(v); }
+  bool number_float(number_float_t v, const string_t&) override { return Put(v); }
+  bool string(string_t& v) override { return Put(std::move(v)); }
+  bool binary(binary_t&) override { return Put(nullptr); }  // JSON text has none
+  bool start_object(std::size_t) override { return Open(Json::object()); }
+  bool start_array(std::size_t) override { return Open(Json::array()); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool key(string_t& k) override {
+    Json& object = *stack_.back();
+    if (object.contains(k)) {
+      if (stack_.size() == 1)
+        Fail(path_, std::nullopt, what_ + ": " + noun_ + " " + Quote(k) + " appears twice");
+      std::string where;
+      for (size_t i = 0; i + 1 < keys_.size(); ++i) where += (i ? "." : "") + Quote(keys_[i]);
+      Fail(path_, std::nullopt, what_ + ": " + where + ": key " + Quote(k) + " appears twice");
     }
+    if (stack_.size() == 2 && key_order_ != nullptr && stack_[0]->is_object()) {
+      (*key_order_)[keys_[0]].push_back(k);
+    }
+    keys_.resize(stack_.size());
+    keys_.back() = k;
+    slot_ = &object[std::move(k)];
     return true;
-  };
-  try {
-    return Json::parse(text.data(), text.data() + text.size(), callback);
-  } catch (const Json::parse_error& e) {
+  }
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& e) override {
     std::string msg = e.what();
     const size_t cut = msg.find("] ");
     if (cut != std::string::npos) msg = msg.substr(cut + 2);
     for (char& c : msg) {
       if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
     }
-    const uint64_t at = e.byte > 0 ? std::min<uint64_t>(e.byte - 1, text.size()) : 0;
-    Fail(path, base + at, what + ": expected valid JSON, found " + msg);
+    Fail(path_, base_ + (position > 0 ? position - 1 : 0),
+         what_ + ": expected valid JSON, found " + msg);
   }
+
+ private:
+  // Where the next value goes: the root, an array's end, or a key's slot.
+  Json* Slot() {
+    if (stack_.empty()) return &root_;
+    Json& top = *stack_.back();
+    if (top.is_array()) {
+      top.push_back(nullptr);
+      return &top.back();
+    }
+    return slot_;
+  }
+  bool Put(Json v) {
+    *Slot() = std::move(v);
+    return true;
+  }
+  bool Open(Json v) {
+    if (stack_.size() >= static_cast<size_t>(kMaxJsonDepth)) {
+      Fail(path_, std::nullopt,
+           what_ + ": expected JSON nested at most " + std::to_string(kMaxJsonDepth) +
+               " levels deep, found deeper nesting");
+    }
+    Json* slot = Slot();
+    *slot = std::move(v);
+    stack_.push_back(slot);
+    return true;
+  }
+  bool Close() {
+    stack_.pop_back();
+    if (keys_.size() > stack_.size()) keys_.resize(stack_.size());
+    return true;
+  }
+
+  const std::string& path_;
+  const uint64_t base_;
+  const std::string& what_;
+  const std::string& noun_;
+  std::map<std::string, std::vector<std::string>>* key_order_;
+  Json root_;
+  std::vector<Json*> stack_;       // the open objects and arrays; pointers stay valid (see Slot)
+  std::vector<std::string> keys_;  // the current key of each open object
+  Json* slot_ = nullptr;
+};
+
+// Parses `text` (found at file offset `base` of `path`) as one JSON value,
+// with only whitespace after it. Unlike nlohmann's default, a key repeated in
+// one object is an error (`noun` names the root's keys in that message), so
+// is nesting deeper than kMaxJsonDepth, and so is a NUL byte anywhere
+// (nlohmann's lexer would take it for the end of the text and ignore the rest,
+// while other readers see more). Fills `key_order` with the keys of each
+// object directly under the root, in file order (the Json object itself is
+// sorted by key).
+Json ParseStrictJson(std::string_view text, const std::string& path, uint64_t base,
+                     const std::string& what, const std::string& noun,
+                     std::map<std::string, std::vector<std::string>>* key_order) {
+  const size_t nul = text.find('\0');
+  if (nul != std::string_view::npos) {
+    Fail(path, base + nul, what + ": expected JSON text, found a NUL byte");
+  }
+  StrictDom dom(path, base, what, noun, key_order);
+  Json::sax_parse(text.begin(), text.end(), &dom, nlohmann::detail::input_format_t::json,
+                  /*strict=*/true);
+  return dom.Take();
 }
 
 struct TensorSpec {
@@ -304,6 +356,14 @@ Parsed ParseFile(const std::string& path) {
   p.data_start = kLengthSize + n;
   const uint64_t buffer_size = size - p.data_start;
   const std::string_view text(reinterpret_cast<const char*>(p.file->data()) + kLengthSize, n);
+  if (text[0] != '{') {
+    Fail(path, kLengthSize,
+         "header: expected '{' as its first byte (safetensors headers start with the JSON "
+         "object, no whitespace), found " +
+             (std::isprint(static_cast<unsigned char>(text[0]))
+                  ? Quote(std::string(1, text[0]))
+                  : "byte " + std::to_string(static_cast<unsigned char>(text[0]))));
+  }
   const Json header = ParseStrictJson(text, path, kLengthSize, "header", "tensor", nullptr);
   if (!header.is_object()) {
     Fail(path, kLengthSize, "header: expected a JSON object, found " + Describe(header));
@@ -330,17 +390,31 @@ Parsed ParseFile(const std::string& path) {
   std::sort(p.tensors.begin(), p.tensors.end(), [](const TensorSpec& a, const TensorSpec& b) {
     return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
   });
-  // Empty tensors occupy no bytes, so only non-empty ranges can overlap.
+  // As the reference reader: sorted by data_offsets, the tensors tile the data
+  // buffer exactly, from 0 to its end, with no gap, overlap or trailing byte
+  // (bytes no tensor claims could hide anything from a reviewer's tools).
+  uint64_t expected = 0;
   const TensorSpec* last = nullptr;
   for (const TensorSpec& t : p.tensors) {
-    if (t.begin == t.end) continue;
-    if (last != nullptr && t.begin < last->end) {
+    if (t.begin != expected) {
+      const std::string after =
+          last ? "the end of tensor " + Quote(last->name) : std::string("the start of the data");
       Fail(path, std::nullopt,
-           "tensor " + Quote(t.name) + ": data_offsets: expected begin >= " +
-               std::to_string(last->end) + " (the end of tensor " + Quote(last->name) +
-               "), found [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]");
+           "tensor " + Quote(t.name) + ": data_offsets: expected begin " +
+               std::to_string(expected) + " (" + after + "), found [" + std::to_string(t.begin) +
+               ", " + std::to_string(t.end) + "]" +
+               (t.begin > expected
+                    ? ": " + std::to_string(t.begin - expected) + " bytes that no tensor holds"
+                    : ": overlapping bytes"));
     }
+    expected = t.end;
     last = &t;
+  }
+  if (expected != buffer_size) {
+    Fail(path, p.data_start + expected,
+         "data: expected the tensors to fill the " + std::to_string(buffer_size) +
+             " bytes after the header, found " + std::to_string(buffer_size - expected) +
+             " bytes after the last tensor that no tensor holds");
   }
   return p;
 }
