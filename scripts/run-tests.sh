@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # run-tests.sh: set-up (scripts/setup.sh), then every test: the main suite
-# (ctest in build/), then format/ under ASan+UBSan with clang and the libFuzzer
-# decoder target for a bounded time (build-fuzz/).
+# (ctest in build/), then everything again under ASan + UBSan with clang, with
+# the libFuzzer targets run for a bounded time (build-fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
+# Sanitizers and fuzzing: everything again with clang, ASan + UBSan and
+# libFuzzer coverage (LibTorch-linked tests included), then each fuzzer for
+# TSAR_FUZZ_SECONDS (scripts/fuzz.sh runs them for an hour).
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DTSAR_WITH_TORCH=OFF -DTSAR_SANITIZE=ON -DTSAR_FUZZ=ON -DTSAR_FUZZ_SECONDS="${TSAR_FUZZ_SECONDS:-45}" > /dev/null
+  -DTSAR_WITH_TORCH=ON -DTSAR_SANITIZE=ON -DTSAR_FUZZ=ON -DTSAR_FUZZ_SECONDS="${TSAR_FUZZ_SECONDS:-30}" > /dev/null
 cmake --build build-fuzz -j "$(nproc)"
 ctest --test-dir build-fuzz --output-on-failure -j "$(nproc)"
 echo "run-tests: all tests passed"

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# run_fuzzer.sh FUZZER SAMPLES_DIR CORPUS_DIR SECONDS: runs a libFuzzer target
-# for a bounded time, seeded from samples/ (valid and invalid archives).
+# run_fuzzer.sh FUZZER CORPUS_DIR SECONDS MAX_LEN SEED_DIR...: runs a libFuzzer
+# target for a bounded time on its corpus (kept between runs), first adding
+# the seed files (every file of each SEED_DIR; for samples/valid and
+# samples/invalid, their .tsar archives).
 set -euo pipefail
-fuzzer=$1 samples=$2 corpus=$3 seconds=$4
+fuzzer=$1 corpus=$2 seconds=$3 max_len=$4
+shift 4
 mkdir -p "$corpus"
-cp -f "$samples"/valid/*.tsar "$samples"/invalid/*.tsar "$corpus"/
-exec "$fuzzer" "$corpus" -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+for dir in "$@"; do
+  for f in "$dir"/*; do
+    if [[ -f $f && ( $f == *.tsar || $dir != */samples/* ) ]]; then cp -f "$f" "$corpus"/; fi
+  done
+done
+exec "$fuzzer" "$corpus" -max_total_time="$seconds" -max_len="$max_len" -timeout=10 \
+  -rss_limit_mb=4096 -print_final_stats=1

@@ -63,6 +63,7 @@ Reader::Reader(const uint8_t* data, uint64_t size, std::string path)
   io.zerror_file = &Stream::Error;
   io.opaque = stream_.get();
   unz_ = unzOpen2_64(path_.c_str(), &io);
+  unz_holder_.reset(unz_);
   if (!unz_) Bad("not a readable torch.save zip file: no valid end of central directory record");
   unz_global_info64 global{};
   if (unzGetGlobalInfo64(unz_, &global) != UNZ_OK)
@@ -108,9 +109,9 @@ Reader::Reader(const uint8_t* data, uint64_t size, std::string path)
   }
 }
 
-Reader::~Reader() {
-  if (unz_) unzClose(unz_);
-}
+Reader::~Reader() = default;
+
+void Reader::Closer::operator()(void* unz) const { unzClose(unz); }
 
 const Record* Reader::Find(const std::string& name) const {
   const auto it = by_name_.find(name);
@@ -250,9 +251,9 @@ std::string Reader::Read(const Record& r, uint64_t max_bytes) const {
         "its local header disagrees with the central directory (method, CRC, sizes or "
         "name length)");
   }
-  struct Closer {
+  struct CloseCurrent {
     void* unz;
-    ~Closer() {
+    ~CloseCurrent() {
       if (unz) unzCloseCurrentFile(unz);
     }
   } closer{unz_};

@@ -68,7 +68,12 @@ class Reader {
   const uint8_t* data_;
   uint64_t size_;
   std::string path_;
+  struct Closer {
+    void operator()(void* unz) const;
+  };
   std::unique_ptr<Stream> stream_;
+  // Closed also when the constructor throws (a member, not the destructor).
+  std::unique_ptr<void, Closer> unz_holder_;
   void* unz_ = nullptr;
   std::vector<Record> records_;
   std::unordered_map<std::string, size_t> by_name_;

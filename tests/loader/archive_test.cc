@@ -153,7 +153,7 @@ TEST_F(ArchiveTest, PrefetchModesReturnTheSameBytes) {
 }
 
 TEST_F(ArchiveTest, WritingIntoASharedMappingDiesWithADiagnostic) {
-#if defined(__SANITIZE_ADDRESS__)
+#if TSAR_UNDER_ASAN
   GTEST_SKIP() << "AddressSanitizer handles SIGSEGV itself, before any handler of ours";
 #endif
   pack(Path("w.tsar"),
@@ -173,7 +173,7 @@ TEST_F(ArchiveTest, WritingIntoASharedMappingDiesWithADiagnostic) {
 // one in-place op do): the diagnostic is printed exactly once, every time,
 // before the process dies of SIGSEGV.
 TEST_F(ArchiveTest, FaultsInManyThreadsAtOncePrintTheDiagnosticOnce) {
-#if defined(__SANITIZE_ADDRESS__)
+#if TSAR_UNDER_ASAN
   GTEST_SKIP() << "AddressSanitizer handles SIGSEGV itself, before any handler of ours";
 #endif
   constexpr int kThreads = 8;

@@ -1,6 +1,19 @@
 // Helpers for loader/writer tests: temp dirs, fixture paths, /proc readers.
 #pragma once
 
+// AddressSanitizer builds (GCC defines __SANITIZE_ADDRESS__, clang answers
+// __has_feature): ASan handles SIGSEGV itself, before any handler of ours.
+#if defined(__SANITIZE_ADDRESS__)
+#define TSAR_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TSAR_UNDER_ASAN 1
+#endif
+#endif
+#ifndef TSAR_UNDER_ASAN
+#define TSAR_UNDER_ASAN 0
+#endif
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
