@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/describe.h"
+#include "writer/json_util.h"
 #include "tsar/archive.h"
 
 namespace tsar::cli {
@@ -72,13 +73,13 @@ int RunInspect(const std::string& path, bool json) {
       st.push_back({{"id", s.id}, {"offset", s.offset}, {"nbytes", s.nbytes}, {"xxh3", hex}});
     }
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : a.metadata_items()) meta[k] = MetaJson(v);
+    for (const auto& [k, v] : a.metadata_items()) json::Append(meta, k, MetaJson(v));
     j["metadata"] = meta;
     nlohmann::ordered_json entry_meta = nlohmann::ordered_json::object();
     for (const auto& e : a.entries()) {
       nlohmann::ordered_json m = nlohmann::ordered_json::object();
-      for (const auto& [k, v] : a.metadata_items(e)) m[k] = MetaJson(v);
-      if (!m.empty()) entry_meta[e] = m;
+      for (const auto& [k, v] : a.metadata_items(e)) json::Append(m, k, MetaJson(v));
+      if (!m.empty()) json::Append(entry_meta, e, std::move(m));
     }
     j["entry_metadata"] = entry_meta;
     std::printf("%s\n", j.dump(2).c_str());

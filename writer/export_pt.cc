@@ -10,6 +10,7 @@
 #include "format/reader.h"
 #include "writer/atomic_file.h"
 #include "writer/export_internal.h"
+#include "writer/json_util.h"
 
 namespace tsar::exporter {
 namespace {
@@ -218,8 +219,9 @@ std::vector<std::string> ExportTorchSave(const Archive& a, const std::string& pa
     // state_dict._metadata, as Python's load_state_dict reads it.
     if (const auto md = a.metadata("torch._metadata", entry)) {
       if (const auto* s = std::get_if<std::string>(&*md)) {
-        const auto j = nlohmann::ordered_json::parse(*s, nullptr, /*allow_exceptions=*/false);
-        if (j.is_object()) {
+        const auto parsed = json::ParseOrdered(*s);
+        if (parsed && parsed->is_object()) {
+          const nlohmann::ordered_json& j = *parsed;
           p.EmptyDict();
           p.Mark();
           p.Str("_metadata");

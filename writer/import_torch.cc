@@ -9,6 +9,7 @@
 #include "format/reader.h"
 #include "format/spec.h"
 #include "writer/importer.h"
+#include "writer/json_util.h"
 #include "writer/pickle.h"
 #include "writer/zip_reader.h"
 
@@ -102,7 +103,7 @@ struct Walker {
         return v.str;
       case K::kDict: {
         nlohmann::ordered_json j = nlohmann::ordered_json::object();
-        for (size_t i = 0; i < v.items.size(); ++i) j[v.keys[i]] = ToJson(v.items[i]);
+        for (size_t i = 0; i < v.items.size(); ++i) json::Append(j, v.keys[i], ToJson(v.items[i]));
         return j;
       }
       case K::kList:
