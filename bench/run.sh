@@ -65,6 +65,10 @@ if [ -z "$only" ] || [[ ",$only," == *,P8,* ]] || [[ ",$only," == *,P9,* ]]; the
   PYTHONPATH="$build/python" "$python" "$here/p8_python.py" --data "$data" \
     --samples "$results/samples.csv" "${quick[@]}"
 fi
+# P12: every command against 10k-100k tensors (its own table, results/p12_scale.md).
+if [ -z "$only" ] || [[ ",$only," == *,P12,* ]]; then
+  "$python" "$here/p12_scale.py" --cli "$build/cli/tsar" --data "$data" --out "$results/p12_scale.md"
+fi
 commit=$(git -C "$repo" rev-parse --short HEAD 2> /dev/null || true)
 # Uncommitted changes to the measured code make the commit id insufficient.
 if [ -n "$commit" ] && ! git -C "$repo" diff --quiet HEAD -- CMakeLists.txt format writer loader include cli python 2> /dev/null; then
