@@ -6,8 +6,8 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/describe.h"
-#include "writer/json_util.h"
 #include "tsar/archive.h"
+#include "writer/json_util.h"
 
 namespace tsar::cli {
 namespace {
