@@ -122,13 +122,6 @@ void Reader::Bad(const std::string& what) const {
   throw Error(ErrorCode::kBadInput, path_, std::nullopt, what);
 }
 
-void Reader::Seek(const Record& r) const {
-  unz64_file_pos pos{r.dir_pos, r.dir_num};
-  if (unzGoToFilePos64(unz_, &pos) != UNZ_OK) {
-    Bad("zip record " + format::Quote(r.name) + ": cannot read its central directory entry");
-  }
-}
-
 namespace {
 
 // The local header's view of a record, checked against the central
@@ -211,6 +204,27 @@ struct LocalCheck {
 
 }  // namespace
 
+uint64_t Reader::OpenChecked(const Record& r) const {
+  const std::string what = "zip record " + format::Quote(r.name) + ": ";
+  unz64_file_pos pos{r.dir_pos, r.dir_num};
+  if (unzGoToFilePos64(unz_, &pos) != UNZ_OK) Bad(what + "cannot read its central directory entry");
+  if (unzOpenCurrentFile(unz_) != UNZ_OK) {
+    Bad(what +
+        "its local header disagrees with the central directory (method, CRC, sizes or "
+        "name length)");
+  }
+  const uint64_t data = unzGetCurrentFileZStreamPos64(unz_);
+  const int extra = unzGetLocalExtrafield(unz_, nullptr, 0);
+  try {
+    if (extra < 0) Bad(what + "cannot read its local extra field");
+    LocalCheck{data_, size_, r, path_}.Run(data, static_cast<uint64_t>(extra));
+  } catch (...) {
+    unzCloseCurrentFile(unz_);
+    throw;
+  }
+  return data;
+}
+
 uint64_t Reader::StoredData(const Record& r, uint64_t expected) const {
   const std::string what = "zip record " + format::Quote(r.name) + ": ";
   if (r.method != 0) {
@@ -221,17 +235,8 @@ uint64_t Reader::StoredData(const Record& r, uint64_t expected) const {
         " bytes (numel x element size from data.pkl), the central directory gives " +
         std::to_string(r.size));
   }
-  Seek(r);
-  if (unzOpenCurrentFile(unz_) != UNZ_OK) {
-    Bad(what +
-        "its local header disagrees with the central directory (method, CRC, sizes or "
-        "name length)");
-  }
-  const uint64_t data = unzGetCurrentFileZStreamPos64(unz_);
-  const int extra = unzGetLocalExtrafield(unz_, nullptr, 0);
+  const uint64_t data = OpenChecked(r);
   unzCloseCurrentFile(unz_);
-  if (extra < 0) Bad(what + "cannot read its local extra field");
-  LocalCheck{data_, size_, r, path_}.Run(data, static_cast<uint64_t>(extra));
   return data;
 }
 
@@ -245,22 +250,13 @@ std::string Reader::Read(const Record& r, uint64_t max_bytes) const {
     Bad(what + "expected stored or deflate (method 0 or 8), found method " +
         std::to_string(r.method));
   }
-  Seek(r);
-  if (unzOpenCurrentFile(unz_) != UNZ_OK) {
-    Bad(what +
-        "its local header disagrees with the central directory (method, CRC, sizes or "
-        "name length)");
-  }
+  OpenChecked(r);
   struct CloseCurrent {
     void* unz;
     ~CloseCurrent() {
       if (unz) unzCloseCurrentFile(unz);
     }
   } closer{unz_};
-  const uint64_t data = unzGetCurrentFileZStreamPos64(unz_);
-  const int extra = unzGetLocalExtrafield(unz_, nullptr, 0);
-  if (extra < 0) Bad(what + "cannot read its local extra field");
-  LocalCheck{data_, size_, r, path_}.Run(data, static_cast<uint64_t>(extra));
   std::string out(static_cast<size_t>(r.size), '\0');
   uint64_t got = 0;
   while (got < r.size) {

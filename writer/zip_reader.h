@@ -63,7 +63,10 @@ class Reader {
  private:
   struct Stream;
   [[noreturn]] void Bad(const std::string& what) const;
-  void Seek(const Record& r) const;  // makes `r` minizip's current file
+  // Makes `r` minizip's current file, opens it, and checks its local header
+  // and data descriptor against the central directory; returns the offset of
+  // its data. The caller closes the current file (unzCloseCurrentFile).
+  uint64_t OpenChecked(const Record& r) const;
 
   const uint8_t* data_;
   uint64_t size_;
