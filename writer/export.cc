@@ -29,8 +29,15 @@ Format FormatFromPath(const std::string& path) {
       "output: expected an extension .pt, .pth, .bin, .safetensors, .h5 or .hdf5 (or --format)");
 }
 
-std::string FlatName(const Archive& archive, const TensorInfo& t) {
-  return archive.entries().size() == 1 ? t.name : t.entry + "/" + t.name;
+std::optional<uint64_t> ContiguousBytes(const TensorInfo& t) {
+  uint64_t n = ElementSize(t.dtype);
+  for (int64_t d : t.sizes) {
+    if (d == 0) return 0;
+  }
+  for (int64_t d : t.sizes) {
+    if (!format::CheckedMul(n, static_cast<uint64_t>(d), &n)) return std::nullopt;
+  }
+  return n;
 }
 
 std::vector<std::string> Export(const Archive& archive, const std::string& path, Format format,
@@ -38,9 +45,10 @@ std::vector<std::string> Export(const Archive& archive, const std::string& path,
   // Sparse tensors: torch.save files get their component tensors (with a
   // note); safetensors and HDF5 have no way to say they belong together.
   std::string components;
+  const FlatNames flat(archive);
   for (const auto& t : archive.infos()) {
     if (t.role == Role::kSparseComponent) {
-      components += (components.empty() ? "" : ", ") + format::Quote(FlatName(archive, t));
+      components += (components.empty() ? "" : ", ") + format::Quote(flat(t));
     }
   }
   if (!components.empty() && format != Format::kTorchSave) {

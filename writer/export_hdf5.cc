@@ -193,22 +193,19 @@ std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
   uint64_t total = 0;
   for (const auto& e : entries) CheckName(a, "entry", e);
   for (const auto& [k, v] : a.metadata_items()) CheckName(a, "metadata key", k);
+  const FlatNames flat(a);
   for (const auto& t : infos) {
     if (t.name.find('\0') != std::string::npos || t.name.find('/') != std::string::npos) {
-      CheckName(a, "tensor", FlatName(a, t));
+      CheckName(a, "tensor", flat(t));
     }
-    uint64_t n = ElementSize(t.dtype);
-    bool empty = false;
-    for (int64_t d : t.sizes) empty = empty || d == 0;
-    for (int64_t d : t.sizes) {
-      if (!empty && !format::CheckedMul(n, static_cast<uint64_t>(d), &n)) {
-        throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
-                    "tensor " + format::Quote(FlatName(a, t)) +
-                        ": its contiguous copy would be more than 2^64 - 1 bytes, more than an "
-                        "HDF5 file can hold");
-      }
+    const std::optional<uint64_t> n = ContiguousBytes(t);
+    if (!n) {
+      throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
+                  "tensor " + format::Quote(flat(t)) +
+                      ": its contiguous copy would be more than 2^64 - 1 bytes, more than an "
+                      "HDF5 file can hold");
     }
-    if (!format::CheckedAdd(total, empty ? 0 : n, &total)) {
+    if (!format::CheckedAdd(total, *n, &total)) {
       throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
                   "the export would be more than 2^64 - 1 bytes, more than an HDF5 file can hold");
     }
@@ -236,7 +233,7 @@ std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
       const hid_t type = FileType(t.dtype, &owned);
       if (type < 0) {
         throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
-                    "tensor " + format::Quote(FlatName(a, t)) + ": h5py has no dtype " +
+                    "tensor " + format::Quote(flat(t)) + ": h5py has no dtype " +
                         std::string(DTypeName(t.dtype)) +
                         "; export to .pt or .safetensors instead");
       }

@@ -55,22 +55,6 @@ const char* Code(DType dt) {
   }
 }
 
-// Bytes of a tensor's contiguous copy; kOverflow naming it past 2^64 - 1.
-uint64_t ContiguousBytes(const Archive& a, const TensorInfo& t) {
-  uint64_t n = ElementSize(t.dtype);
-  bool empty = false;
-  for (int64_t d : t.sizes) empty = empty || d == 0;
-  if (empty) return 0;
-  for (int64_t d : t.sizes) {
-    if (!format::CheckedMul(n, static_cast<uint64_t>(d), &n)) {
-      throw Error(ErrorCode::kOverflow, a.path(), std::nullopt,
-                  "tensor " + format::Quote(FlatName(a, t)) +
-                      ": its contiguous copy would be more than 2^64 - 1 bytes");
-    }
-  }
-  return n;
-}
-
 }  // namespace
 
 std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& path,
@@ -78,8 +62,7 @@ std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& 
   AtomicFile out(path);  // first: a bad destination fails before any work
   std::vector<std::string> notes;
   const auto infos = a.infos();
-  const bool single = a.entries().size() == 1;
-  const auto flat = [&](const TensorInfo& t) { return single ? t.name : t.entry + "/" + t.name; };
+  const FlatNames flat(a);
   std::map<uint32_t, std::vector<std::string>> users;
   for (const auto& t : infos) {
     users[t.storage].push_back(flat(t));
@@ -135,9 +118,14 @@ std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& 
                   "tensor " + format::Quote(flat(t)) + ": safetensors has no dtype " +
                       std::string(DTypeName(t.dtype)));
     }
-    const uint64_t n = ContiguousBytes(a, t);
+    const std::optional<uint64_t> n = ContiguousBytes(t);
+    if (!n) {
+      throw Error(ErrorCode::kOverflow, a.path(), std::nullopt,
+                  "tensor " + format::Quote(flat(t)) +
+                      ": its contiguous copy would be more than 2^64 - 1 bytes");
+    }
     uint64_t end = 0;
-    if (!format::CheckedAdd(offset, n, &end)) {
+    if (!format::CheckedAdd(offset, *n, &end)) {
       throw Error(
           ErrorCode::kOverflow, a.path(), std::nullopt,
           "tensor " + format::Quote(flat(t)) + ": the export would be more than 2^64 - 1 bytes");
