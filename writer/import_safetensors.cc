@@ -23,6 +23,7 @@
 #include "tsar/dtype.h"
 #include "tsar/error.h"
 #include "writer/importer.h"
+#include "writer/json_util.h"
 
 namespace tsar::importer {
 namespace {
@@ -98,49 +99,49 @@ std::optional<uint64_t> AsU64(const Json& v) {
   return std::nullopt;
 }
 
-// Builds the DOM of a JSON text from nlohmann's SAX events, in time linear in
-// the text (nlohmann's callback parser rescans a parent object at the end of
-// each child: quadratic in the number of tensors), and refuses what
-// nlohmann's own DOM parser would let through silently: a key repeated in
-// one object, and nesting deeper than kMaxJsonDepth.
-class StrictDom final : public nlohmann::json_sax<Json> {
+// nlohmann's DOM parser lets a key repeated in one object through (the
+// last wins); this builder (writer/json_util.h, linear time) refuses it and
+// nesting deeper than kMaxJsonDepth, names the file and offset of a syntax
+// error, and records the keys under each object of the root in file order.
+class StrictDom final : public json::DomBuilder<Json> {
  public:
   StrictDom(const std::string& path, uint64_t base, const std::string& what,
             const std::string& noun, std::map<std::string, std::vector<std::string>>* key_order)
-      : path_(path), base_(base), what_(what), noun_(noun), key_order_(key_order) {}
+      : DomBuilder(kMaxJsonDepth),
+        path_(path),
+        base_(base),
+        what_(what),
+        noun_(noun),
+        key_order_(key_order) {}
 
-  Json Take() { return std::move(root_); }
-
-  bool null() override { return Put(nullptr); }
-  bool boolean(bool v) override { return Put(v); }
-  bool number_integer(number_integer_t v) override { return Put(v); }
-  bool number_unsigned(number_unsigned_t v) override { return Put(v); }
-  bool number_float(number_float_t v, const string_t&) override { return Put(v); }
-  bool string(string_t& v) override { return Put(std::move(v)); }
-  bool binary(binary_t&) override { return Put(nullptr); }  // JSON text has none
-  bool start_object(std::size_t) override { return Open(Json::object()); }
-  bool start_array(std::size_t) override { return Open(Json::array()); }
-  bool end_object() override { return Close(); }
-  bool end_array() override { return Close(); }
-  bool key(string_t& k) override {
-    Json& object = *stack_.back();
+ private:
+  bool OnKey(const Json& object, const std::string& k) override {
+    const size_t depth = stack().size();  // open containers; `object` is the last
     if (object.contains(k)) {
-      if (stack_.size() == 1)
+      if (depth == 1)
         Fail(path_, std::nullopt, what_ + ": " + noun_ + " " + Quote(k) + " appears twice");
       std::string where;
-      for (size_t i = 0; i + 1 < keys_.size(); ++i) where += (i ? "." : "") + Quote(keys_[i]);
+      for (size_t i = 0; i + 1 < keys_.size(); ++i) {
+        where += (i ? "." : "") + Quote(keys_[i]);
+      }
       Fail(path_, std::nullopt, what_ + ": " + where + ": key " + Quote(k) + " appears twice");
     }
-    if (stack_.size() == 2 && key_order_ != nullptr && stack_[0]->is_object()) {
+    if (depth == 2 && key_order_ != nullptr && stack()[0]->is_object()) {
       (*key_order_)[keys_[0]].push_back(k);
     }
-    keys_.resize(stack_.size());
+    keys_.resize(depth);
     keys_.back() = k;
-    slot_ = &object[std::move(k)];
     return true;
   }
-  bool parse_error(std::size_t position, const std::string&,
-                   const nlohmann::detail::exception& e) override {
+  void OnClose() override {
+    if (keys_.size() > stack().size()) keys_.resize(stack().size());
+  }
+  bool OnTooDeep() override {
+    Fail(path_, std::nullopt,
+         what_ + ": expected JSON nested at most " + std::to_string(kMaxJsonDepth) +
+             " levels deep, found deeper nesting");
+  }
+  bool OnError(std::size_t position, const nlohmann::detail::exception& e) override {
     std::string msg = e.what();
     const size_t cut = msg.find("] ");
     if (cut != std::string::npos) msg = msg.substr(cut + 2);
@@ -151,47 +152,12 @@ class StrictDom final : public nlohmann::json_sax<Json> {
          what_ + ": expected valid JSON, found " + msg);
   }
 
- private:
-  // Where the next value goes: the root, an array's end, or a key's slot.
-  Json* Slot() {
-    if (stack_.empty()) return &root_;
-    Json& top = *stack_.back();
-    if (top.is_array()) {
-      top.push_back(nullptr);
-      return &top.back();
-    }
-    return slot_;
-  }
-  bool Put(Json v) {
-    *Slot() = std::move(v);
-    return true;
-  }
-  bool Open(Json v) {
-    if (stack_.size() >= static_cast<size_t>(kMaxJsonDepth)) {
-      Fail(path_, std::nullopt,
-           what_ + ": expected JSON nested at most " + std::to_string(kMaxJsonDepth) +
-               " levels deep, found deeper nesting");
-    }
-    Json* slot = Slot();
-    *slot = std::move(v);
-    stack_.push_back(slot);
-    return true;
-  }
-  bool Close() {
-    stack_.pop_back();
-    if (keys_.size() > stack_.size()) keys_.resize(stack_.size());
-    return true;
-  }
-
   const std::string& path_;
   const uint64_t base_;
   const std::string& what_;
   const std::string& noun_;
   std::map<std::string, std::vector<std::string>>* key_order_;
-  Json root_;
-  std::vector<Json*> stack_;       // the open objects and arrays; pointers stay valid (see Slot)
-  std::vector<std::string> keys_;  // the current key of each open object
-  Json* slot_ = nullptr;
+  std::vector<std::string> keys_;  // the current key of each open object, outermost first
 };
 
 // Parses `text` (found at file offset `base` of `path`) as one JSON value,
