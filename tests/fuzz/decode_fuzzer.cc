@@ -7,10 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "format/checksum.h"
-#include "format/endian.h"
 #include "format/index.h"
-#include "format/spec.h"
+#include "index_fixup.h"
 #include "tsar/error.h"
 
 namespace {
@@ -39,17 +37,7 @@ size_t Decode(const uint8_t* data, size_t size) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t sum = Decode(data, size);
-  namespace f = tsar::format;
-  if (size >= f::kHeaderSize) {
-    const uint64_t index_offset = f::LoadU64(data + f::kOffIndexOffset);
-    const uint64_t index_size = f::LoadU64(data + f::kOffIndexSize);
-    if (index_offset >= f::kOffIndexXxh3 + 8 && index_offset <= size &&
-        index_size <= size - index_offset) {
-      std::vector<uint8_t> fixed(data, data + size);
-      f::StoreU64(fixed.data() + f::kOffIndexXxh3,
-                  f::IndexChecksum(fixed.data(), index_offset + index_size));
-      sum += Decode(fixed.data(), fixed.size());
-    }
-  }
+  const std::vector<uint8_t> fixed = tsar::fuzz::WithIndexChecksum(data, size);
+  if (!fixed.empty()) sum += Decode(fixed.data(), fixed.size());
   return sum == 1 ? 0 : 0;
 }
