@@ -37,6 +37,20 @@ def local_header(data, name):
     return struct.unpack_from("<I", data, cd + 42)[0]
 
 
+def records(path):
+    with zipfile.ZipFile(path) as z:
+        return [(i.filename, z.read(i.filename)) for i in z.infolist()]
+
+
+def rezip_deflating_pkl(src, dst):
+    """`src`'s records written again, data.pkl deflated (sizes in the local header)."""
+    with zipfile.ZipFile(dst, "w") as z:
+        for name, data in records(src):
+            z.writestr(name, data, compress_type=zipfile.ZIP_DEFLATED if name.endswith(".pkl")
+                       else zipfile.ZIP_STORED)
+    return dst
+
+
 def pack(cli, src, tmp_path):
     out = tmp_path / "out.tsar"
     r = subprocess.run([cli, "pack", str(src), "-o", str(out)], capture_output=True, text=True)
@@ -90,12 +104,10 @@ def test_local_header_naming_another_record_is_refused(cli, saved, tmp_path):
 
 
 def test_a_name_twice_in_the_directory_is_refused(cli, saved, tmp_path):
-    with zipfile.ZipFile(saved) as z:
-        records = [(i.filename, z.read(i.filename)) for i in z.infolist()]
     dup = tmp_path / "dup.pt"
     with warnings.catch_warnings(), zipfile.ZipFile(dup, "w") as z:
         warnings.simplefilter("ignore")
-        for name, data in records + [("z/data/1", bytes(32))]:
+        for name, data in records(saved) + [("z/data/1", bytes(32))]:
             z.writestr(name, data)
     r, out = pack(cli, dup, tmp_path)
     assert r.returncode == 3, r.stderr
@@ -103,13 +115,7 @@ def test_a_name_twice_in_the_directory_is_refused(cli, saved, tmp_path):
 
 
 def test_corrupt_deflated_data_pkl_is_refused(cli, saved, tmp_path):
-    with zipfile.ZipFile(saved) as z:
-        records = [(i.filename, z.read(i.filename)) for i in z.infolist()]
-    bad = tmp_path / "crc.pt"
-    with zipfile.ZipFile(bad, "w") as z:
-        for name, data in records:
-            z.writestr(name, data, compress_type=zipfile.ZIP_DEFLATED if name.endswith(".pkl")
-                       else zipfile.ZIP_STORED)
+    bad = rezip_deflating_pkl(saved, tmp_path / "crc.pt")
     raw = bytearray(bad.read_bytes())
     cd = cd_entry(raw, "z/data.pkl")
     crc = struct.unpack_from("<I", raw, cd + 16)[0]
@@ -122,11 +128,7 @@ def test_corrupt_deflated_data_pkl_is_refused(cli, saved, tmp_path):
     assert 'zip record "z/data.pkl": its CRC-32 does not match its content' in r.stderr
     # Deflated data.pkl with the right CRC packs: compression is allowed for the
     # structure, only tensor records must be stored (they are mapped).
-    ok = tmp_path / "deflated.pt"
-    with zipfile.ZipFile(ok, "w") as z:
-        for name, data in records:
-            z.writestr(name, data, compress_type=zipfile.ZIP_DEFLATED if name.endswith(".pkl")
-                       else zipfile.ZIP_STORED)
+    ok = rezip_deflating_pkl(saved, tmp_path / "deflated.pt")
     r, out = pack(cli, ok, tmp_path)
     assert r.returncode == 0, r.stderr
     with tsar.open(out) as a:
