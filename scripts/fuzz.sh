@@ -2,7 +2,7 @@
 # fuzz.sh [SECONDS] [FUZZER...]: the standing fuzz campaign. Builds the
 # sanitizer build that CI uses (build-fuzz/: clang, ASan + UBSan, libFuzzer,
 # with LibTorch) and runs each fuzzer for SECONDS (default 3600: one hour),
-# as many at once as there are cores, each on its corpus in
+# as many at once as there are cores (or TSAR_FUZZ_JOBS), each on its corpus in
 # build-fuzz/corpora/NAME (kept between runs; seeded as in CI). A finding is
 # saved as build-fuzz/findings/NAME/crash-* (or leak-, timeout-, oom-) and
 # makes the script exit 1; the last lines of each log are printed.
@@ -45,4 +45,4 @@ run() {
 }
 export -f run seeds max_len
 export seconds
-printf '%s\n' "${fuzzers[@]}" | xargs -P "$(nproc)" -I{} bash -c 'run {}'
+printf '%s\n' "${fuzzers[@]}" | xargs -P "${TSAR_FUZZ_JOBS:-$(nproc)}" -I{} bash -c 'run {}'
