@@ -271,9 +271,78 @@ void IndexBuilder::CheckSparse() const {
   }
 }
 
+void IndexBuilder::SetValues(std::vector<ValueSpec> values) {
+  RequireNotPlanned("SetValues");
+  values_ = std::move(values);
+}
+
+void IndexBuilder::EncodeValues(uint8_t* values_p, uint8_t* blob_p, uint64_t* blob) const {
+  uint8_t* links_p = values_p + values_.size() * kValueRecordSize;
+  uint32_t link = 0;
+  for (size_t i = 0; i < values_.size(); ++i) {
+    const ValueSpec& v = values_[i];
+    uint8_t* rec = values_p + i * kValueRecordSize;
+    rec[0] = static_cast<uint8_t>(v.kind);
+    rec[1] = v.flags;
+    StoreU32(rec + 4, static_cast<uint32_t>(v.links.size()));
+    StoreU32(rec + 8, link);
+    for (uint32_t t : v.links) StoreU32(links_p + uint64_t{link++} * kLinkSize, t);
+    const bool bytes = v.kind == ValueKind::kStr || v.kind == ValueKind::kBytes ||
+                       v.kind == ValueKind::kBigInt || v.kind == ValueKind::kOpaque;
+    if (bytes) {
+      StoreU64(rec + 16, *blob);
+      StoreU64(rec + 24, v.bytes.size());
+      std::copy(v.bytes.begin(), v.bytes.end(), blob_p + *blob);
+      *blob += v.bytes.size();
+    } else {
+      StoreU64(rec + 16, v.value);
+    }
+  }
+}
+
+// R82-R93 for the tree the caller set: encoded on its own and checked by the
+// decoder's own rules, so the builder can never write a tree a reader refuses.
+void IndexBuilder::CheckValues() const {
+  if (values_.empty()) return;
+  uint64_t links = 0, bytes = 0;
+  for (const auto& v : values_) {
+    links += v.links.size();
+    bytes += v.bytes.size();
+  }
+  if (values_.size() > UINT32_MAX || links > UINT32_MAX) {
+    Misuse(ErrorCode::kInvalidArgument, "value tree: expected fewer than 2^32 values and links");
+  }
+  const uint64_t table = values_.size() * kValueRecordSize + links * kLinkSize;
+  std::vector<uint8_t> buf(table + bytes, 0);
+  uint64_t blob = 0;
+  EncodeValues(buf.data(), buf.data() + table, &blob);
+  ValueScope scope;
+  scope.blob = table;
+  scope.blob_size = bytes;
+  scope.entry_count = static_cast<uint32_t>(entries_.size());
+  scope.component.resize(tensors_.size());
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    scope.component[i] = tensors_[i].role == Role::kSparseComponent;
+  std::vector<ValueRecord> values;
+  std::vector<uint32_t> decoded_links;
+  const std::string path;
+  try {
+    DecodeValues(ByteReader(buf.data(), buf.size(), path), 0, static_cast<uint32_t>(values_.size()),
+                 values_.size() * kValueRecordSize, static_cast<uint32_t>(links), scope, &values,
+                 &decoded_links);
+  } catch (const Error& e) {
+    // The offsets are those of a scratch buffer: keep only "value #i ...".
+    std::string m = e.what();
+    const size_t at = m.find("): ");
+    Misuse(ErrorCode::kInvalidArgument,
+           "value tree: " + (at == std::string::npos ? m : m.substr(at + 3)));
+  }
+}
+
 void IndexBuilder::Plan() {
   if (planned_) return;
   CheckSparse();
+  CheckValues();
   // Names are unique per entry, sparse names included (§6 R66). Tensors and
   // sparse records are checked in the decoder's order, in linear time.
   std::vector<std::unordered_set<std::string_view>> seen(entries_.size());
@@ -306,11 +375,19 @@ void IndexBuilder::Plan() {
     blob += s.spec.name.size();
   }
   for (const auto& m : metadata_) blob += m.key.size() + m.bytes.size();
-  const uint64_t index_size = kIndexHeaderSize + entries_.size() * kEntryRecordSize +
-                              storage_nbytes_.size() * kStorageRecordSize +
-                              tensors_.size() * kTensorRecordSize +
-                              sparse_.size() * kSparseRecordSize +
-                              metadata_.size() * kMetadataRecordSize + dims * kDimSize + blob;
+  uint64_t links = 0;
+  for (const auto& v : values_) {
+    blob += v.bytes.size();
+    links += v.links.size();
+  }
+  uint64_t index_size = kIndexHeaderSize + entries_.size() * kEntryRecordSize +
+                        storage_nbytes_.size() * kStorageRecordSize +
+                        tensors_.size() * kTensorRecordSize + sparse_.size() * kSparseRecordSize +
+                        metadata_.size() * kMetadataRecordSize + dims * kDimSize + blob;
+  if (!values_.empty()) {  // §4.10: padding to 8, then the value and link tables
+    index_size = ((kHeaderSize + index_size + 7) & ~uint64_t{7}) - kHeaderSize +
+                 values_.size() * kValueRecordSize + links * kLinkSize;
+  }
   if (index_size > kMaxIndexSize) {  // R8; it also keeps every count and blob offset in a u32
     Misuse(ErrorCode::kInvalidArgument, "index_size: expected at most " + Dec(kMaxIndexSize) +
                                             " (2 GiB), found " + Dec(index_size));
@@ -331,6 +408,7 @@ void IndexBuilder::Plan() {
   // Nothing below throws: a failed Plan() leaves the builder as it was.
   std::stable_sort(metadata_.begin(), metadata_.end(), MetaLess);
   index_size_ = index_size;
+  link_count_ = links;
   data_offset_ = data_offset;
   storage_offsets_ = std::move(offsets);
   file_size_ = pos;
@@ -346,7 +424,9 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
   uint8_t* p = out.data();
   std::copy(kMagic, kMagic + sizeof kMagic, p);
   StoreU16(p + kOffMajor, kMajorVersion);
-  StoreU16(p + kOffMinor, kMinorVersion);
+  const bool tree = !values_.empty();  // §7.5: minor 1 only when a 1.1 feature is used
+  StoreU16(p + kOffMinor, tree ? 1 : 0);
+  StoreU32(p + kOffFlags, tree ? kFeatureValueTree : 0);
   StoreU32(p + kOffHeaderSize, kHeaderSize);
   StoreU64(p + kOffFileSize, file_size_);
   StoreU64(p + kOffIndexOffset, kHeaderSize);
@@ -364,6 +444,10 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
   StoreU32(ih + 12, static_cast<uint32_t>(sparse_.size()));
   StoreU32(ih + 16, static_cast<uint32_t>(metadata_.size()));
   StoreU32(ih + 20, dims_count);
+  if (tree) {
+    StoreU32(ih + 32, static_cast<uint32_t>(values_.size()));
+    StoreU32(ih + 36, static_cast<uint32_t>(link_count_));
+  }
 
   uint8_t* entry_p = ih + kIndexHeaderSize;
   uint8_t* storage_p = entry_p + entries_.size() * kEntryRecordSize;
@@ -372,13 +456,14 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
   uint8_t* meta_p = sparse_p + sparse_.size() * kSparseRecordSize;
   uint8_t* dims_p = meta_p + metadata_.size() * kMetadataRecordSize;
   uint8_t* blob_p = dims_p + uint64_t{dims_count} * kDimSize;
-  uint32_t blob = 0, dim = 0;
+  uint64_t blob = 0;
+  uint32_t dim = 0;
   // §4.9: strings enter the blob in record order.
   auto put_string = [&](uint8_t* rec, const std::string& s) {
-    StoreU32(rec, blob);
+    StoreU32(rec, static_cast<uint32_t>(blob));
     StoreU32(rec + 4, static_cast<uint32_t>(s.size()));
     std::copy(s.begin(), s.end(), blob_p + blob);
-    blob += static_cast<uint32_t>(s.size());
+    blob += s.size();
   };
   auto put_dims = [&](const std::vector<int64_t>& v) {
     for (int64_t x : v) StoreU64(dims_p + uint64_t{dim++} * kDimSize, static_cast<uint64_t>(x));
@@ -440,8 +525,14 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
       StoreU64(rec + 16, blob);
       StoreU64(rec + 24, m.bytes.size());
       std::copy(m.bytes.begin(), m.bytes.end(), blob_p + blob);
-      blob += static_cast<uint32_t>(m.bytes.size());
+      blob += m.bytes.size();
     }
+  }
+  if (tree) {
+    uint64_t values_bytes = 0;  // the tree's bytes come last in the blob (§4.9)
+    for (const auto& v : values_) values_bytes += v.bytes.size();
+    const uint64_t blob_end = (blob_p - p) + blob + values_bytes;
+    EncodeValues(p + ((blob_end + 7) & ~uint64_t{7}), blob_p, &blob);
   }
   StoreU64(ih + 24, blob);
   StoreU64(p + kOffIndexXxh3, IndexChecksum(p, kHeaderSize + index_size_));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "format/spec.h"
+#include "format/values.h"
 #include "tsar/dtype.h"
 
 namespace tsar::format {
@@ -92,6 +93,14 @@ class IndexBuilder {
   // Adds a metadata record; `entry` must be kNone or an entry already added.
   void AddMetadata(MetadataSpec m);
 
+  // Sets the value tree (§4.10, format 1.1): values[0] is the root, every
+  // link names a later value, and every value but the root is named by one
+  // link. An archive with a tree is written as format 1.1 with header flag
+  // kFeatureValueTree; one without as 1.0. Checked by Plan() (R82-R93, with
+  // what the tree refers to), which refuses a bad tree with kInvalidArgument
+  // naming the value.
+  void SetValues(std::vector<ValueSpec> values);
+
   uint32_t entry_count() const { return static_cast<uint32_t>(entries_.size()); }
   uint32_t storage_count() const { return static_cast<uint32_t>(storage_nbytes_.size()); }
   uint64_t storage_nbytes(uint32_t i) const { return storage_nbytes_[i]; }
@@ -126,6 +135,10 @@ class IndexBuilder {
 
   void RequireNotPlanned(const char* call) const;
   void CheckSparse() const;
+  void CheckValues() const;
+  // Writes the value and link tables at `values_p` (and its bytes into the
+  // blob at `blob_p` + *blob), as §4.10 and the blob order of §4.9 say.
+  void EncodeValues(uint8_t* values_p, uint8_t* blob_p, uint64_t* blob) const;
 
   uint32_t alignment_;
   bool planned_ = false;
@@ -138,6 +151,8 @@ class IndexBuilder {
   std::vector<TensorSpec> tensors_;
   std::vector<SparseItem> sparse_;
   std::vector<MetadataSpec> metadata_;
+  std::vector<ValueSpec> values_;
+  uint64_t link_count_ = 0;
   uint64_t index_size_ = 0;
   uint64_t data_offset_ = 0;
   uint64_t file_size_ = 0;

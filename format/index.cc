@@ -2,6 +2,7 @@
 // comments are the numbered reader-validation rules of §6.3, checked in order.
 #include "format/index.h"
 
+#include <cstdio>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "format/extent.h"
 #include "format/name_table.h"
 #include "format/reader.h"
+#include "format/values.h"
 
 namespace tsar::format {
 namespace {
@@ -141,8 +143,16 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
            Dec(h.alignment));
   }
   h.flags = r.U32(kOffFlags, "flags");
-  if (h.flags != 0) {  // R13
+  if (h.minor == 0 && h.flags != 0) {  // R13
     r.Fail(ErrorCode::kReservedNonZero, kOffFlags, "flags", "0", Dec(h.flags));
+  }
+  if ((h.flags & ~kKnownFeatures) != 0) {  // R79
+    char found[80];
+    std::snprintf(found, sizeof found,
+                  "0x%x (features of format 1.%u: this reader implements 1.%u)", h.flags, h.minor,
+                  kMinorVersion);
+    r.Fail(ErrorCode::kUnsupportedVersion, kOffFlags, "flags",
+           "feature bits this reader knows (0x" + std::to_string(kKnownFeatures) + ")", found);
   }
   h.index_xxh3 = r.U64(kOffIndexXxh3, "index_xxh3");
   return h;
@@ -200,7 +210,13 @@ void Index::Decode(const std::string& path) {
   const uint32_t metadata_count = r.U32(ih + 16, "metadata_count");
   const uint32_t dims_count = r.U32(ih + 20, "dims_count");
   const uint64_t blob_size = r.U64(ih + 24, "blob_size");
-  RequireZero(r, ih + 32, 32, "index reserved");  // R17
+  const bool tree = (h.flags & kFeatureValueTree) != 0;
+  const uint32_t value_count = tree ? r.U32(ih + 32, "value_count") : 0;
+  const uint32_t link_count = tree ? r.U32(ih + 36, "link_count") : 0;
+  RequireZero(r, ih + (tree ? 40 : 32), tree ? 24 : 32, "index reserved");  // R17
+  if (tree && value_count == 0) {                                           // R80
+    r.Fail(ErrorCode::kInvalidValue, ih + 32, "value_count", "at least 1 (the root)", "0");
+  }
   const uint64_t counts[6] = {entry_count,  storage_count,  tensor_count,
                               sparse_count, metadata_count, dims_count};
   const uint64_t record_sizes[6] = {kEntryRecordSize,  kStorageRecordSize,  kTensorRecordSize,
@@ -223,11 +239,34 @@ void Index::Decode(const std::string& path) {
     r.Fail(ErrorCode::kOutOfBounds, ih + 24, "blob_size",
            "at most " + Dec(index_end - pos) + " (the rest of the index)", Dec(blob_size));
   }
-  if (h.minor <= kMinorVersion && pos + blob_size != index_end) {  // R20
-    r.Fail(ErrorCode::kInvalidValue, kOffIndexSize, "index_size",
-           Dec(pos + blob_size - ih) + " (the sum of the tables)", Dec(h.index_size));
-  }
   const uint64_t blob = pos;
+  // §4.10: the value and link tables follow the blob at a multiple of 8.
+  uint64_t ext_end = blob + blob_size;
+  if (tree) {
+    const uint64_t values_start = (ext_end + 7) & ~uint64_t{7};
+    if (values_start > index_end) {  // R81
+      r.Fail(ErrorCode::kOutOfBounds, ih + 32, "value_count",
+             "a value table that fits in index_size " + Dec(h.index_size), "no room left");
+    }
+    RequireZero(r, ext_end, values_start - ext_end, "value padding");  // R81
+    const uint64_t tables[2] = {uint64_t{value_count} * kValueRecordSize,
+                                uint64_t{link_count} * kLinkSize};
+    ext_end = values_start;
+    for (int t = 0; t < 2; ++t) {
+      if (tables[t] > index_end - ext_end) {  // R81
+        r.Fail(ErrorCode::kOutOfBounds, ih + 32 + 4 * t, t == 0 ? "value_count" : "link_count",
+               "a table that fits in index_size " + Dec(h.index_size),
+               Dec(t == 0 ? value_count : link_count) + " records of " +
+                   Dec(t == 0 ? kValueRecordSize : kLinkSize) + " bytes");
+      }
+      table_offset_[7 + t] = ext_end;
+      ext_end += tables[t];
+    }
+  }
+  if (h.minor <= kMinorVersion && ext_end != index_end) {  // R20
+    r.Fail(ErrorCode::kInvalidValue, kOffIndexSize, "index_size",
+           Dec(ext_end - ih) + " (the sum of the tables)", Dec(h.index_size));
+  }
 
   // §4.3 entries: R21-R24 on names, R25, R26; then R27 and R28. Everything
   // after refers to entries, so they come first (metadata is decoded last).
@@ -592,6 +631,20 @@ void Index::Decode(const std::string& path) {
                Quote(m.key) + " after " + Quote(p.key));
       }
     }
+  }
+
+  // §4.10 the value tree (format 1.1): R82-R93.
+  if (tree) {
+    ValueScope scope;
+    scope.blob = blob;
+    scope.blob_size = blob_size;
+    scope.entry_count = entry_count;
+    scope.link_count_offset = ih + 36;
+    scope.component.resize(tensor_count);
+    for (uint32_t i = 0; i < tensor_count; ++i)
+      scope.component[i] = tensors_[i].role == Role::kSparseComponent;
+    DecodeValues(r, table_offset_[7], value_count, table_offset_[8], link_count, scope, &values_,
+                 &links_);
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include "format/name_table.h"
 #include "format/spec.h"
+#include "format/values.h"
 #include "tsar/dtype.h"
 #include "tsar/error.h"
 
@@ -119,6 +120,11 @@ class Index {
   const std::vector<SparseRecord>& sparse() const { return sparse_; }
   const std::vector<MetadataRecord>& metadata() const { return metadata_; }
   const std::vector<int64_t>& dims() const { return dims_; }
+  // §4.10 (format 1.1): the value tree, empty when the archive has none
+  // (header flag kFeatureValueTree clear). Value #0 is the root; value i's
+  // links are links()[first_link .. first_link + count).
+  const std::vector<ValueRecord>& values() const { return values_; }
+  const std::vector<uint32_t>& links() const { return links_; }
 
   const int64_t* sizes(const TensorRecord& t) const { return dims_.data() + t.dims_index; }
   const int64_t* strides(const TensorRecord& t) const {
@@ -142,13 +148,15 @@ class Index {
 
   std::vector<uint8_t> head_;
   Header header_;
-  uint64_t table_offset_[7] = {};
+  uint64_t table_offset_[9] = {};  // §4.2 tables, blob, then §4.10 values and links
   std::vector<EntryRecord> entries_;
   std::vector<StorageRecord> storages_;
   std::vector<TensorRecord> tensors_;
   std::vector<SparseRecord> sparse_;
   std::vector<MetadataRecord> metadata_;
   std::vector<int64_t> dims_;
+  std::vector<ValueRecord> values_;
+  std::vector<uint32_t> links_;
   NameTable entry_names_;
   std::vector<NameTable> tensor_names_;  // per entry: tensors then sparse records
 };

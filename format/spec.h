@@ -11,9 +11,18 @@ namespace tsar::format {
 // text-mode line-ending conversion, 0x1A stops `type` on DOS (as PNG's magic).
 inline constexpr uint8_t kMagic[8] = {0x89, 'T', 'S', 'A', 'R', 0x0D, 0x0A, 0x1A};
 
-// §7: the version this code reads and writes.
+// §7: the version this code reads and writes. It writes minor 0 for an
+// archive that uses no feature of a later minor (§7.5), so such archives stay
+// byte-identical to what a 1.0 writer makes and readable by 1.0 readers.
 inline constexpr uint16_t kMajorVersion = 1;
-inline constexpr uint16_t kMinorVersion = 0;
+inline constexpr uint16_t kMinorVersion = 1;
+
+// §4.1, §7.5: header `flags` are required-feature bits from minor 1 on. A
+// reader refuses an archive that sets a bit it does not implement (readers of
+// 1.0 refuse every bit, R13). Bit 0 (format 1.1): the index holds a value
+// tree (§4.10).
+inline constexpr uint32_t kFeatureValueTree = 0x1;
+inline constexpr uint32_t kKnownFeatures = kFeatureValueTree;
 
 // §4.1: the v1.0 header is 64 bytes; a later minor may grow it up to 4096.
 inline constexpr uint32_t kHeaderSize = 64;
@@ -40,6 +49,9 @@ inline constexpr uint64_t kTensorRecordSize = 48;
 inline constexpr uint64_t kSparseRecordSize = 32;
 inline constexpr uint64_t kMetadataRecordSize = 32;
 inline constexpr uint64_t kDimSize = 8;
+// §4.10 (format 1.1): the value and link tables of the index extension.
+inline constexpr uint64_t kValueRecordSize = 32;
+inline constexpr uint64_t kLinkSize = 4;
 
 // §4.1 / §4.4: storage alignment. Storages of at least `alignment` bytes start
 // on a multiple of `alignment`; all others on a multiple of kMinAlignment.
@@ -85,6 +97,27 @@ inline constexpr uint8_t kSparseFlagCoalesced = 0x01;
 // §4.7 metadata value types.
 enum class MetaType : uint8_t { kString = 1, kInt = 2, kFloat = 3, kBytes = 4 };
 inline constexpr uint8_t kMetaTypeMax = 4;
+
+// §4.10 value kinds and flags (format 1.1).
+enum class ValueKind : uint8_t {
+  kNone = 1,
+  kBool = 2,
+  kInt = 3,
+  kBigInt = 4,
+  kFloat = 5,
+  kStr = 6,
+  kBytes = 7,
+  kList = 8,
+  kTuple = 9,
+  kDict = 10,
+  kTensor = 11,
+  kEntry = 12,
+  kOpaque = 13,
+};
+inline constexpr uint8_t kValueKindMax = 13;
+inline constexpr uint8_t kValueFlagOrdered = 0x01;     // dict, entry: a collections.OrderedDict
+inline constexpr uint8_t kValueFlagAttributes = 0x02;  // dict, entry: last link is its attributes
+inline constexpr uint32_t kMaxValueDepth = 100;        // root at depth 0
 
 // x rounded up to a multiple of a (a power of two); false on overflow.
 inline bool AlignUp(uint64_t x, uint64_t a, uint64_t* out) {
