@@ -15,6 +15,8 @@
 #include "loader/archive_impl.h"
 #include "loader/open_file.h"
 #include "loader/scalar_type.h"
+#include "loader/value_tree.h"
+#include "format/value_tree.h"
 
 namespace tsar {
 namespace {
@@ -270,6 +272,20 @@ MetadataValue ToValue(const format::MetadataRecord& m) {
   return int64_t{0};
 }
 }  // namespace
+
+bool Archive::has_value_tree() const { return !impl_->index().values().empty(); }
+
+Value Archive::value() const {
+  if (has_value_tree()) return format::DecodeTree(impl_->index());
+  return ImpliedValue(
+      entries(),
+      [this](const std::string& e) -> std::optional<std::string> {
+        const auto m = metadata("torch._metadata", e);
+        if (m && std::holds_alternative<std::string>(*m)) return std::get<std::string>(*m);
+        return std::nullopt;
+      },
+      metadata_items());
+}
 
 std::optional<MetadataValue> Archive::metadata(const std::string& key,
                                                const std::string& entry) const {

@@ -1,16 +1,16 @@
-// Export to a Python torch.save zip (readable by torch.load): a protocol-2
-// pickle written by hand (only the opcodes torch.save itself uses) plus one
+// Export to a Python torch.save zip (readable by torch.load): the archive's
+// value tree (spec §4.10) as a protocol-2 pickle written by hand, plus one
 // record per storage, through LibTorch's PyTorchStreamWriter. Shared storages
 // stay shared: tensors that share a tsar storage reference one record.
 #include <caffe2/serialize/inline_container.h>
-
-#include <nlohmann/json.hpp>
 
 #include "format/endian.h"
 #include "format/reader.h"
 #include "writer/atomic_file.h"
 #include "writer/export_internal.h"
-#include "writer/json_util.h"
+#include "tsar/value.h"
+
+#include <unordered_map>
 
 namespace tsar::exporter {
 namespace {
@@ -92,37 +92,31 @@ class Pickler {
     const uint64_t bits = format::DoubleToBits(d);
     for (int i = 7; i >= 0; --i) out_ += static_cast<char>(bits >> (8 * i));
   }
+  void EmptyList() { out_ += ']'; }
+  void Appends() { out_ += 'e'; }
+  void Raw(const std::string& bytes) { out_ += bytes; }
+  void Put(uint32_t id) {  // LONG_BINPUT
+    out_ += 'r';
+    Raw32(id);
+  }
+  void Get(uint32_t id) {  // LONG_BINGET
+    out_ += 'j';
+    Raw32(id);
+  }
+  void BigInt(const std::string& le) {  // LONG1 / LONG4: little-endian two's complement
+    if (le.size() < 256) {
+      out_ += '\x8a';
+      out_ += static_cast<char>(le.size());
+    } else {
+      out_ += '\x8b';
+      Raw32(static_cast<uint32_t>(le.size()));
+    }
+    out_ += le;
+  }
   void OrderedDict() {
     Global("collections", "OrderedDict");
     EmptyTuple();
     Reduce();
-  }
-  void Json(const nlohmann::ordered_json& j, bool ordered_outer) {
-    if (j.is_object()) {
-      if (ordered_outer) {
-        OrderedDict();
-      } else {
-        EmptyDict();
-      }
-      if (!j.empty()) {
-        Mark();
-        for (auto it = j.begin(); it != j.end(); ++it) {
-          Str(it.key());
-          Json(it.value(), false);
-        }
-        SetItems();
-      }
-    } else if (j.is_boolean()) {
-      Bool(j.get<bool>());
-    } else if (j.is_number_integer()) {
-      Int(j.get<int64_t>());
-    } else if (j.is_number()) {
-      Float(j.get<double>());
-    } else if (j.is_string()) {
-      Str(j.get<std::string>());
-    } else {
-      None();
-    }
   }
   const std::string& bytes() const { return out_; }
 
@@ -135,12 +129,163 @@ class Pickler {
   std::string out_;
 };
 
-void Meta(Pickler& p, const MetadataValue& v) {
-  if (const auto* s = std::get_if<std::string>(&v)) return p.Str(*s);
-  if (const auto* i = std::get_if<int64_t>(&v)) return p.Int(*i);
-  if (const auto* d = std::get_if<double>(&v)) return p.Float(*d);
-  p.Bytes(std::get<tsar::Bytes>(v).data);
-}
+// Writes an archive's value tree (spec §4.10; the implied tree of §4.10.3 for
+// an archive without one) as the pickle torch.load reads: each tensor as
+// torch.save writes it, once (a second reference is a memo lookup, so it is
+// the same Python object again); each opaque value's segments as they are.
+class TreeWriter {
+ public:
+  TreeWriter(const Archive& a, Pickler& p) : a_(a), p_(p) {
+    const auto infos = a.infos();
+    for (uint32_t i = 0; i < infos.size(); ++i) {
+      const auto& t = infos[i];
+      index_.emplace(t.entry + '\0' + t.name, i);
+    }
+    infos_ = std::move(infos);
+    storages_ = a.storages();
+  }
+
+  void Write(const Value& v) {
+    using K = Value::Kind;
+    switch (v.kind()) {
+      case K::kNone:
+        return p_.None();
+      case K::kBool:
+        return p_.Bool(v.as_bool());
+      case K::kInt:
+        return p_.Int(v.as_int());
+      case K::kBigInt:
+        return p_.BigInt(v.bytes());
+      case K::kFloat:
+        return p_.Float(v.as_float());
+      case K::kStr:
+        return p_.Str(v.bytes());
+      case K::kBytes:
+        return p_.Bytes(v.bytes());
+      case K::kList:
+        p_.EmptyList();
+        if (!v.items().empty()) {
+          p_.Mark();
+          for (const auto& x : v.items()) Write(x);
+          p_.Appends();
+        }
+        return;
+      case K::kTuple:
+        p_.Mark();
+        for (const auto& x : v.items()) Write(x);
+        return p_.Tuple();
+      case K::kDict:
+        if (v.ordered()) {
+          p_.OrderedDict();
+        } else {
+          p_.EmptyDict();
+        }
+        if (!v.pairs().empty()) {
+          p_.Mark();
+          for (const auto& [k, x] : v.pairs()) {
+            Write(k);
+            Write(x);
+          }
+          p_.SetItems();
+        }
+        break;
+      case K::kTensor:
+        return Tensor(v.entry(), v.name());
+      case K::kEntry: {
+        if (v.ordered()) {
+          p_.OrderedDict();
+        } else {
+          p_.EmptyDict();
+        }
+        bool any = false;
+        for (const auto& t : infos_) {
+          if (t.entry != v.entry()) continue;
+          if (!any) p_.Mark();
+          any = true;
+          p_.Str(t.name);
+          Tensor(t.entry, t.name);
+        }
+        if (any) p_.SetItems();
+        break;
+      }
+      case K::kOpaque:
+        for (size_t k = 0; k < v.segments().size(); ++k) {
+          p_.Raw(v.segments()[k]);
+          if (k < v.items().size()) Write(v.items()[k]);
+        }
+        return;
+    }
+    if (const Value* attrs = v.attributes()) {  // dict and entry
+      Write(*attrs);
+      p_.Build();
+    }
+  }
+
+  // Tensors of the archive that the tree does not reach.
+  std::vector<std::string> Unwritten() const {
+    std::vector<std::string> out;
+    for (const auto& t : infos_) {
+      if (t.role != Role::kSparseComponent && !memo_.count(t.entry + '\0' + t.name))
+        out.push_back(t.entry + "/" + t.name);
+    }
+    return out;
+  }
+
+ private:
+  void Tensor(const std::string& entry, const std::string& name) {
+    const std::string key = entry + '\0' + name;
+    if (auto it = memo_.find(key); it != memo_.end()) return p_.Get(it->second);
+    const auto found = index_.find(key);
+    if (found == index_.end()) {
+      throw Error(ErrorCode::kNotFound, a_.path(), std::nullopt,
+                  "value tree: tensor " + format::Quote(entry + "/" + name) + " not found");
+    }
+    const TensorInfo& t = infos_[found->second];
+    const bool param = t.role == Role::kParameter;
+    if (param) p_.Global("torch._utils", "_rebuild_parameter");
+    if (param) p_.Mark();
+    p_.Global("torch._utils", "_rebuild_tensor_v2");
+    p_.Mark();
+    {  // persistent id: ('storage', torch.XStorage, key, location, numel)
+      p_.Mark();
+      p_.Str("storage");
+      p_.Global("torch", StorageClass(t.dtype));
+      p_.Str(std::to_string(t.storage));
+      p_.Str("cpu");
+      p_.Int(static_cast<int64_t>(storages_[t.storage].nbytes / ElementSize(t.dtype)));
+      p_.Tuple();
+      p_.PersId();
+    }
+    p_.Int(static_cast<int64_t>(t.storage_offset));
+    p_.Mark();
+    for (int64_t s : t.sizes) p_.Int(s);
+    p_.Tuple();
+    p_.Mark();
+    for (int64_t s : t.strides) p_.Int(s);
+    p_.Tuple();
+    p_.Bool(t.requires_grad && !param);
+    p_.OrderedDict();  // backward_hooks
+    p_.Tuple();
+    p_.Reduce();
+    if (param) {
+      p_.Bool(t.requires_grad);
+      p_.OrderedDict();
+      p_.Tuple();
+      p_.Reduce();
+    }
+    const uint32_t id = next_memo_++;
+    p_.Put(id);
+    memo_.emplace(key, id);
+  }
+
+  const Archive& a_;
+  Pickler& p_;
+  std::vector<TensorInfo> infos_;
+  std::vector<StorageInfo> storages_;
+  std::unordered_map<std::string, uint32_t> index_;  // "entry\0name" -> infos_ index
+  std::unordered_map<std::string, uint32_t> memo_;   // tensors written: memo key
+  uint32_t next_memo_ = 0;
+};
 
 }  // namespace
 
@@ -171,88 +316,23 @@ std::vector<std::string> ExportTorchSave(const Archive& a, const std::string& pa
 
   Pickler p;
   p.Proto();
-  const auto entries = a.entries();
-  const auto archive_meta = a.metadata_items();
-  const bool single = entries.size() == 1 && archive_meta.empty();
-  auto state_dict = [&](const std::string& entry) {
-    p.OrderedDict();
-    bool any = false;
-    for (const auto& t : infos) {
-      if (t.entry != entry) continue;
-      if (!any) p.Mark();
-      any = true;
-      p.Str(t.name);
-      const bool param = t.role == Role::kParameter;
-      if (param) p.Global("torch._utils", "_rebuild_parameter");
-      if (param) p.Mark();
-      p.Global("torch._utils", "_rebuild_tensor_v2");
-      p.Mark();
-      {  // persistent id: ('storage', torch.XStorage, key, location, numel)
-        p.Mark();
-        p.Str("storage");
-        p.Global("torch", StorageClass(t.dtype));
-        p.Str(std::to_string(t.storage));
-        p.Str("cpu");
-        p.Int(static_cast<int64_t>(storages[t.storage].nbytes / ElementSize(t.dtype)));
-        p.Tuple();
-        p.PersId();
-      }
-      p.Int(static_cast<int64_t>(t.storage_offset));
-      p.Mark();
-      for (int64_t s : t.sizes) p.Int(s);
-      p.Tuple();
-      p.Mark();
-      for (int64_t s : t.strides) p.Int(s);
-      p.Tuple();
-      p.Bool(t.requires_grad && !param);
-      p.OrderedDict();  // backward_hooks
-      p.Tuple();
-      p.Reduce();
-      if (param) {
-        p.Bool(t.requires_grad);
-        p.OrderedDict();
-        p.Tuple();
-        p.Reduce();
-      }
-    }
-    if (any) p.SetItems();
-    // state_dict._metadata, as Python's load_state_dict reads it.
-    if (const auto md = a.metadata("torch._metadata", entry)) {
-      if (const auto* s = std::get_if<std::string>(&*md)) {
-        const auto parsed = json::ParseOrdered(*s);
-        if (parsed && parsed->is_object()) {
-          const nlohmann::ordered_json& j = *parsed;
-          p.EmptyDict();
-          p.Mark();
-          p.Str("_metadata");
-          p.Json(j, /*ordered_outer=*/true);
-          p.SetItems();
-          p.Build();
-        }
-      }
-    }
-    for (const auto& [k, v] : a.metadata_items(entry)) {
-      if (k != "torch._metadata")
-        notes.push_back("entry " + entry + " metadata " + k +
+  TreeWriter tree(a, p);
+  tree.Write(a.value());
+  p.Stop();
+  for (const auto& name : tree.Unwritten())
+    notes.push_back("tensor " + name + ": not part of the archive's value tree; left out");
+  const bool stored_tree = a.has_value_tree();
+  for (const auto& e : a.entries()) {
+    for (const auto& [k, v] : a.metadata_items(e)) {
+      if (stored_tree || k != "torch._metadata")
+        notes.push_back("entry " + e + " metadata " + k +
                         ": torch.save state_dicts have no place for it; left out");
     }
-  };
-  if (single) {
-    state_dict(entries[0]);
-  } else {
-    p.EmptyDict();
-    p.Mark();
-    for (const auto& e : entries) {
-      p.Str(e);
-      state_dict(e);
-    }
-    for (const auto& [k, v] : archive_meta) {
-      p.Str(k);
-      Meta(p, v);
-    }
-    p.SetItems();
   }
-  p.Stop();
+  if (stored_tree) {
+    for (const auto& [k, v] : a.metadata_items())
+      notes.push_back("metadata " + k + ": not part of the packed checkpoint; left out");
+  }
 
   AtomicFile out(path);
   uint64_t pos = 0;

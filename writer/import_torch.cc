@@ -13,6 +13,9 @@
 #include "writer/pickle.h"
 #include "writer/zip_reader.h"
 
+#include <unordered_map>
+#include <unordered_set>
+
 namespace tsar::importer {
 namespace {
 
@@ -59,33 +62,129 @@ struct Walker {
     return out;
   }
 
+  // A state_dict: a non-empty dict of tensors with str keys. It becomes an
+  // entry; every other tensor goes to the entry of loose tensors.
   static bool IsTensorDict(const pickle::Value& v) {
     if (v.kind != pickle::Value::Kind::kDict || v.items.empty()) return false;
-    for (const auto& x : v.items) {
-      if (x.kind != pickle::Value::Kind::kTensor) return false;
+    for (size_t k = 0; k < v.items.size(); ++k) {
+      if (v.items[k].kind != pickle::Value::Kind::kTensor ||
+          v.key_values[k].kind != pickle::Value::Kind::kString)
+        return false;
     }
     return true;
   }
 
-  void Skip(const std::string& where, const std::string& what) const {
-    if (options.strict)
-      Bad(path, std::nullopt,
-          where + ": expected a tensor, a dict of tensors, a number or a string, found " + what +
-              " (drop --strict to skip it)");
-    out.skipped.push_back(where + ": " + what + " skipped");
+  static std::string Join(const std::string& where, const std::string& key) {
+    return where.empty() ? key : where + "." + key;
+  }
+  // `base`, or base#2, base#3... whichever `taken` does not hold yet.
+  static std::string Unique(std::unordered_set<std::string>& taken, const std::string& base) {
+    std::string name = base;
+    for (int n = 2; !taken.insert(name).second; ++n) name = base + "#" + std::to_string(n);
+    return name;
   }
 
-  void Entry(const std::string& name, const pickle::Value& dict) const {
+  // Names every state_dict's entry by its path (the root's: the default
+  // entry), in the order Build meets them, and then the loose entry.
+  void NameEntries(const pickle::Value& v, const std::string& where) {
+    using K = pickle::Value::Kind;
+    if (IsTensorDict(v)) {
+      entry_names[&v] = Unique(taken, where.empty() ? options.default_entry : where);
+      return;
+    }
+    if (v.kind == K::kDict) {
+      for (size_t k = 0; k < v.items.size(); ++k) NameEntries(v.items[k], Join(where, v.keys[k]));
+    } else if (v.kind == K::kList || v.kind == K::kTuple || v.kind == K::kOpaque) {
+      for (size_t k = 0; k < v.items.size(); ++k)
+        NameEntries(v.items[k], Join(where, std::to_string(k)));
+    }
+  }
+
+  // A tensor outside a state_dict goes to the loose entry, named by its path,
+  // unless the same tensor object was met before: then the tree names that one.
+  Value Loose(const pickle::Value& v, const std::string& where) {
+    if (auto it = placed.find(v.tensor.object); it != placed.end())
+      return Value::Tensor(it->second.first, it->second.second);
+    const std::string name = Unique(loose_taken, where.empty() ? "tensor" : where);
+    placed.emplace(v.tensor.object, std::make_pair(loose.name, name));
+    loose.tensors.push_back(
+        {name, Tensor(v, name), v.tensor.is_parameter ? Role::kParameter : Role::kTensor});
+    return Value::Tensor(loose.name, name);
+  }
+
+  // The tree of `v` (spec §4.10), adding its tensors to entries as it goes.
+  Value Build(const pickle::Value& v, const std::string& where) {
+    using K = pickle::Value::Kind;
+    Value out_value;
+    switch (v.kind) {
+      case K::kNone:
+        return Value::None();
+      case K::kBool:
+        return Value::Bool(v.b);
+      case K::kInt:
+        return Value::Int(v.i);
+      case K::kBigInt:
+        return Value::BigInt(v.str);
+      case K::kFloat:
+        return Value::Float(v.f);
+      case K::kString:
+        return Value::Str(v.str);
+      case K::kBytes:
+        return Value::Bytes(v.str);
+      case K::kTensor:
+        return Loose(v, where);
+      case K::kList:
+      case K::kTuple: {
+        std::vector<Value> items;
+        for (size_t k = 0; k < v.items.size(); ++k)
+          items.push_back(Build(v.items[k], Join(where, std::to_string(k))));
+        return v.kind == K::kList ? Value::List(std::move(items)) : Value::Tuple(std::move(items));
+      }
+      case K::kOpaque: {
+        if (options.strict) {
+          Bad(path, std::nullopt,
+              (where.empty() ? std::string("the top object") : format::Quote(where)) + ": a " + v.str +
+                  " object would be kept as an opaque pickle fragment, which --strict refuses");
+        }
+        std::vector<Value> items;
+        for (size_t k = 0; k < v.items.size(); ++k)
+          items.push_back(Build(v.items[k], Join(where, std::to_string(k))));
+        return Value::Opaque(v.str, v.segments, std::move(items));
+      }
+      case K::kDict: {
+        if (auto it = entry_names.find(&v); it != entry_names.end()) {
+          Entry(it->second, v);
+          out_value = Value::Entry(it->second, v.ordered);
+        } else {
+          std::vector<std::pair<Value, Value>> pairs;
+          pairs.reserve(v.items.size());
+          for (size_t k = 0; k < v.items.size(); ++k) {
+            const std::string at = Join(where, v.keys[k]);
+            Value key = Build(v.key_values[k], at);
+            pairs.emplace_back(std::move(key), Build(v.items[k], at));
+          }
+          out_value = Value::Dict(std::move(pairs), v.ordered);
+        }
+        if (v.attributes) out_value.set_attributes(Build(*v.attributes, where));
+        return out_value;
+      }
+    }
+    return out_value;
+  }
+
+  void Entry(const std::string& name, const pickle::Value& dict) {
     Imported::Entry e{name, {}};
     for (size_t i = 0; i < dict.items.size(); ++i) {
       const auto& t = dict.items[i];
       e.tensors.push_back({dict.keys[i], Tensor(t, dict.keys[i]),
                            t.tensor.is_parameter ? Role::kParameter : Role::kTensor});
+      placed.emplace(t.tensor.object, std::make_pair(name, dict.keys[i]));
     }
     out.entries.push_back(std::move(e));
     if (const pickle::Value* md = dict.Attribute("_metadata")) {
       // Python's state_dict._metadata (per-module versions, read by
-      // load_state_dict); kept as JSON so it can be restored on export.
+      // load_state_dict), kept as JSON: the implied tree (spec §4.10.3)
+      // restores it when the archive has no tree of its own.
       out.metadata.push_back({name, "torch._metadata", ToJson(*md).dump()});
     }
   }
@@ -117,52 +216,29 @@ struct Walker {
     }
   }
 
-  // A dict that is not a state_dict: tensor dicts become entries, scalars
-  // metadata, loose tensors go to the default entry, nested dicts recurse.
-  void Mixed(const pickle::Value& dict, const std::string& prefix, Imported::Entry& loose) const {
+  // Archive-level metadata for the top-level numbers, strings and bytes of a
+  // dict: what the implied tree (spec §4.10.3) of an archive without a tree
+  // gives back. (Whether it gives back exactly the input is for the caller to
+  // check: with_tree() in pack_files.cc.)
+  void RootMetadata(const pickle::Value& root) const {
     using K = pickle::Value::Kind;
-    for (size_t i = 0; i < dict.items.size(); ++i) {
-      const std::string key = prefix + dict.keys[i];
-      const pickle::Value& v = dict.items[i];
-      switch (v.kind) {
-        case K::kTensor:
-          loose.tensors.push_back(
-              {key, Tensor(v, key), v.tensor.is_parameter ? Role::kParameter : Role::kTensor});
-          break;
-        case K::kDict:
-          if (IsTensorDict(v)) {
-            Entry(key, v);
-          } else if (v.items.empty()) {
-            Skip(key, "an empty dict");
-          } else {
-            Mixed(v, key + ".", loose);
-          }
-          break;
-        case K::kInt:
-          out.metadata.push_back({"", key, v.i});
-          break;
-        case K::kBool:
-          out.metadata.push_back({"", key, int64_t{v.b ? 1 : 0}});
-          break;
-        case K::kFloat:
-          out.metadata.push_back({"", key, v.f});
-          break;
-        case K::kString:
-          out.metadata.push_back({"", key, v.str});
-          break;
-        case K::kBytes:
-          out.metadata.push_back({"", key, Bytes{v.str}});
-          break;
-        case K::kNone:
-          Skip(key, "None");
-          break;
-        case K::kList:
-        case K::kTuple:
-          Skip(key, "a list of " + std::to_string(v.items.size()) + " items");
-          break;
-      }
+    if (root.kind != K::kDict || IsTensorDict(root)) return;
+    for (size_t i = 0; i < root.items.size(); ++i) {
+      if (root.key_values[i].kind != K::kString) continue;
+      const std::string& key = root.keys[i];
+      const pickle::Value& v = root.items[i];
+      if (v.kind == K::kInt) out.metadata.push_back({"", key, v.i});
+      if (v.kind == K::kFloat) out.metadata.push_back({"", key, v.f});
+      if (v.kind == K::kString) out.metadata.push_back({"", key, v.str});
+      if (v.kind == K::kBytes) out.metadata.push_back({"", key, Bytes{v.str}});
     }
   }
+
+  std::unordered_map<const pickle::Value*, std::string> entry_names;
+  std::unordered_set<std::string> taken;  // entry names
+  std::unordered_set<std::string> loose_taken;
+  Imported::Entry loose;
+  std::unordered_map<uint32_t, std::pair<std::string, std::string>> placed;  // object: entry, name
 };
 
 }  // namespace
@@ -200,41 +276,13 @@ Imported ImportTorchSave(const std::string& path, const ImportOptions& options) 
 
   Imported out;
   out.kind = InputKind::kTorchSave;
-  Walker w{path, options, pk, storages, out};
-  using K = pickle::Value::Kind;
-  const pickle::Value& root = pk.root;
-  if (root.kind == K::kDict && Walker::IsTensorDict(root)) {
-    w.Entry(options.default_entry, root);
-  } else if (root.kind == K::kDict) {
-    Imported::Entry loose{options.default_entry, {}};
-    w.Mixed(root, "", loose);
-    if (!loose.tensors.empty()) {
-      for (const auto& e : out.entries) {
-        if (e.name == loose.name)
-          Bad(path, std::nullopt,
-              "entry " + format::Quote(loose.name) + ": loose tensors and a dict share this name");
-      }
-      out.entries.insert(out.entries.begin(), std::move(loose));
-    }
-  } else if (root.kind == K::kTensor) {
-    out.entries.push_back(
-        {options.default_entry, {{"tensor", w.Tensor(root, "tensor"), Role::kTensor}}});
-  } else if ((root.kind == K::kList || root.kind == K::kTuple) && !root.items.empty()) {
-    Imported::Entry e{options.default_entry, {}};
-    for (size_t i = 0; i < root.items.size(); ++i) {
-      if (root.items[i].kind != K::kTensor)
-        Bad(path, std::nullopt,
-            "item " + std::to_string(i) + ": expected a tensor in a list of tensors");
-      e.tensors.push_back(
-          {std::to_string(i), w.Tensor(root.items[i], std::to_string(i)), Role::kTensor});
-    }
-    out.entries.push_back(std::move(e));
-  } else {
-    Bad(path, std::nullopt,
-        "expected a state_dict, a dict of state_dicts or tensors at the top of data.pkl, found no "
-        "tensors");
-  }
-  if (out.entries.empty()) Bad(path, std::nullopt, "expected at least one tensor, found none");
+  Walker w{path, options, pk, storages, out, {}, {}, {}, {}, {}};
+  w.NameEntries(pk.root, "");
+  w.loose.name = Walker::Unique(w.taken, w.taken.count(options.default_entry) ? "tensors"
+                                                                              : options.default_entry);
+  out.value = w.Build(pk.root, "");
+  w.RootMetadata(pk.root);
+  if (!w.loose.tensors.empty()) out.entries.insert(out.entries.begin(), std::move(w.loose));
   return out;
 }
 

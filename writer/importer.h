@@ -7,10 +7,12 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tsar/archive.h"
+#include "tsar/value.h"
 
 namespace tsar::importer {
 
@@ -18,8 +20,9 @@ enum class InputKind { kUnknown, kTorchSave, kTorchScript, kSafetensors, kSafete
 const char* InputKindName(InputKind kind);
 
 struct ImportOptions {
-  // Refuse values that are neither tensors, dicts of tensors, numbers nor
-  // strings (optimizer state, arbitrary objects) instead of skipping them.
+  // Refuse what cannot be kept as it is: objects that a torch.save file would
+  // keep as opaque pickle fragments; values that HDF5 and safetensors
+  // metadata cannot hold (instead of skipping them with a note).
   bool strict = false;
   // Entry name for inputs that hold a single state_dict.
   std::string default_entry = "model";
@@ -42,6 +45,13 @@ struct Imported {
   };
   InputKind kind = InputKind::kUnknown;
   std::vector<Entry> entries;
+  // What the input was as a whole (torch.save files): its structure, whose
+  // tensors are those of `entries` by (entry, name). The archive stores it
+  // unless `entries` and `metadata` imply it already (spec §4.10.3).
+  std::optional<Value> value;
+  // Metadata to store when the archive has no tree (torch.save: the scalars at
+  // the top of a dict and each state_dict's _metadata, which the implied tree
+  // turns back into them).
   std::vector<Meta> metadata;
   std::vector<std::string> skipped;  // one line each: what was skipped and why
 };

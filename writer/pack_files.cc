@@ -3,7 +3,10 @@
 
 #include "format/encode.h"
 #include "format/reader.h"
+#include "loader/value_tree.h"
 #include "writer/importer.h"
+
+#include <algorithm>
 
 namespace tsar {
 namespace {
@@ -18,6 +21,68 @@ void CheckInputName(const std::string& input, const std::string& what, const std
   } catch (const Error& e) {
     throw Error(ErrorCode::kBadInput, input, std::nullopt, e.what());
   }
+}
+
+// `v` with every entry name n (of tensors and state_dicts) replaced by rename(n).
+Value RenameEntries(const Value& v, const std::function<std::string(const std::string&)>& rename) {
+  using K = Value::Kind;
+  Value out;
+  switch (v.kind()) {
+    case K::kTensor:
+      return Value::Tensor(rename(v.entry()), v.name());
+    case K::kEntry:
+      out = Value::Entry(rename(v.entry()), v.ordered());
+      break;
+    case K::kList:
+    case K::kTuple: {
+      std::vector<Value> items;
+      for (const auto& x : v.items()) items.push_back(RenameEntries(x, rename));
+      return v.is(K::kList) ? Value::List(std::move(items)) : Value::Tuple(std::move(items));
+    }
+    case K::kDict: {
+      std::vector<std::pair<Value, Value>> pairs;
+      for (const auto& [k, x] : v.pairs())
+        pairs.emplace_back(RenameEntries(k, rename), RenameEntries(x, rename));
+      out = Value::Dict(std::move(pairs), v.ordered());
+      break;
+    }
+    case K::kOpaque: {
+      std::vector<Value> items;
+      for (const auto& x : v.items()) items.push_back(RenameEntries(x, rename));
+      return Value::Opaque(v.bytes(), v.segments(), std::move(items));
+    }
+    default:
+      return v;
+  }
+  if (const Value* a = v.attributes()) out.set_attributes(RenameEntries(*a, rename));
+  return out;
+}
+
+// Whether the archive must store `in`'s tree (spec §4.10.3): unless the
+// entries and metadata it will hold imply exactly that tree, a reader could
+// not give the input back without it.
+bool NeedsTree(const importer::Imported& in,
+               const std::vector<std::pair<std::string, MetadataValue>>& extra) {
+  if (!in.value) return false;
+  std::vector<std::string> entries;
+  for (const auto& e : in.entries) entries.push_back(e.name);
+  std::vector<std::pair<std::string, MetadataValue>> top = extra;
+  for (const auto& m : in.metadata) {
+    if (m.entry.empty()) top.emplace_back(m.key, m.value);
+  }
+  std::stable_sort(top.begin(), top.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  const Value implied = ImpliedValue(
+      entries,
+      [&](const std::string& entry) -> std::optional<std::string> {
+        for (const auto& m : in.metadata) {
+          if (m.entry == entry && m.key == "torch._metadata")
+            if (const auto* s = std::get_if<std::string>(&m.value)) return *s;
+        }
+        return std::nullopt;
+      },
+      top);
+  return implied != *in.value;
 }
 
 }  // namespace
@@ -42,6 +107,28 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     io.default_entry = s.entry.empty() ? options.pack.entry : s.entry;
     importer::Imported in = importer::Import(s.path, io);
     const bool prefix = !s.entry.empty() && in.entries.size() > 1;
+    if (prefix && in.value) {
+      in.value = RenameEntries(*in.value, [&](const std::string& n) { return s.entry + "." + n; });
+    }
+    if (prefix) {
+      for (auto& m : in.metadata) {
+        if (!m.entry.empty()) m.entry = s.entry + "." + m.entry;
+      }
+    }
+    // A checkpoint's structure: stored as a tree when the entries and metadata
+    // alone would not give it back. Its metadata was derived from it, so only
+    // the tree is kept.
+    const bool tree = NeedsTree(in, sources.size() == 1 ? options.metadata
+                                                        : decltype(options.metadata){});
+    if (tree && sources.size() > 1) {
+      throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
+                  "holds a checkpoint whose structure (nested dicts, lists, non-tensor values) "
+                  "needs the whole archive; pack it on its own");
+    }
+    if (tree) {
+      writer.set_value(*in.value);
+      in.metadata.clear();
+    }
     for (auto& e : in.entries) {
       if (prefix) e.name = s.entry + "." + e.name;
       CheckInputName(s.path, "entry", e.name);
@@ -59,7 +146,6 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
       summary.tensors += e.tensors.size();
     }
     for (auto& m : in.metadata) {
-      if (!m.entry.empty() && prefix) m.entry = s.entry + "." + m.entry;
       CheckInputName(s.path, "metadata", m.key, "key");
       writer.add_metadata(m.key, m.value, m.entry);
     }

@@ -32,11 +32,15 @@ constexpr uint8_t kMark = '(', kStop = '.', kPop = '0', kPopMark = '1', kBinInt 
                   kProto = 0x80, kNewObj = 0x81, kTuple1 = 0x85, kTuple2 = 0x86, kTuple3 = 0x87,
                   kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a, kLong4 = 0x8b,
                   kShortBinUnicode = 0x8c, kBinUnicode8 = 0x8d, kBinBytes8 = 0x8e,
-                  kStackGlobal = 0x93, kMemoize = 0x94, kFrame = 0x95;
+                  kStackGlobal = 0x93, kMemoize = 0x94, kFrame = 0x95, kDup = '2',
+                  kExt1 = 0x82, kExt2 = 0x83, kExt4 = 0x84, kEmptySet = 0x8f, kAddItems = 0x90,
+                  kFrozenSet = 0x91, kNewObjEx = 0x92, kByteArray8 = 0x96, kNextBuffer = 0x97,
+                  kReadOnlyBuffer = 0x98;
 }  // namespace op
 
-// Objects of the VM. Besides the public kinds there are the two things a
-// torch pickle builds on the way: an allow-listed global and a storage.
+// Objects of the VM. Besides the public kinds there are the things a pickle
+// builds on the way: a global (never resolved), a storage, and an object
+// built by calling something that is not interpreted here.
 enum class NodeKind : uint8_t {
   kNone,
   kBool,
@@ -49,23 +53,39 @@ enum class NodeKind : uint8_t {
   kDict,
   kTensor,
   kGlobal,
-  kStorage
+  kStorage,
+  kBigInt,
+  kObject
 };
 
 const char* KindName(NodeKind k) {
-  static constexpr const char* kNames[] = {"None", "bool",  "int",  "float",  "str",    "bytes",
-                                           "list", "tuple", "dict", "tensor", "global", "storage"};
+  static constexpr const char* kNames[] = {"None",   "bool",    "int",    "float",
+                                           "str",    "bytes",   "list",   "tuple",
+                                           "dict",   "tensor",  "global", "storage",
+                                           "bigint", "object"};
   return kNames[static_cast<int>(k)];
 }
 
 struct Node {
   NodeKind kind = NodeKind::kNone;
-  int64_t i = 0;  // kBool, kInt; kTensor: index into tensors_; kStorage: into storages;
-                  // kGlobal: index into kAllowed
+  bool ordered = false;  // kDict: made by collections.OrderedDict
+  int64_t i = 0;         // kBool, kInt; kTensor: index into tensors_; kStorage: into storages;
+                         // kGlobal: index into kAllowed, or -1; kObject: into objects_
   double f = 0;
-  std::string s;                // kString (UTF-8), kBytes
+  std::string s;                // kString (UTF-8), kBytes, kBigInt; kGlobal: "module\nname"
   std::vector<uint32_t> items;  // kList/kTuple elements; kDict: key, value, key, value...
   int64_t attrs = -1;           // kDict: the node BUILD set as its attributes
+};
+
+// An object built by REDUCE, NEWOBJ or NEWOBJ_EX of something not interpreted
+// here, then changed by BUILD, APPEND(S), SETITEM(S) or ADDITEMS: recorded to
+// be written back as the same opcodes, never run.
+struct Object {
+  uint32_t callable = 0;
+  uint32_t args = 0;
+  int64_t kwargs = -1;  // NEWOBJ_EX
+  uint8_t how = 0;      // the opcode that built it
+  std::vector<std::pair<uint8_t, std::vector<uint32_t>>> ops;  // opcode, operands, in order
 };
 
 // The only globals a pickle may name. Everything else is refused: resolving a
@@ -179,6 +199,7 @@ class Machine {
   // would otherwise turn a few input bytes into up to kMaxRank copies each.
   uint32_t NewTensor(TensorRef t) {
     object_budget_ -= std::min(object_budget_, 2 * t.sizes.size());
+    t.object = static_cast<uint32_t>(tensors_.size());
     tensors_.push_back(std::move(t));
     uint32_t id = New(NodeKind::kTensor);
     At(id).i = static_cast<int64_t>(tensors_.size() - 1);
@@ -209,7 +230,16 @@ class Machine {
   std::string ReadLine();
   uint32_t LookupGlobal(const std::string& module, const std::string& name);
   void AddItems(uint32_t target, const std::vector<uint32_t>& items, bool dict);
-  uint32_t Call(uint32_t fn, uint32_t args, bool newobj);
+  uint32_t Call(uint32_t fn, uint32_t args, uint8_t how, int64_t kwargs = -1);
+  uint32_t NewObject(uint32_t callable, uint32_t args, uint8_t how, int64_t kwargs = -1);
+  uint32_t Builtin(const char* name);
+  std::string GlobalName(const Node& n) const;
+  std::string Label(uint32_t id);
+  struct Fragment {
+    std::vector<std::string> segments{std::string()};
+    std::vector<Value> items;
+  };
+  void Pickle(uint32_t id, size_t depth, Fragment& f);
   uint32_t RebuildTensor(const std::vector<uint32_t>& a);
   uint32_t LoadStorage(uint32_t pid);
   void Charge(uint64_t bytes);
@@ -227,6 +257,7 @@ class Machine {
   std::vector<size_t> marks_;
   std::unordered_map<uint32_t, uint32_t> memo_;  // sparse: LONG_BINPUT may use any u32
   std::vector<TensorRef> tensors_;
+  std::vector<Object> objects_;
   std::vector<StorageRef> storages_;
   std::unordered_map<std::string, uint32_t> storage_index_;
   std::vector<bool> converted_;  // by node id: copied into the tree already
@@ -258,27 +289,51 @@ std::string Machine::ReadLine() {
   return line;
 }
 
+// A global is never resolved: one that tsar interprets is marked with its
+// kAllowed index, any other is only a name, kept to be written back.
 uint32_t Machine::LookupGlobal(const std::string& module, const std::string& name) {
-  for (size_t k = 0; k < std::size(kAllowed); ++k) {
-    if (module == kAllowed[k].module && name == kAllowed[k].name) {
-      uint32_t id = New(NodeKind::kGlobal);
-      At(id).i = static_cast<int64_t>(k);
-      return id;
-    }
+  if (module.empty() || name.empty() || module.find('\n') != std::string::npos ||
+      name.find('\n') != std::string::npos) {
+    Fail("global " + Quote(module + "." + name) + ": expected a module and a name without newlines");
   }
-  Fail("global " + Quote(module + "." + name) +
-       " is not allowed (tsar never executes code from its input)");
+  uint32_t id = New(NodeKind::kGlobal);
+  At(id).i = -1;
+  At(id).s = module + "\n" + name;
+  for (size_t k = 0; k < std::size(kAllowed); ++k) {
+    if (module == kAllowed[k].module && name == kAllowed[k].name) At(id).i = static_cast<int64_t>(k);
+  }
+  return id;
+}
+
+uint32_t Machine::Builtin(const char* name) { return LookupGlobal("builtins", name); }
+
+std::string Machine::GlobalName(const Node& n) const {
+  std::string s = n.s;
+  std::replace(s.begin(), s.end(), '\n', '.');
+  return s;
+}
+
+uint32_t Machine::NewObject(uint32_t callable, uint32_t args, uint8_t how, int64_t kwargs) {
+  if (At(callable).kind == NodeKind::kStorage) Fail("a storage cannot be called");
+  objects_.push_back(Object{callable, args, kwargs, how, {}});
+  uint32_t id = New(NodeKind::kObject);
+  At(id).i = static_cast<int64_t>(objects_.size() - 1);
+  return id;
 }
 
 void Machine::AddItems(uint32_t target, const std::vector<uint32_t>& items, bool dict) {
+  if (dict && items.size() % 2 != 0) Fail("SETITEMS: expected key/value pairs, found an odd count");
+  if (At(target).kind == NodeKind::kObject) {  // obj[k] = v or obj.append(x), replayed on load
+    objects_[At(target).i].ops.emplace_back(dict ? op::kSetItems : op::kAppends, items);
+    return;
+  }
   Node& n = Expect(target, dict ? NodeKind::kDict : NodeKind::kList,
                    dict ? "SETITEM(S) target" : "APPEND(S) target");
   if (dict) {
-    if (items.size() % 2 != 0) Fail("SETITEMS: expected key/value pairs, found an odd count");
     for (size_t k = 0; k < items.size(); k += 2) {
       NodeKind key = At(items[k]).kind;
-      if (key != NodeKind::kString && key != NodeKind::kInt) {
-        Fail(std::string("dict key: expected str or int, found ") + KindName(key));
+      if (key == NodeKind::kList || key == NodeKind::kDict) {  // Python raises TypeError too
+        Fail(std::string("dict key: expected a hashable value, found a ") + KindName(key));
       }
     }
   }
@@ -286,9 +341,13 @@ void Machine::AddItems(uint32_t target, const std::vector<uint32_t>& items, bool
   n.items.insert(n.items.end(), items.begin(), items.end());
 }
 
-uint32_t Machine::Call(uint32_t fn_id, uint32_t args_id, bool newobj) {
-  const Node& fn = Expect(fn_id, NodeKind::kGlobal, "callable");
+uint32_t Machine::Call(uint32_t fn_id, uint32_t args_id, uint8_t how, int64_t kwargs) {
   const std::vector<uint32_t>& a = Expect(args_id, NodeKind::kTuple, "arguments").items;
+  const Node& fn = At(fn_id);
+  if (fn.kind != NodeKind::kGlobal || fn.i < 0 || how == op::kNewObjEx) {
+    return NewObject(fn_id, args_id, how, kwargs);  // kept, never called
+  }
+  const bool newobj = how == op::kNewObj;
   const Allowed& g = kAllowed[fn.i];
   const std::string name = std::string(g.module) + "." + g.name;
   const auto arity = [&](size_t lo, size_t hi) {
@@ -299,9 +358,12 @@ uint32_t Machine::Call(uint32_t fn_id, uint32_t args_id, bool newobj) {
   };
   if (newobj && g.what != What::kOrderedDict) Fail("NEWOBJ of " + name + " is not supported");
   switch (g.what) {
-    case What::kOrderedDict:
-      arity(0, 0);  // items follow through SETITEMS
-      return New(NodeKind::kDict);
+    case What::kOrderedDict: {
+      if (!a.empty()) return NewObject(fn_id, args_id, how);  // OrderedDict(iterable): kept
+      uint32_t id = New(NodeKind::kDict);  // items follow through SETITEMS
+      At(id).ordered = true;
+      return id;
+    }
     case What::kBytes:
       arity(0, 0);
       return New(NodeKind::kBytes);
@@ -476,10 +538,20 @@ Result Machine::Run() {
         break;
       case op::kLong1:
       case op::kLong4: {
-        // Little-endian two's complement of n bytes; tsar keeps only int64.
+        // Little-endian two's complement of n bytes: an int64, or a bigint
+        // kept as its shortest encoding.
         uint64_t n = op_ == op::kLong1 ? *Take(1) : format::LoadU32(Take(4));
-        if (n > 8) Fail("integer: expected at most 8 bytes (int64), found " + std::to_string(n));
         const uint8_t* p = Take(n);
+        while (n > 1 && ((p[n - 1] == 0x00 && !(p[n - 2] & 0x80)) ||
+                         (p[n - 1] == 0xFF && (p[n - 2] & 0x80)))) {
+          --n;  // a redundant sign byte
+        }
+        if (n > 8) {
+          uint32_t id = New(NodeKind::kBigInt);
+          At(id).s.assign(reinterpret_cast<const char*>(p), n);
+          stack_.push_back(id);
+          break;
+        }
         uint64_t v = 0;
         for (uint64_t k = 0; k < n; ++k) v |= uint64_t{p[k]} << (8 * k);
         if (n > 0 && n < 8 && (p[n - 1] & 0x80)) v |= ~uint64_t{0} << (8 * n);
@@ -576,7 +648,7 @@ Result Machine::Run() {
         break;
       }
       case op::kStackGlobal: {
-        uint32_t name = Pop(), module = Pop();
+        uint32_t name = Pop(), module = Pop();  // NOLINT(readability-isolate-declaration)
         stack_.push_back(LookupGlobal(Expect(module, NodeKind::kString, "STACK_GLOBAL module").s,
                                       Expect(name, NodeKind::kString, "STACK_GLOBAL name").s));
         break;
@@ -584,21 +656,70 @@ Result Machine::Run() {
       case op::kReduce:
       case op::kNewObj: {
         uint32_t args = Pop(), fn = Pop();
-        stack_.push_back(Call(fn, args, op_ == op::kNewObj));
+        stack_.push_back(Call(fn, args, op_));
+        break;
+      }
+      case op::kNewObjEx: {
+        uint32_t kwargs = Pop(), args = Pop(), cls = Pop();
+        Expect(kwargs, NodeKind::kDict, "NEWOBJ_EX kwargs");
+        stack_.push_back(Call(cls, args, op_, kwargs));
         break;
       }
       case op::kBuild: {
-        // Sets attributes (an OrderedDict state_dict's _metadata) on a dict.
+        // An object's state (kept), or attributes on a dict (an OrderedDict
+        // state_dict's _metadata).
         uint32_t state = Pop();
         Node& target = At(Top());
+        if (target.kind == NodeKind::kObject) {
+          objects_[target.i].ops.emplace_back(op::kBuild, std::vector<uint32_t>{state});
+          break;
+        }
         Expect(state, NodeKind::kDict, "BUILD state");
         if (target.kind != NodeKind::kDict || target.attrs >= 0) {
-          Fail(std::string("BUILD: expected a dict without attributes, found ") +
+          Fail(std::string("BUILD: expected an object or a dict without attributes, found ") +
                KindName(target.kind));
         }
         target.attrs = state;
         break;
       }
+      case op::kDup:
+        stack_.push_back(Top());
+        break;
+      case op::kEmptySet: {
+        uint32_t args = New(NodeKind::kTuple);
+        stack_.push_back(NewObject(Builtin("set"), args, op::kReduce));
+        break;
+      }
+      case op::kAddItems: {
+        std::vector<uint32_t> items = PopMark();
+        uint32_t target = Top();
+        if (At(target).kind != NodeKind::kObject) Fail("ADDITEMS: expected a set");
+        objects_[At(target).i].ops.emplace_back(op::kAddItems, std::move(items));
+        break;
+      }
+      case op::kFrozenSet: {  // frozenset([items...])
+        uint32_t list = NewSeq(NodeKind::kList, PopMark());
+        uint32_t args = NewSeq(NodeKind::kTuple, {list});
+        stack_.push_back(NewObject(Builtin("frozenset"), args, op::kReduce));
+        break;
+      }
+      case op::kByteArray8: {  // bytearray(b"...")
+        const uint64_t n = format::LoadU64(Take(8));
+        const uint8_t* p = Take(n);
+        uint32_t bytes = New(NodeKind::kBytes);
+        At(bytes).s.assign(reinterpret_cast<const char*>(p), n);
+        uint32_t args = NewSeq(NodeKind::kTuple, {bytes});
+        stack_.push_back(NewObject(Builtin("bytearray"), args, op::kReduce));
+        break;
+      }
+      case op::kNextBuffer:
+      case op::kReadOnlyBuffer:
+      case op::kExt1:
+      case op::kExt2:
+      case op::kExt4:
+        throw Error(ErrorCode::kUnsupported, path_, op_offset_,
+                    "pickle: out-of-band buffers and the copyreg extension registry are not "
+                    "supported (torch.save does not write them)");
       case op::kBinPersId:
         stack_.push_back(LoadStorage(Pop()));
         break;
@@ -682,36 +803,216 @@ Value Machine::Convert(uint32_t id, size_t depth) {
       break;
     case NodeKind::kDict: {
       v.kind = Value::Kind::kDict;
+      v.ordered = n.ordered;
+      // A repeated str or int key keeps its first position and takes the
+      // last value, as in Python. Other keys are kept as they come.
       std::unordered_map<std::string, size_t> position;
       for (size_t k = 0; k + 1 < n.items.size(); k += 2) {
         const Node& key = At(n.items[k]);
-        std::string text = key.kind == NodeKind::kInt ? std::to_string(key.i) : key.s;
+        const bool plain = key.kind == NodeKind::kInt || key.kind == NodeKind::kString;
+        std::string text = key.kind == NodeKind::kInt      ? std::to_string(key.i)
+                           : key.kind == NodeKind::kString ? key.s
+                                                           : std::string();
         if (repeat) Charge(text.size());
-        auto [it, inserted] = position.emplace(text, v.items.size());
+        auto [it, inserted] =
+            plain ? position.emplace((key.kind == NodeKind::kInt ? "i" : "s") + text,
+                                     v.items.size())
+                  : std::make_pair(position.end(), true);
         Value item = Convert(n.items[k + 1], depth + 1);
         if (inserted) {
           v.keys.push_back(std::move(text));
+          v.key_values.push_back(Convert(n.items[k], depth + 1));
           v.items.push_back(std::move(item));
         } else {
-          v.items[it->second] = std::move(item);  // Python keeps the first position
+          v.items[it->second] = std::move(item);
         }
       }
       if (n.attrs >= 0)
         v.attributes = std::make_shared<Value>(Convert(static_cast<uint32_t>(n.attrs), depth + 1));
       break;
     }
+    case NodeKind::kBigInt:
+      v.kind = Value::Kind::kBigInt;
+      v.str = n.s;
+      break;
     case NodeKind::kGlobal:
+    case NodeKind::kObject: {
+      v.kind = Value::Kind::kOpaque;
+      v.str = Label(id);
+      Fragment f;
+      Pickle(id, depth + 1, f);
+      v.segments = std::move(f.segments);
+      v.items = std::move(f.items);
+      break;
+    }
     case NodeKind::kStorage:
-      Fail(std::string("result: a bare ") + KindName(n.kind) + " cannot be returned");
+      throw Error(ErrorCode::kUnsupported, path_, std::nullopt,
+                  "pickle: a storage used outside a plain tensor (a quantized, sparse or other "
+                  "special tensor, or a bare storage) is not supported");
   }
   return v;
+}
+
+// What an opaque value is, for people: the global, or the class an object
+// was made from ("argparse.Namespace", "numpy.core.multiarray.scalar").
+std::string Machine::Label(uint32_t id) {
+  const Node& n = At(id);
+  if (n.kind == NodeKind::kGlobal) return GlobalName(n);
+  const Object& o = objects_[n.i];
+  const Node& c = At(o.callable);
+  if (c.kind != NodeKind::kGlobal) return "object";
+  const std::string name = GlobalName(c);
+  const Node& args = At(o.args);
+  // copyreg's helpers name the class in their first argument.
+  if ((name == "copyreg._reconstructor" || name == "copy_reg._reconstructor" ||
+       name == "copyreg.__newobj__") &&
+      args.kind == NodeKind::kTuple && !args.items.empty() &&
+      At(args.items[0]).kind == NodeKind::kGlobal) {
+    return GlobalName(At(args.items[0]));
+  }
+  return name;
+}
+
+// Writes node `id` as pickle opcodes that rebuild it (protocol 2, plus the
+// protocol 3-4 opcodes BINBYTES and ADDITEMS, which every Python 3 unpickler
+// reads), without memo: a shared object is written at each use. A tensor is
+// not written: it ends the current segment and becomes an item of `f`.
+void Machine::Pickle(uint32_t id, size_t depth, Fragment& f) {
+  if (depth > kMaxDepth)
+    Fail("nesting: expected at most " + std::to_string(kMaxDepth) + " levels (or a cycle)");
+  const bool repeat = converted_[id];
+  converted_[id] = true;
+  const Node& n = At(id);
+  if (repeat) Charge(sizeof(Node) + n.s.size() + n.items.size() * 4);
+  std::string& out = f.segments.back();
+  const auto u32 = [&out](uint64_t v) {
+    uint8_t b[4];
+    format::StoreU32(b, static_cast<uint32_t>(v));
+    out.append(reinterpret_cast<const char*>(b), 4);
+  };
+  const auto items = [&](const std::vector<uint32_t>& v, size_t from, size_t step) {
+    for (size_t k = from; k < v.size(); k += step) Pickle(v[k], depth + 1, f);
+  };
+  switch (n.kind) {
+    case NodeKind::kNone:
+      out += static_cast<char>(op::kNone);
+      break;
+    case NodeKind::kBool:
+      out += static_cast<char>(n.i ? op::kNewTrue : op::kNewFalse);
+      break;
+    case NodeKind::kInt:
+      if (n.i >= INT32_MIN && n.i <= INT32_MAX) {
+        out += static_cast<char>(op::kBinInt);
+        u32(static_cast<uint32_t>(static_cast<int32_t>(n.i)));
+      } else {
+        out += static_cast<char>(op::kLong1);
+        out += '\x08';
+        uint8_t b[8];
+        format::StoreU64(b, static_cast<uint64_t>(n.i));
+        out.append(reinterpret_cast<const char*>(b), 8);
+      }
+      break;
+    case NodeKind::kBigInt:
+      if (n.s.size() < 256) {
+        out += static_cast<char>(op::kLong1);
+        out += static_cast<char>(n.s.size());
+      } else {
+        out += static_cast<char>(op::kLong4);
+        u32(n.s.size());
+      }
+      out += n.s;
+      break;
+    case NodeKind::kFloat: {
+      out += static_cast<char>(op::kBinFloat);
+      const uint64_t bits = format::DoubleToBits(n.f);
+      for (int k = 7; k >= 0; --k) out += static_cast<char>(bits >> (8 * k));
+      break;
+    }
+    case NodeKind::kString:
+    case NodeKind::kBytes: {
+      const bool str = n.kind == NodeKind::kString;
+      if (n.s.size() <= UINT32_MAX) {
+        out += static_cast<char>(str ? op::kBinUnicode : op::kBinBytes);
+        u32(n.s.size());
+      } else {
+        out += static_cast<char>(str ? op::kBinUnicode8 : op::kBinBytes8);
+        uint8_t b[8];
+        format::StoreU64(b, n.s.size());
+        out.append(reinterpret_cast<const char*>(b), 8);
+      }
+      out += n.s;
+      break;
+    }
+    case NodeKind::kList:
+      out += static_cast<char>(op::kEmptyList);
+      if (!n.items.empty()) {
+        out += static_cast<char>(op::kMark);
+        items(n.items, 0, 1);
+        f.segments.back() += static_cast<char>(op::kAppends);
+      }
+      break;
+    case NodeKind::kTuple:
+      out += static_cast<char>(op::kMark);
+      items(n.items, 0, 1);
+      f.segments.back() += static_cast<char>(op::kTuple);
+      break;
+    case NodeKind::kDict:
+      if (n.ordered) {
+        out += "ccollections\nOrderedDict\n)R";
+      } else {
+        out += static_cast<char>(op::kEmptyDict);
+      }
+      if (!n.items.empty()) {
+        f.segments.back() += static_cast<char>(op::kMark);
+        items(n.items, 0, 1);
+        f.segments.back() += static_cast<char>(op::kSetItems);
+      }
+      if (n.attrs >= 0) {
+        Pickle(static_cast<uint32_t>(n.attrs), depth + 1, f);
+        f.segments.back() += static_cast<char>(op::kBuild);
+      }
+      break;
+    case NodeKind::kGlobal:
+      out += static_cast<char>(op::kGlobal);
+      out += n.s;
+      out += '\n';
+      break;
+    case NodeKind::kObject: {
+      const Object o = objects_[n.i];  // a copy: Pickle may grow objects_? (no, but cheap)
+      Pickle(o.callable, depth + 1, f);
+      Pickle(o.args, depth + 1, f);
+      if (o.kwargs >= 0) Pickle(static_cast<uint32_t>(o.kwargs), depth + 1, f);
+      f.segments.back() += static_cast<char>(o.how);
+      for (const auto& [opcode, operands] : o.ops) {
+        if (opcode != op::kBuild) f.segments.back() += static_cast<char>(op::kMark);
+        items(operands, 0, 1);
+        f.segments.back() += static_cast<char>(opcode);
+      }
+      break;
+    }
+    case NodeKind::kTensor: {
+      Value t;
+      t.kind = Value::Kind::kTensor;
+      t.tensor = tensors_[n.i];
+      f.items.push_back(std::move(t));
+      f.segments.emplace_back();
+      break;
+    }
+    case NodeKind::kStorage:
+      throw Error(ErrorCode::kUnsupported, path_, std::nullopt,
+                  "pickle: a storage used outside a plain tensor (a quantized, sparse or other "
+                  "special tensor, or a bare storage) is not supported");
+  }
 }
 
 }  // namespace
 
 const Value* Value::Find(std::string_view key) const {
   for (size_t k = 0; k < keys.size(); ++k) {
-    if (keys[k] == key) return &items[k];
+    if (keys[k] == key && key_values[k].kind == Kind::kString) return &items[k];
+  }
+  for (size_t k = 0; k < keys.size(); ++k) {
+    if (keys[k] == key && key_values[k].kind == Kind::kInt) return &items[k];
   }
   return nullptr;
 }

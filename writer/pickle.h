@@ -30,25 +30,48 @@ struct TensorRef {
   std::vector<int64_t> strides;
   bool requires_grad = false;
   bool is_parameter = false;  // rebuilt through torch._utils._rebuild_parameter*
+  // The Python object it is: equal for every reference to one tensor object.
+  uint32_t object = 0;
 };
 
 // A node of the unpickled object tree. Copyable; children are owned by value.
 struct Value {
-  enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kTensor, kList, kTuple, kDict };
+  enum class Kind {
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kBytes,
+    kTensor,
+    kList,
+    kTuple,
+    kDict,
+    kBigInt,  // an int outside int64: str holds its shortest little-endian two's complement
+    // Anything else (a class instance, a global, a set...): kept as the pickle
+    // opcodes that rebuild it, never run. str is a label (the class or
+    // global, "argparse.Namespace"); the fragment is segments[0], items[0],
+    // segments[1], ..., segments.back(): each item (a tensor) is pickled in
+    // the place between two segments.
+    kOpaque,
+  };
 
   Kind kind = Kind::kNone;
   bool b = false;                 // kBool
   int64_t i = 0;                  // kInt
   double f = 0;                   // kFloat
-  std::string str;                // kString (UTF-8) and kBytes
+  std::string str;                // kString (UTF-8), kBytes, kBigInt, kOpaque label
   TensorRef tensor;               // kTensor
-  std::vector<Value> items;       // kList and kTuple elements; kDict values
-  std::vector<std::string> keys;  // kDict: keys[n] is the key of items[n]
+  std::vector<Value> items;       // kList and kTuple elements; kDict values; kOpaque items
+  std::vector<std::string> keys;  // kDict: text of each key (str as is, int in decimal)
+  std::vector<Value> key_values;  // kDict: the keys themselves, in order
+  bool ordered = false;           // kDict: a collections.OrderedDict
+  std::vector<std::string> segments;  // kOpaque
   // Attributes a BUILD opcode set on a dict object (an OrderedDict state_dict's
   // "_metadata" lives here), as a kDict; null when there were none.
   std::shared_ptr<const Value> attributes;
 
-  // The value stored under `key` in a kDict, or nullptr (also for other kinds).
+  // The value stored under the str or int key `key` in a kDict, or nullptr.
   const Value* Find(std::string_view key) const;
   // The attribute `name` set by BUILD, or nullptr.
   const Value* Attribute(std::string_view name) const;
@@ -70,17 +93,20 @@ inline constexpr size_t kMaxObjects = size_t{1} << 22;
 inline constexpr uint64_t kMaxSharedBytes = uint64_t{64} << 20;
 
 // Unpickles `data` (the bytes of data.pkl; `path` names it in errors) without
-// executing anything: globals are accepted only from a fixed allow-list
-// (collections.OrderedDict, torch._utils._rebuild_tensor_v2 / _rebuild_parameter
+// executing anything. A few globals are interpreted here:
+// collections.OrderedDict, torch._utils._rebuild_tensor_v2 / _rebuild_parameter
 // / _rebuild_parameter_with_state, torch.<X>Storage types, and _codecs.encode /
-// builtins.bytes for protocol-2 bytes) and are interpreted by this reader.
-// Supports pickle protocols up to 5 as torch.save writes them (it uses 2).
-// Dict keys must be str or int; int keys are kept as their decimal text, and a
-// repeated key keeps its first position and takes the last value, as in Python.
+// builtins.bytes for protocol-2 bytes. Every other global is never resolved:
+// what is built from it (an object, a set, a numpy scalar, a pickled module)
+// becomes a kOpaque value holding the opcodes that rebuild it, with the
+// tensors inside it as items. Supports pickle protocols 2 to 5 as torch.save
+// writes them. Dict keys may be any hashable value; a repeated str or int key
+// keeps its first position and takes the last value, as in Python.
 // Throws tsar::Error: kBadInput for malformed or refused input (the offset is
 // that of the offending opcode), kOverflow when a tensor's extent overflows,
-// kUnsupported for valid but unsupported tensors (conj/neg bits). Pure function
-// of its input; thread-safe; `data` is only read during the call.
+// kUnsupported for valid but unsupported input (conj/neg bits, a storage used
+// outside a tensor, out-of-band buffers). Pure function of its input;
+// thread-safe; `data` is only read during the call.
 Result Parse(const uint8_t* data, size_t size, const std::string& path);
 
 }  // namespace tsar::pickle

@@ -7,12 +7,14 @@
 #include <c10/core/Storage.h>
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
 #include "format/checksum.h"
 #include "format/encode.h"
 #include "format/reader.h"
+#include "format/value_tree.h"
 #include "loader/scalar_type.h"
 #include "writer/atomic_file.h"
 
@@ -42,6 +44,7 @@ struct Writer::State {
   std::vector<Sparse> sparse;
   std::vector<std::pair<std::string, std::pair<std::string, MetadataValue>>>
       metadata;  // entry, key, value
+  std::optional<Value> value;
   bool finished = false;
 };
 
@@ -86,6 +89,8 @@ Writer::Writer(std::string path, PackOptions options) : state_(std::make_unique<
 }
 
 Writer::~Writer() = default;
+
+void Writer::set_value(Value root) { state_->value = std::move(root); }
 
 void Writer::add_entry(const std::string& name) {
   for (const auto& e : state_->entries) {
@@ -208,6 +213,7 @@ void Writer::finish() {
     b.AddStorage(s.end - s.begin);
   }
   uint32_t tensor_index = 0;  // in the archive's tensor table
+  std::unordered_map<std::string, uint32_t> tensor_ids;  // "entry\0name", for the value tree
   std::vector<uint32_t> sparse_ids(st.sparse.size(), format::kNone);
   for (const auto& e : st.entries) {
     b.AddEntry(e.name);
@@ -241,6 +247,7 @@ void Writer::finish() {
       }
       if (item.sparse >= 0) spec.sparse = sparse_ids[item.sparse];
       WithPath(st.path, [&] { b.AddTensor(std::move(spec)); });
+      if (st.value && item.sparse < 0) tensor_ids.emplace(e.name + '\0' + item.name, tensor_index);
       ++tensor_index;
     }
   }
@@ -266,6 +273,22 @@ void Writer::finish() {
       m.bytes = std::get<Bytes>(kv.second).data;
     }
     WithPath(st.path, [&] { b.AddMetadata(std::move(m)); });
+  }
+  if (st.value) {
+    WithPath(st.path, [&] {
+      b.SetValues(format::EncodeTree(
+          *st.value,
+          [&](const std::string& entry, const std::string& name) {
+            auto it = tensor_ids.find(entry + '\0' + name);
+            return it == tensor_ids.end() ? format::kNone : it->second;
+          },
+          [&](const std::string& entry) {
+            for (uint32_t i = 0; i < st.entries.size(); ++i) {
+              if (st.entries[i].name == entry) return i;
+            }
+            return format::kNone;
+          }));
+    });
   }
   WithPath(st.path, [&] { b.Plan(); });
 

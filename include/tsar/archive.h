@@ -14,6 +14,7 @@
 
 #include "tsar/dtype.h"
 #include "tsar/error.h"
+#include "tsar/value.h"
 
 namespace tsar {
 
@@ -133,6 +134,17 @@ class Archive {
                                         const std::string& entry = "") const;
   std::vector<std::pair<std::string, MetadataValue>> metadata_items(
       const std::string& entry = "") const;
+
+  // What was packed, as a typed tree (spec §4.10): for a checkpoint, its dicts
+  // (key order kept), lists, tuples, numbers, strings, bytes, opaque objects,
+  // with each tensor named by (entry, name) for tensor() and each state_dict
+  // as an entry. An archive packed without one (every format 1.0 archive, and
+  // any whose structure its entries and metadata already say) gives the tree
+  // they imply: its one entry's state_dict, or a dict of the entries' state_dicts
+  // and the archive-level metadata.
+  Value value() const;
+  // True when the archive stores a tree (format 1.1, feature bit 0).
+  bool has_value_tree() const;
 
   // Recomputes every storage's XXH3-64. Throws kChecksumMismatch naming the
   // first damaged storage and every tensor in it; damaged() lists them all.

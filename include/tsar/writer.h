@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tsar/archive.h"
+#include "tsar/value.h"
 
 namespace torch::nn {
 class Module;
@@ -65,6 +66,14 @@ class Writer {
 
   // Metadata; entry "" = archive-level, else an entry added before.
   void add_metadata(const std::string& key, MetadataValue value, const std::string& entry = "");
+
+  // The structure of what was packed (a checkpoint's dicts, lists, numbers,
+  // opaque objects...), whose tensors and entries name ones added here
+  // (spec §4.10). With it the archive is format 1.1, which 1.0 readers
+  // refuse; Archive::value() reads it back. A tree that names an unknown
+  // tensor or entry, or breaks a rule of §4.10, makes finish() throw
+  // kInvalidArgument.
+  void set_value(Value root);
 
   // Writes and publishes the archive. Call once.
   void finish();
