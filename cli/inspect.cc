@@ -1,4 +1,5 @@
 // `tsar inspect ARCHIVE [--json]`: what an archive holds, for people and scripts.
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -6,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/describe.h"
+#include "format/reader.h"
 #include "tsar/archive.h"
 #include "writer/json_util.h"
 
@@ -34,6 +36,166 @@ unsigned __int128 TensorBytes(const TensorInfo& t) {
 nlohmann::ordered_json JsonBytes(unsigned __int128 n) {
   if (n <= UINT64_MAX) return static_cast<uint64_t>(n);
   return static_cast<double>(n);
+}
+
+// The decimal text of a bigint (little-endian two's complement).
+std::string BigIntText(const std::string& le) {
+  std::vector<uint8_t> mag(le.begin(), le.end());
+  const bool negative = !mag.empty() && (mag.back() & 0x80);
+  if (negative) {  // magnitude = two's complement negated
+    bool carry = true;
+    for (auto& b : mag) {
+      b = static_cast<uint8_t>(~b);
+      if (carry) carry = ++b == 0;
+    }
+  }
+  std::string digits;
+  for (bool zero = false; !zero;) {  // divide by 10 until the magnitude is 0
+    unsigned rem = 0;
+    zero = true;
+    for (size_t i = mag.size(); i-- > 0;) {
+      const unsigned cur = (rem << 8) | mag[i];
+      mag[i] = static_cast<uint8_t>(cur / 10);
+      rem = cur % 10;
+      zero = zero && mag[i] == 0;
+    }
+    digits.insert(digits.begin(), static_cast<char>('0' + rem));
+  }
+  return (negative ? "-" : "") + digits;
+}
+
+std::string FloatText(double d) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", d);
+  return buf;
+}
+
+size_t OpaqueBytes(const Value& v) {
+  size_t n = 0;
+  for (const auto& s : v.segments()) n += s.size();
+  return n;
+}
+
+// One line for a value: scalars in full, containers by kind and size.
+std::string ValueLine(const Value& v) {
+  using K = Value::Kind;
+  switch (v.kind()) {
+    case K::kNone:
+      return "None";
+    case K::kBool:
+      return v.as_bool() ? "True" : "False";
+    case K::kInt:
+      return std::to_string(v.as_int());
+    case K::kBigInt:
+      return BigIntText(v.bytes());
+    case K::kFloat:
+      return FloatText(v.as_float());
+    case K::kStr:
+      return format::Quote(v.bytes());
+    case K::kBytes:
+      return "b" + format::Quote(v.bytes()) + " (" + std::to_string(v.bytes().size()) + " bytes)";
+    case K::kList:
+    case K::kTuple:
+      return std::string(ValueKindName(v.kind())) + " of " + std::to_string(v.items().size());
+    case K::kDict:
+      return std::string(v.ordered() ? "OrderedDict" : "dict") + " of " +
+             std::to_string(v.pairs().size()) + (v.attributes() ? ", with attributes" : "");
+    case K::kTensor:
+      return "tensor " + v.entry() + "/" + v.name();
+    case K::kEntry:
+      return std::string(v.ordered() ? "OrderedDict" : "dict") + ": the tensors of entry \"" +
+             v.entry() + "\"" + (v.attributes() ? ", with attributes" : "");
+    case K::kOpaque:
+      return "opaque " + v.bytes() + " (" + std::to_string(OpaqueBytes(v)) +
+             " bytes of pickle, never run by tsar; " + std::to_string(v.items().size()) +
+             " tensors)";
+  }
+  return "";
+}
+
+// The tree as indented lines, at most `budget` of them.
+void PrintValue(const Value& v, const std::string& label, int depth, size_t& budget) {
+  if (budget == 0) return;
+  --budget;
+  std::printf("%*s%s%s\n", 2 + 2 * depth, "", label.empty() ? "" : (label + ": ").c_str(),
+              ValueLine(v).c_str());
+  using K = Value::Kind;
+  if (v.is(K::kList) || v.is(K::kTuple) || v.is(K::kOpaque)) {
+    for (size_t k = 0; k < v.items().size(); ++k)
+      PrintValue(v.items()[k], std::to_string(k), depth + 1, budget);
+  } else if (v.is(K::kDict)) {
+    for (const auto& [k, x] : v.pairs()) PrintValue(x, ValueLine(k), depth + 1, budget);
+  }
+  if (const Value* a = v.attributes()) PrintValue(*a, "(attributes)", depth + 1, budget);
+}
+
+nlohmann::ordered_json ValueJson(const Value& v) {
+  using K = Value::Kind;
+  nlohmann::ordered_json j;
+  j["kind"] = ValueKindName(v.kind());
+  switch (v.kind()) {
+    case K::kNone:
+      break;
+    case K::kBool:
+      j["value"] = v.as_bool();
+      break;
+    case K::kInt:
+      j["value"] = v.as_int();
+      break;
+    case K::kBigInt:
+      j["value"] = BigIntText(v.bytes());
+      break;
+    case K::kFloat:
+      if (std::isfinite(v.as_float())) {
+        j["value"] = v.as_float();
+      } else {
+        j["value"] = FloatText(v.as_float());
+      }
+      break;
+    case K::kStr:
+      j["value"] = format::IsValidUtf8(v.bytes()) ? v.bytes() : std::string();
+      break;
+    case K::kBytes: {
+      std::string hex;
+      char b[3];
+      for (unsigned char c : v.bytes()) {
+        std::snprintf(b, sizeof b, "%02x", c);
+        hex += b;
+      }
+      j["hex"] = hex;
+      break;
+    }
+    case K::kList:
+    case K::kTuple: {
+      auto& items = j["items"] = nlohmann::ordered_json::array();
+      for (const auto& x : v.items()) items.push_back(ValueJson(x));
+      break;
+    }
+    case K::kDict: {
+      j["ordered"] = v.ordered();
+      auto& items = j["items"] = nlohmann::ordered_json::array();
+      for (const auto& [k, x] : v.pairs())
+        items.push_back(nlohmann::ordered_json::array({ValueJson(k), ValueJson(x)}));
+      break;
+    }
+    case K::kTensor:
+      j["entry"] = v.entry();
+      j["name"] = v.name();
+      break;
+    case K::kEntry:
+      j["entry"] = v.entry();
+      j["ordered"] = v.ordered();
+      break;
+    case K::kOpaque: {
+      j["label"] = v.bytes();
+      j["pickle_bytes"] = OpaqueBytes(v);
+      auto& items = j["items"] = nlohmann::ordered_json::array();
+      for (const auto& x : v.items()) items.push_back(ValueJson(x));
+      break;
+    }
+  }
+  if (const Value* a = v.attributes()) j["attributes"] = ValueJson(*a);
+  return j;
 }
 
 int RunInspect(const std::string& path, bool json) {
@@ -82,6 +244,8 @@ int RunInspect(const std::string& path, bool json) {
       if (!m.empty()) json::Append(entry_meta, e, std::move(m));
     }
     j["entry_metadata"] = entry_meta;
+    j["value_stored"] = a.has_value_tree();
+    j["value"] = ValueJson(a.value());
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;
   }
@@ -118,6 +282,12 @@ int RunInspect(const std::string& path, bool json) {
   if (!meta.empty()) {
     std::printf("\nmetadata\n");
     for (const auto& [k, v] : meta) std::printf("  %s = %s\n", k.c_str(), MetaText(v).c_str());
+  }
+  if (a.has_value_tree()) {  // format 1.1: what the packed checkpoint was, as a whole
+    std::printf("\nvalue (the packed object; tsar export -o FILE.pt gives it back)\n");
+    size_t budget = 400;
+    PrintValue(a.value(), "", 0, budget);
+    if (budget == 0) std::printf("  ... (more in tsar inspect --json)\n");
   }
   return kExitOk;
 }

@@ -147,12 +147,18 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
     r.Fail(ErrorCode::kReservedNonZero, kOffFlags, "flags", "0", Dec(h.flags));
   }
   if ((h.flags & ~kKnownFeatures) != 0) {  // R79
-    char found[80];
-    std::snprintf(found, sizeof found,
-                  "0x%x (features of format 1.%u: this reader implements 1.%u)", h.flags, h.minor,
-                  kMinorVersion);
+    char found[96];
+    if (h.minor > kMinorVersion) {
+      std::snprintf(found, sizeof found, "0x%x (the archive needs a reader of format 1.%u)",
+                    h.flags, h.minor);
+    } else {
+      std::snprintf(found, sizeof found, "0x%x (bits that format 1.%u does not define)", h.flags,
+                    h.minor);
+    }
     r.Fail(ErrorCode::kUnsupportedVersion, kOffFlags, "flags",
-           "feature bits this reader knows (0x" + std::to_string(kKnownFeatures) + ")", found);
+           "feature bits of format 1." + std::to_string(kMinorVersion) + " (0x" +
+               std::to_string(kKnownFeatures) + ")",
+           found);
   }
   h.index_xxh3 = r.U64(kOffIndexXxh3, "index_xxh3");
   return h;

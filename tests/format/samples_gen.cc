@@ -15,6 +15,7 @@
 #include "format/endian.h"
 #include "format/index.h"
 #include "format/spec.h"
+#include "format/value_tree.h"
 #include "tsar/error.h"
 
 namespace tsar::testing {
@@ -48,6 +49,7 @@ struct Draft {
   };
   std::vector<MetaRecord> meta;  // as added; Expected() lists them in file order
   std::vector<std::pair<format::SparseSpec, uint32_t>> sparse;  // with its entry index
+  std::vector<format::ValueSpec> values;                        // §4.10; empty: none
 
   void Entry(const std::string& name) {
     b.AddEntry(name);
@@ -68,6 +70,29 @@ struct Draft {
     return b.AddSparse(std::move(s));
   }
 
+  // The value tree (§4.10) of `root`, whose tensors and entries are this draft's.
+  void Tree(const Value& root) {
+    values = format::EncodeTree(
+        root,
+        [this](const std::string& entry, const std::string& name) {
+          for (uint32_t i = 0; i < tensors.size(); ++i) {
+            if (entry_of[i] == entry && tensors[i].name == name) return i;
+          }
+          return format::kNone;
+        },
+        [this](const std::string& entry) {
+          std::vector<std::string> seen;
+          for (const auto& e : entry_of) {
+            if (seen.empty() || seen.back() != e) seen.push_back(e);
+          }
+          for (uint32_t i = 0; i < seen.size(); ++i) {
+            if (seen[i] == entry) return i;
+          }
+          return format::kNone;
+        });
+    b.SetValues(values);
+  }
+
   std::string Bytes() {
     b.Plan();
     for (uint32_t i = 0; i < data.size(); ++i) {
@@ -86,7 +111,7 @@ struct Draft {
   std::string Expected(const std::string& file) {
     nlohmann::ordered_json j;
     j["file_size"] = file.size();
-    j["format_version"] = "1.0";
+    j["format_version"] = values.empty() ? "1.0" : "1.1";
     nlohmann::ordered_json storages = nlohmann::ordered_json::array();
     for (uint32_t i = 0; i < data.size(); ++i) {
       storages.push_back({{"id", i},
@@ -133,6 +158,30 @@ struct Draft {
            {"component_count", sp.layout == format::SparseLayout::kCoo ? 2 : 3}});
     }
     j["sparse"] = sparse_records;
+    if (!values.empty()) {  // §4.10: each value record, then the link table
+      nlohmann::ordered_json vals = nlohmann::ordered_json::array();
+      nlohmann::ordered_json links = nlohmann::ordered_json::array();
+      for (const auto& v : values) {
+        nlohmann::ordered_json r = {{"kind", format::ValueKindName(v.kind)},
+                                    {"flags", v.flags},
+                                    {"count", v.links.size()},
+                                    {"first_link", links.size()}};
+        const bool bytes =
+            v.kind == format::ValueKind::kStr || v.kind == format::ValueKind::kBytes ||
+            v.kind == format::ValueKind::kBigInt || v.kind == format::ValueKind::kOpaque;
+        if (bytes) {
+          r["bytes"] = format::HexBytes(reinterpret_cast<const uint8_t*>(v.bytes.data()),
+                                        v.bytes.size() > 16 ? 16 : v.bytes.size());
+          r["value_length"] = v.bytes.size();
+        } else {
+          r["value"] = v.value;
+        }
+        vals.push_back(r);
+        for (uint32_t t : v.links) links.push_back(t);
+      }
+      j["values"] = vals;
+      j["links"] = links;
+    }
     return j.dump(2) + "\n";
   }
 };
@@ -201,6 +250,14 @@ uint64_t Table(const std::string& f, int t) {
   for (int i = 0; i < t; ++i) pos += U32At(f, format::kHeaderSize + 4 * i) * kSizes[i];
   return pos;
 }
+// §4.10: the value table at the first multiple of 8 after the blob, then links.
+uint64_t ValuesAt(const std::string& f) {
+  const uint64_t blob_end = Table(f, 6) + U64At(f, format::kHeaderSize + 24);
+  return (blob_end + 7) & ~uint64_t{7};
+}
+uint64_t LinksAt(const std::string& f) {
+  return ValuesAt(f) + uint64_t{U32At(f, format::kHeaderSize + 32)} * format::kValueRecordSize;
+}
 // Recomputes index_xxh3 so a mutation reaches the checks behind the checksum.
 void Refix(std::string& f) {
   const uint64_t end = U64At(f, format::kOffIndexOffset) + U64At(f, format::kOffIndexSize);
@@ -218,7 +275,8 @@ struct Invalid {
 
 std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::string& shared,
                                       const std::string& meta, const std::string& sparse,
-                                      const std::string& aligned, const std::string& empty_views) {
+                                      const std::string& aligned, const std::string& empty_views,
+                                      const std::string& tree) {
   auto fixed = [](uint64_t o) { return [o](const std::string&) { return o; }; };
   auto tensor0 = [](uint64_t field) {
     return [field](const std::string& f) { return Table(f, 2) + field; };
@@ -478,6 +536,54 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
            sparse, [](std::string& f) { Put32(f, Table(f, 2) + 48 + 32, 1); }, true),
        ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 2) + 48 + 32; },
        "the first component of sparse #0 names sparse #1"},
+      // Format 1.1 (§4.10, R79-R93).
+      {"flags_unknown_feature",
+       with(
+           minimal,
+           [](std::string& f) {
+             Put16(f, format::kOffMinor, 1);
+             Put32(f, format::kOffFlags, 2);
+           },
+           false),
+       ErrorCode::kUnsupportedVersion, fixed(format::kOffFlags),
+       "minor 1 with feature bit 1, which format 1.1 does not define"},
+      {"value_kind_bad",
+       with(
+           tree, [](std::string& f) { f[ValuesAt(f) + 32] = 99; }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return ValuesAt(f) + 32; },
+       "value #1 has kind 99"},
+      {"value_link_backward",
+       with(
+           tree, [](std::string& f) { Put32(f, LinksAt(f), 0); }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return LinksAt(f); },
+       "the root's first link names the root itself"},
+      {"value_two_parents",
+       with(
+           tree, [](std::string& f) { Put32(f, LinksAt(f) + 8, U32At(f, LinksAt(f))); }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return LinksAt(f) + 8; },
+       "two links of the root name value #1"},
+      {"value_orphan",
+       with(
+           tree,
+           [](std::string& f) {
+             // The last list ("tail": ["x", "y"]) loses its last link: value
+             // "y" is left without a parent. The link table gets 4 bytes
+             // shorter, the index too; data_offset does not move.
+             const uint32_t values = U32At(f, ih + 32), links = U32At(f, ih + 36);
+             const uint64_t list = ValuesAt(f) + uint64_t{values - 3} * format::kValueRecordSize;
+             Put32(f, list + 4, 1);
+             for (uint32_t i = values - 2; i < values; ++i)
+               Put32(f, ValuesAt(f) + uint64_t{i} * format::kValueRecordSize + 8, links - 1);
+             Put32(f, LinksAt(f) + uint64_t{links - 1} * 4, 0);
+             Put32(f, ih + 36, links - 1);
+             Put64(f, format::kOffIndexSize, U64At(f, format::kOffIndexSize) - 4);
+           },
+           true),
+       ErrorCode::kInvalidValue,
+       [](const std::string& f) {
+         return ValuesAt(f) + uint64_t{U32At(f, ih + 32) - 1} * format::kValueRecordSize;
+       },
+       "value \"y\" is named by no link"},
   };
   return v;
 }
@@ -633,6 +739,45 @@ Draft SparseTensors() {
   return d;
 }
 
+// valid/value_tree (format 1.1): what a training checkpoint holds, as a value
+// tree (§4.10) with one value of every kind: a state_dict entry with
+// attributes, a loose tensor, numbers of each kind, a bigint, strings, bytes,
+// a list of a tuple, an int key, and an opaque argparse.Namespace whose pickle
+// fragment has the parameter "model/w" in its one hole.
+Draft ValueTree() {
+  Draft d;
+  d.Entry("model");
+  d.Tensor(T("w", d.Storage(Floats({1.0f, 2.0f})), DType::kFloat32, {2}, {1}, 0, Role::kParameter));
+  d.Entry("tensors");
+  std::string step(8, '\0');
+  step[0] = 5;
+  d.Tensor(T("step", d.Storage(step), DType::kInt64, {}, {}, 0, Role::kTensor));
+  using V = Value;
+  V model = V::Entry("model", /*ordered=*/true);
+  model.set_attributes(V::Dict(
+      {{V::Str("_metadata"), V::Dict({{V::Str(""), V::Dict({{V::Str("version"), V::Int(1)}})}},
+                                     /*ordered=*/true)}}));
+  std::string big(9, '\0');  // 2^64
+  big[8] = 1;
+  const std::string ns_head = std::string("cargparse\nNamespace\n)\x81}(X\x01\x00\x00\x00w", 29);
+  d.Tree(V::Dict({
+      {V::Str("model"), model},
+      {V::Str("step"), V::Tensor("tensors", "step")},
+      {V::Str("epoch"), V::Int(3)},
+      {V::Str("lr"), V::Float(0.25)},
+      {V::Str("flag"), V::Bool(true)},
+      {V::Str("none"), V::None()},
+      {V::Str("big"), V::BigInt(big)},
+      {V::Str("name"), V::Str("run\xc3\xa9")},
+      {V::Str("raw"), V::Bytes(std::string("\x00\xff", 2))},
+      {V::Str("groups"), V::List({V::Tuple({V::Int(1), V::Str("a")})})},
+      {V::Int(7), V::Str("int key")},
+      {V::Str("args"), V::Opaque("argparse.Namespace", {ns_head, "ub"}, {V::Tensor("model", "w")})},
+      {V::Str("tail"), V::List({V::Str("x"), V::Str("y")})},
+  }));
+  return d;
+}
+
 std::string Tsv(std::string s) {
   for (char& c : s) {
     if (c == '\t' || c == '\n') c = ' ';
@@ -644,7 +789,7 @@ std::string Tsv(std::string s) {
 
 std::vector<SampleFile> GenerateSamples() {
   std::vector<SampleFile> out;
-  std::string minimal, shared, meta, sparse, aligned, empty_views;
+  std::string minimal, shared, meta, sparse, aligned, empty_views, tree;
   struct Named {
     const char* name;
     Draft (*make)();
@@ -656,7 +801,8 @@ std::vector<SampleFile> GenerateSamples() {
                          {"entries_meta", EntriesMeta},
                          {"aligned", Aligned},
                          {"empty_views", EmptyViews},
-                         {"sparse", SparseTensors}};
+                         {"sparse", SparseTensors},
+                         {"value_tree", ValueTree}};
   for (const Named& n : valid) {
     Draft d = n.make();
     const std::string bytes = d.Bytes();
@@ -668,9 +814,11 @@ std::vector<SampleFile> GenerateSamples() {
     if (std::string(n.name) == "sparse") sparse = bytes;
     if (std::string(n.name) == "aligned") aligned = bytes;
     if (std::string(n.name) == "empty_views") empty_views = bytes;
+    if (std::string(n.name) == "value_tree") tree = bytes;
   }
   std::string manifest = "file\tcode\toffset\tmessage\tdescription\n";
-  for (const Invalid& inv : InvalidCatalogue(minimal, shared, meta, sparse, aligned, empty_views)) {
+  for (const Invalid& inv :
+       InvalidCatalogue(minimal, shared, meta, sparse, aligned, empty_views, tree)) {
     const std::string bytes = inv.make();
     const std::string file = std::string(inv.name) + ".tsar";
     try {

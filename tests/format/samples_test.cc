@@ -10,6 +10,7 @@
 
 #include "format/checksum.h"
 #include "format/endian.h"
+#include "format/reader.h"
 #include "tests/format/samples_gen.h"
 #include "tests/format/test_util.h"
 
@@ -138,9 +139,28 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
       EXPECT_EQ(e["first_component"], sp.first_component) << tsar_path << " sparse #" << i;
       EXPECT_EQ(e["component_count"], sp.component_count) << tsar_path << " sparse #" << i;
     }
+    // The value tree (§4.10, format 1.1): every value record and link.
+    EXPECT_EQ(j["format_version"], idx.values().empty() ? "1.0" : "1.1") << tsar_path;
+    ASSERT_EQ(j.value("values", nlohmann::json::array()).size(), idx.values().size()) << tsar_path;
+    for (size_t i = 0; i < idx.values().size(); ++i) {
+      const format::ValueRecord& v = idx.values()[i];
+      const auto& e = j["values"][i];
+      EXPECT_EQ(e["kind"], format::ValueKindName(v.kind)) << tsar_path << " value #" << i;
+      EXPECT_EQ(e["flags"], v.flags) << tsar_path << " value #" << i;
+      EXPECT_EQ(e["count"], v.count) << tsar_path << " value #" << i;
+      EXPECT_EQ(e["first_link"], v.first_link) << tsar_path << " value #" << i;
+      if (e.contains("bytes")) {
+        EXPECT_EQ(e["value_length"], v.bytes.size()) << tsar_path << " value #" << i;
+        EXPECT_EQ(e["bytes"], format::HexBytes(reinterpret_cast<const uint8_t*>(v.bytes.data()),
+                                               v.bytes.size() > 16 ? 16 : v.bytes.size()));
+      } else {
+        EXPECT_EQ(e["value"], v.value) << tsar_path << " value #" << i;
+      }
+    }
+    EXPECT_EQ(j.value("links", nlohmann::json::array()), nlohmann::json(idx.links())) << tsar_path;
     ++checked;
   }
-  EXPECT_EQ(checked, 8);
+  EXPECT_EQ(checked, 9);
 }
 
 TEST(Samples, InvalidOnesFailAsTheManifestSays) {
