@@ -112,8 +112,10 @@ Run AddPack(CLI::App& app) {
       ->default_val(4096)
       ->check(CLI::Range(64u, 1u << 30));
   sub->add_flag("--strict", args->strict,
-                "Refuse inputs holding values other than tensors, numbers and strings\n(default: "
-                "skip them with a note)");
+                "Refuse what cannot be kept as it is: objects of a torch.save file that would\n"
+                "be kept as opaque pickle fragments (classes, numpy, Path...), HDF5 and\n"
+                "safetensors values that metadata cannot hold (default: keep fragments, never\n"
+                "running them; skip the rest with a note)");
   sub->add_flag("-q,--quiet", args->quiet, "No progress bar, notes or summary");
   sub->footer(
       "Examples:\n"

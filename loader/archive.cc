@@ -12,11 +12,11 @@
 
 #include "format/checksum.h"
 #include "format/reader.h"
+#include "format/value_tree.h"
 #include "loader/archive_impl.h"
 #include "loader/open_file.h"
 #include "loader/scalar_type.h"
 #include "loader/value_tree.h"
-#include "format/value_tree.h"
 
 namespace tsar {
 namespace {
@@ -111,6 +111,35 @@ Archive Archive::open(const std::string& path, const OpenOptions& options) {
 const c10::Storage& Archive::Impl::Storage(uint32_t i) const {
   std::call_once(storage_once[i], [&] { storages[i] = MakeStorage(core, index().storages()[i]); });
   return storages[i];
+}
+
+uint32_t Archive::Impl::BindEntry(const std::string& entry) const {
+  const auto& entries = index().entries();
+  if (!entry.empty() || entries.size() <= 1) return Entry(entry);
+  // Several entries (a checkpoint: model, optimizer state, ema...): never
+  // whichever came first. "model", else the one entry of parameters or
+  // buffers, else the caller must say.
+  const uint32_t model = index().FindEntry("model");
+  if (model != format::kNone) return model;
+  std::vector<uint32_t> modules;
+  for (uint32_t e = 0; e < entries.size(); ++e) {
+    for (uint32_t i = 0; i < entries[e].tensor_count; ++i) {
+      const auto role = index().tensors()[entries[e].first_tensor + i].role;
+      if (role == format::Role::kParameter || role == format::Role::kBuffer) {
+        modules.push_back(e);
+        break;
+      }
+    }
+  }
+  if (modules.size() == 1) return modules[0];
+  std::string have;
+  for (const auto& x : entries) have += (have.empty() ? "" : ", ") + QuoteName(std::string(x.name));
+  throw Error(ErrorCode::kNotFound, core->path, std::nullopt,
+              "bind: which entry? The archive has " + std::to_string(entries.size()) +
+                  " entries (" + have + "), none named \"model\" and " +
+                  (modules.empty() ? std::string("none") : std::to_string(modules.size())) +
+                  " of parameters or buffers; name one with BindOptions::entry (Python: "
+                  "entry=, CLI: --entry)");
 }
 
 uint32_t Archive::Impl::Entry(const std::string& entry) const {

@@ -35,6 +35,10 @@ struct Archive::Impl {
   const format::Index& index() const { return core->index; }
   // Entry index for a user-given entry name ("" = first); throws kNotFound.
   uint32_t Entry(const std::string& entry) const;
+  // The entry bind() uses: `entry`, or when it is empty the only entry, the
+  // one named "model", or the only one holding parameters or buffers; else
+  // kNotFound listing the entries.
+  uint32_t BindEntry(const std::string& entry) const;
   // Tensor-table index; throws kNotFound naming what exists.
   uint32_t Find(const std::string& name, const std::string& entry) const;
   at::Tensor Make(uint32_t tensor) const;

@@ -36,7 +36,7 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
                      const BindOptions& options) {
   const Archive::Impl& impl = archive.impl();
   const format::Index& index = impl.index();
-  const uint32_t entry = impl.Entry(options.entry);
+  const uint32_t entry = impl.BindEntry(options.entry);
   const std::string entry_name(index.entries()[entry].name);
   if (training && archive.mode() == MapMode::kShared && !options.allow_training) {
     throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,

@@ -54,8 +54,7 @@ Value ImpliedValue(
     const std::vector<std::string>& entries,
     const std::function<std::optional<std::string>(const std::string&)>& entry_metadata,
     const std::vector<std::pair<std::string, MetadataValue>>& archive_metadata) {
-  if (entries.size() == 1 && archive_metadata.empty())
-    return StateDict(entries[0], entry_metadata);
+  if (entries.size() == 1 && archive_metadata.empty()) return StateDict(entries[0], entry_metadata);
   std::vector<std::pair<Value, Value>> pairs;
   pairs.reserve(entries.size() + archive_metadata.size());
   for (const auto& e : entries) pairs.emplace_back(Value::Str(e), StateDict(e, entry_metadata));

@@ -23,8 +23,9 @@ namespace tsar {
 // "torch._metadata" holding a JSON object: objects become dicts (the outer
 // one an OrderedDict), arrays lists, and numbers, strings, booleans and null
 // themselves. `entry_metadata(name)` gives that item of an entry, if any.
-Value ImpliedValue(const std::vector<std::string>& entries,
-                   const std::function<std::optional<std::string>(const std::string&)>& entry_metadata,
-                   const std::vector<std::pair<std::string, MetadataValue>>& archive_metadata);
+Value ImpliedValue(
+    const std::vector<std::string>& entries,
+    const std::function<std::optional<std::string>(const std::string&)>& entry_metadata,
+    const std::vector<std::pair<std::string, MetadataValue>>& archive_metadata);
 
 }  // namespace tsar

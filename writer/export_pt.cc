@@ -4,13 +4,13 @@
 // stay shared: tensors that share a tsar storage reference one record.
 #include <caffe2/serialize/inline_container.h>
 
+#include <unordered_map>
+
 #include "format/endian.h"
 #include "format/reader.h"
+#include "tsar/value.h"
 #include "writer/atomic_file.h"
 #include "writer/export_internal.h"
-#include "tsar/value.h"
-
-#include <unordered_map>
 
 namespace tsar::exporter {
 namespace {

@@ -4,6 +4,8 @@
 #include <torch/csrc/jit/serialization/import.h>
 
 #include <nlohmann/json.hpp>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "format/endian.h"
 #include "format/reader.h"
@@ -12,9 +14,6 @@
 #include "writer/json_util.h"
 #include "writer/pickle.h"
 #include "writer/zip_reader.h"
-
-#include <unordered_map>
-#include <unordered_set>
 
 namespace tsar::importer {
 namespace {
@@ -143,7 +142,8 @@ struct Walker {
       case K::kOpaque: {
         if (options.strict) {
           Bad(path, std::nullopt,
-              (where.empty() ? std::string("the top object") : format::Quote(where)) + ": a " + v.str +
+              (where.empty() ? std::string("the top object") : format::Quote(where)) + ": a " +
+                  v.str +
                   " object would be kept as an opaque pickle fragment, which --strict refuses");
         }
         std::vector<Value> items;
@@ -278,8 +278,8 @@ Imported ImportTorchSave(const std::string& path, const ImportOptions& options) 
   out.kind = InputKind::kTorchSave;
   Walker w{path, options, pk, storages, out, {}, {}, {}, {}, {}};
   w.NameEntries(pk.root, "");
-  w.loose.name = Walker::Unique(w.taken, w.taken.count(options.default_entry) ? "tensors"
-                                                                              : options.default_entry);
+  w.loose.name = Walker::Unique(
+      w.taken, w.taken.count(options.default_entry) ? "tensors" : options.default_entry);
   out.value = w.Build(pk.root, "");
   w.RootMetadata(pk.root);
   if (!w.loose.tensors.empty()) out.entries.insert(out.entries.begin(), std::move(w.loose));

@@ -1,12 +1,12 @@
 // tsar::PackFiles (writer/pack_files.h): imports, then one Writer.
 #include "writer/pack_files.h"
 
+#include <algorithm>
+
 #include "format/encode.h"
 #include "format/reader.h"
 #include "loader/value_tree.h"
 #include "writer/importer.h"
-
-#include <algorithm>
 
 namespace tsar {
 namespace {
@@ -118,8 +118,8 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     // A checkpoint's structure: stored as a tree when the entries and metadata
     // alone would not give it back. Its metadata was derived from it, so only
     // the tree is kept.
-    const bool tree = NeedsTree(in, sources.size() == 1 ? options.metadata
-                                                        : decltype(options.metadata){});
+    const bool tree =
+        NeedsTree(in, sources.size() == 1 ? options.metadata : decltype(options.metadata){});
     if (tree && sources.size() > 1) {
       throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
                   "holds a checkpoint whose structure (nested dicts, lists, non-tensor values) "

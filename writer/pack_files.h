@@ -20,7 +20,7 @@ struct PackSource {
 
 struct PackFilesOptions {
   PackOptions pack;     // alignment, default entry, progress, durability
-  bool strict = false;  // refuse values that are not tensors, numbers or strings
+  bool strict = false;  // refuse opaque pickle fragments and values metadata cannot hold
   std::vector<std::pair<std::string, MetadataValue>> metadata;  // archive-level, added last
   // Called once per value an input held that was skipped ("<input>: <what>").
   std::function<void(const std::string&)> note;

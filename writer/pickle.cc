@@ -32,10 +32,9 @@ constexpr uint8_t kMark = '(', kStop = '.', kPop = '0', kPopMark = '1', kBinInt 
                   kProto = 0x80, kNewObj = 0x81, kTuple1 = 0x85, kTuple2 = 0x86, kTuple3 = 0x87,
                   kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a, kLong4 = 0x8b,
                   kShortBinUnicode = 0x8c, kBinUnicode8 = 0x8d, kBinBytes8 = 0x8e,
-                  kStackGlobal = 0x93, kMemoize = 0x94, kFrame = 0x95, kDup = '2',
-                  kExt1 = 0x82, kExt2 = 0x83, kExt4 = 0x84, kEmptySet = 0x8f, kAddItems = 0x90,
-                  kFrozenSet = 0x91, kNewObjEx = 0x92, kByteArray8 = 0x96, kNextBuffer = 0x97,
-                  kReadOnlyBuffer = 0x98;
+                  kStackGlobal = 0x93, kMemoize = 0x94, kFrame = 0x95, kDup = '2', kExt1 = 0x82,
+                  kExt2 = 0x83, kExt4 = 0x84, kEmptySet = 0x8f, kAddItems = 0x90, kFrozenSet = 0x91,
+                  kNewObjEx = 0x92, kByteArray8 = 0x96, kNextBuffer = 0x97, kReadOnlyBuffer = 0x98;
 }  // namespace op
 
 // Objects of the VM. Besides the public kinds there are the things a pickle
@@ -59,10 +58,9 @@ enum class NodeKind : uint8_t {
 };
 
 const char* KindName(NodeKind k) {
-  static constexpr const char* kNames[] = {"None",   "bool",    "int",    "float",
-                                           "str",    "bytes",   "list",   "tuple",
-                                           "dict",   "tensor",  "global", "storage",
-                                           "bigint", "object"};
+  static constexpr const char* kNames[] = {"None",   "bool",    "int",    "float", "str",
+                                           "bytes",  "list",    "tuple",  "dict",  "tensor",
+                                           "global", "storage", "bigint", "object"};
   return kNames[static_cast<int>(k)];
 }
 
@@ -83,8 +81,8 @@ struct Node {
 struct Object {
   uint32_t callable = 0;
   uint32_t args = 0;
-  int64_t kwargs = -1;  // NEWOBJ_EX
-  uint8_t how = 0;      // the opcode that built it
+  int64_t kwargs = -1;                                         // NEWOBJ_EX
+  uint8_t how = 0;                                             // the opcode that built it
   std::vector<std::pair<uint8_t, std::vector<uint32_t>>> ops;  // opcode, operands, in order
 };
 
@@ -294,13 +292,15 @@ std::string Machine::ReadLine() {
 uint32_t Machine::LookupGlobal(const std::string& module, const std::string& name) {
   if (module.empty() || name.empty() || module.find('\n') != std::string::npos ||
       name.find('\n') != std::string::npos) {
-    Fail("global " + Quote(module + "." + name) + ": expected a module and a name without newlines");
+    Fail("global " + Quote(module + "." + name) +
+         ": expected a module and a name without newlines");
   }
   uint32_t id = New(NodeKind::kGlobal);
   At(id).i = -1;
   At(id).s = module + "\n" + name;
   for (size_t k = 0; k < std::size(kAllowed); ++k) {
-    if (module == kAllowed[k].module && name == kAllowed[k].name) At(id).i = static_cast<int64_t>(k);
+    if (module == kAllowed[k].module && name == kAllowed[k].name)
+      At(id).i = static_cast<int64_t>(k);
   }
   return id;
 }
@@ -360,7 +360,7 @@ uint32_t Machine::Call(uint32_t fn_id, uint32_t args_id, uint8_t how, int64_t kw
   switch (g.what) {
     case What::kOrderedDict: {
       if (!a.empty()) return NewObject(fn_id, args_id, how);  // OrderedDict(iterable): kept
-      uint32_t id = New(NodeKind::kDict);  // items follow through SETITEMS
+      uint32_t id = New(NodeKind::kDict);                     // items follow through SETITEMS
       At(id).ordered = true;
       return id;
     }
@@ -815,9 +815,9 @@ Value Machine::Convert(uint32_t id, size_t depth) {
                                                            : std::string();
         if (repeat) Charge(text.size());
         auto [it, inserted] =
-            plain ? position.emplace((key.kind == NodeKind::kInt ? "i" : "s") + text,
-                                     v.items.size())
-                  : std::make_pair(position.end(), true);
+            plain
+                ? position.emplace((key.kind == NodeKind::kInt ? "i" : "s") + text, v.items.size())
+                : std::make_pair(position.end(), true);
         Value item = Convert(n.items[k + 1], depth + 1);
         if (inserted) {
           v.keys.push_back(std::move(text));

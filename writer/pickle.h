@@ -57,15 +57,15 @@ struct Value {
   };
 
   Kind kind = Kind::kNone;
-  bool b = false;                 // kBool
-  int64_t i = 0;                  // kInt
-  double f = 0;                   // kFloat
-  std::string str;                // kString (UTF-8), kBytes, kBigInt, kOpaque label
-  TensorRef tensor;               // kTensor
-  std::vector<Value> items;       // kList and kTuple elements; kDict values; kOpaque items
-  std::vector<std::string> keys;  // kDict: text of each key (str as is, int in decimal)
-  std::vector<Value> key_values;  // kDict: the keys themselves, in order
-  bool ordered = false;           // kDict: a collections.OrderedDict
+  bool b = false;                     // kBool
+  int64_t i = 0;                      // kInt
+  double f = 0;                       // kFloat
+  std::string str;                    // kString (UTF-8), kBytes, kBigInt, kOpaque label
+  TensorRef tensor;                   // kTensor
+  std::vector<Value> items;           // kList and kTuple elements; kDict values; kOpaque items
+  std::vector<std::string> keys;      // kDict: text of each key (str as is, int in decimal)
+  std::vector<Value> key_values;      // kDict: the keys themselves, in order
+  bool ordered = false;               // kDict: a collections.OrderedDict
   std::vector<std::string> segments;  // kOpaque
   // Attributes a BUILD opcode set on a dict object (an OrderedDict state_dict's
   // "_metadata" lives here), as a kDict; null when there were none.

@@ -212,7 +212,7 @@ void Writer::finish() {
     s.begin &= ~uint64_t{15};
     b.AddStorage(s.end - s.begin);
   }
-  uint32_t tensor_index = 0;  // in the archive's tensor table
+  uint32_t tensor_index = 0;                             // in the archive's tensor table
   std::unordered_map<std::string, uint32_t> tensor_ids;  // "entry\0name", for the value tree
   std::vector<uint32_t> sparse_ids(st.sparse.size(), format::kNone);
   for (const auto& e : st.entries) {

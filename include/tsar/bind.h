@@ -17,7 +17,10 @@ struct Module;
 namespace tsar {
 
 struct BindOptions {
-  std::string entry;   // "" = the archive's first entry
+  // "" = the only entry; with several, the one named "model", else the only
+  // one holding parameters or buffers, else bind() throws kNotFound listing
+  // them (a checkpoint's optimizer state is never bound by accident).
+  std::string entry;
   bool strict = true;  // throw on any missing, unexpected or mismatched name
   // Allow a module in training mode over a kShared archive. Training-mode
   // layers (BatchNorm's running stats) write their buffers: SIGSEGV.

@@ -29,7 +29,9 @@ def load_into(
     before (optimizers and hooks holding it stay valid), with its data inside
     the archive's mapping; tied parameters are still one object;
     ``requires_grad`` is kept. Names are those of ``module.state_dict()``.
-    ``entry`` defaults to the archive's first entry.
+    ``entry`` defaults to the only entry; with several (a checkpoint) to the one
+    named ``"model"``, else the only one holding parameters or buffers, else
+    tsar.Error (NOT_FOUND) lists them and asks for ``entry=``.
 
     strict=True: any name missing from the archive, not in the module, or with
     another shape or dtype raises one :class:`tsar.Error` (BIND_MISMATCH)

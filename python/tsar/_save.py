@@ -134,9 +134,12 @@ def pack(src, dst, *, entry: str = "model", strict: bool = False, alignment: int
     ``*.safetensors.index.json``, HDF5; detected by content), a list of files, or
     a dict ``{entry_name: file}`` (as ``--entry NAME=FILE``). A file holding one
     state_dict becomes entry ``entry``. Nothing in an input is ever executed:
-    torch.save files are read by tsar's restricted pickle reader. Values other
-    than tensors, numbers and strings are skipped (listed in ``notes``), or
-    refused with ``strict=True``. The output is byte-identical to the CLI's.
+    torch.save files are read by tsar's own pickle reader, which keeps whole
+    checkpoints (optimizer state, args, numpy values...) as a value tree and
+    objects it does not interpret as opaque pickle fragments that it never
+    runs; ``strict=True`` refuses inputs that would need such fragments, and
+    HDF5 and safetensors values that metadata cannot hold (else skipped, listed
+    in ``notes``). The output is byte-identical to the CLI's.
 
     Raises tsar.Error: BAD_INPUT naming the input file (and offset where known),
     INVALID_ARGUMENT, IO.

@@ -971,8 +971,20 @@ TEST(IndexDecode, ErrorMessageFollowsTheGrammar) {
   }
 }
 
+void ExpectDecodeError(const std::string& f, ErrorCode code, uint64_t offset,
+                       const std::string& substring) {
+  try {
+    ParseString(f);
+    ADD_FAILURE() << "parsed; expected " << ErrorCodeName(code);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_EQ(e.offset(), offset) << e.what();
+    EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what();
+  }
+}
+
 TEST(IndexDecode, AcceptsAHigherMinorWithALongerHeader) {
-  // A v1.1 writer may grow the header; a v1.0 reader skips what it does not know.
+  // A later minor may grow the header; this reader skips what it does not know.
   IndexBuilder b;
   b.AddEntry("model");
   b.AddTensor(Spec("w", b.AddStorage(8), DType::kFloat32, {2}, {1}));
@@ -985,7 +997,7 @@ TEST(IndexDecode, AcceptsAHigherMinorWithALongerHeader) {
   const uint64_t storage_off = data_offset;
   f += v10.substr(v10.size() - 8);
   auto* p = reinterpret_cast<uint8_t*>(f.data());
-  StoreU16(p + kOffMinor, 1);
+  StoreU16(p + kOffMinor, 2);
   StoreU32(p + kOffHeaderSize, 128);
   StoreU64(p + kOffIndexOffset, 128);
   StoreU64(p + kOffDataOffset, data_offset);
@@ -995,8 +1007,18 @@ TEST(IndexDecode, AcceptsAHigherMinorWithALongerHeader) {
   StoreU64(p + storages, storage_off);
   StoreU64(p + kOffIndexXxh3, IndexChecksum(p, 128 + index_size));
   const Index idx = ParseString(f);
-  EXPECT_EQ(idx.header().minor, 1);
+  EXPECT_EQ(idx.header().minor, 2);
   EXPECT_EQ(idx.tensors()[0].name, "w");
+  // A feature bit this reader does not know: refused, naming the format needed (R79).
+  StoreU32(p + kOffFlags, 0x4);
+  StoreU64(p + kOffIndexXxh3, IndexChecksum(p, 128 + index_size));
+  ExpectDecodeError(f, ErrorCode::kUnsupportedVersion, kOffFlags,
+                    "flags: expected feature bits of format 1.1 (0x1), found 0x4 (the archive "
+                    "needs a reader of format 1.2)");
+  // Minor 1 exactly: the header must be 64 bytes again (R4).
+  StoreU16(p + kOffMinor, 1);
+  StoreU32(p + kOffFlags, 0);
+  ExpectDecodeError(f, ErrorCode::kInvalidValue, kOffHeaderSize, "header_size: expected 64");
 }
 
 TEST(IndexDecode, RejectsAFutureMajorVersionByNumber) {
