@@ -21,6 +21,22 @@ uint64_t Load(const uint8_t* data, size_t size) {
       for (const auto& [k, v] : a.metadata_items(e)) sum += k.size() + v.index();
     }
     for (const auto& [k, v] : a.metadata_items()) sum += k.size() + v.index();
+    // The value tree (spec §4.10), stored or implied; each tensor it names exists.
+    std::vector<const tsar::Value*> stack;
+    const tsar::Value root = a.value();
+    stack.push_back(&root);
+    while (!stack.empty()) {
+      const tsar::Value* v = stack.back();
+      stack.pop_back();
+      sum += v->bytes().size();
+      if (v->is(tsar::Value::Kind::kTensor)) tsar::fuzz::Check(a.contains(v->name(), v->entry()));
+      for (const auto& x : v->items()) stack.push_back(&x);
+      for (const auto& [k, x] : v->pairs()) {
+        stack.push_back(&k);
+        stack.push_back(&x);
+      }
+      if (v->attributes()) stack.push_back(v->attributes());
+    }
     for (const auto& t : a.infos()) {
       const at::Tensor x = a.tensor(t.name, t.entry);
       tsar::fuzz::Check(x.layout() != at::kStrided || x.sizes().vec() == t.sizes);
