@@ -85,6 +85,22 @@ bool NeedsTree(const importer::Imported& in,
   return implied != *in.value;
 }
 
+// Whether entries and metadata alone hold everything of `v` but the types of
+// its dicts and the order of its keys: a state_dict, or a dict of state_dicts
+// and numbers, strings or bytes under str keys. Inputs packed together must
+// be, since their archive is a dict of entries (spec §4.10.3).
+bool FitsEntries(const Value& v) {
+  using K = Value::Kind;
+  if (v.is(K::kEntry)) return true;
+  if (!v.is(K::kDict) || v.attributes()) return false;
+  for (const auto& [k, x] : v.pairs()) {
+    if (!k.is(K::kStr)) return false;
+    if (!(x.is(K::kEntry) || x.is(K::kInt) || x.is(K::kFloat) || x.is(K::kStr) || x.is(K::kBytes)))
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string& output,
@@ -118,12 +134,14 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     // A checkpoint's structure: stored as a tree when the entries and metadata
     // alone would not give it back. Its metadata was derived from it, so only
     // the tree is kept.
-    const bool tree =
-        NeedsTree(in, sources.size() == 1 ? options.metadata : decltype(options.metadata){});
-    if (tree && sources.size() > 1) {
+    // Several inputs make one dict of entries; each must fit in entries and
+    // metadata (the types of its dicts and its key order are not kept).
+    const bool tree = sources.size() == 1 && NeedsTree(in, options.metadata);
+    if (sources.size() > 1 && in.value && !FitsEntries(*in.value)) {
       throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
-                  "holds a checkpoint whose structure (nested dicts, lists, non-tensor values) "
-                  "needs the whole archive; pack it on its own");
+                  "holds a checkpoint whose structure (lists, tuples, None, nested dicts, "
+                  "objects, tensors outside a state_dict) only a value tree keeps, and a tree "
+                  "describes a whole archive: pack this file on its own");
     }
     if (tree) {
       writer.set_value(*in.value);
