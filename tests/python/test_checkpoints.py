@@ -213,3 +213,30 @@ def test_a_hostile_pickle_packs_as_opaque_data_and_never_runs(cli, tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 3 and "posix.system" in r.stderr and "--strict" in r.stderr, r.stderr
     assert not marker.exists()
+
+
+def test_bind_without_an_entry_takes_the_model_never_the_optimizer(cli, tmp_path):
+    import tsar
+
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    train(m, opt, 1, seed=3)
+    # The optimizer first: its state becomes entries before "model".
+    src, arc = tmp_path / "c.pt", tmp_path / "c.tsar"
+    torch.save({"optimizer": opt.state_dict(), "model": m.state_dict()}, src)
+    subprocess.run([cli, "pack", str(src), "-o", str(arc)], check=True, capture_output=True)
+    with tsar.open(str(arc)) as a:
+        assert a.entries[0].startswith("optimizer") and "model" in a.entries
+    m2 = model().eval()
+    report = tsar.load_into(m2, str(arc))
+    assert not report.missing and not report.unexpected
+    for k, t in m.state_dict().items():
+        assert same_tensor(m2.state_dict()[k], t) == "", k
+    # No "model" and two entries of parameters: it asks instead of guessing.
+    two = tmp_path / "two.tsar"
+    tsar.save({"a": m.state_dict(), "b": m.state_dict()}, str(two))
+    with pytest.raises(tsar.Error) as ei:
+        tsar.load_into(model().eval(), str(two))
+    assert ei.value.code == tsar.ErrorCode.NOT_FOUND
+    assert '"a", "b"' in str(ei.value) and "entry=" in str(ei.value)
+    assert not tsar.load_into(model().eval(), str(two), entry="b").missing
