@@ -58,10 +58,10 @@ struct MetadataSpec {
 // Throws kInvalidArgument ("tensor \"\": name: expected 1 to 65535 bytes...").
 void CheckName(const std::string& what, const std::string& name, const char* field = "name");
 
-// Collects entries, storages, tensors, sparse records and metadata, then lays
-// them out by the rules of §4.4 and encodes §4.1-§4.9. It refuses every input
-// from which it would write an archive that breaks a rule of §6 (R1-R75, R77,
-// R78), so whatever EncodeHead() returns passes Index::Parse. A refused call
+// Collects entries, storages, tensors, sparse records, metadata and a value
+// tree, then lays them out by the rules of §4.4 and encodes §4.1-§4.10. It
+// refuses every input from which it would write an archive that breaks a rule
+// of §6 (R1-R75, R77-R93), so whatever EncodeHead() returns passes Index::Parse. A refused call
 // throws tsar::Error naming the tensor, sparse tensor, entry or metadata key,
 // with no path and no offset, and leaves the builder as it was:
 //   kInvalidArgument  a value outside its enumeration, an empty, too long or

@@ -155,10 +155,10 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
       std::snprintf(found, sizeof found, "0x%x (bits that format 1.%u does not define)", h.flags,
                     h.minor);
     }
-    r.Fail(ErrorCode::kUnsupportedVersion, kOffFlags, "flags",
-           "feature bits of format 1." + std::to_string(kMinorVersion) + " (0x" +
-               std::to_string(kKnownFeatures) + ")",
-           found);
+    char want[48];
+    std::snprintf(want, sizeof want, "feature bits of format 1.%u (0x%x)", kMinorVersion,
+                  kKnownFeatures);
+    r.Fail(ErrorCode::kUnsupportedVersion, kOffFlags, "flags", want, found);
   }
   h.index_xxh3 = r.U64(kOffIndexXxh3, "index_xxh3");
   return h;

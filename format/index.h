@@ -84,11 +84,11 @@ struct MetadataRecord {
   std::string_view bytes;  // kString and kBytes
 };
 
-// Decodes §4.1 from the first bytes of a file, checking rules R1-R13 of §6.3
+// Decodes §4.1 from the first bytes of a file, checking rules R1-R13 and R79 of §6.3
 // (the rules that need only the header), in order. `data` holds the file's
 // bytes [0, size); `file_size` is the actual size of the file. The result does
 // not point into `data`. Throws tsar::Error: kBadMagic (R1), kTruncated (R2,
-// R5), kUnsupportedVersion (R3), kInvalidValue (R4, R6-R8, R10, R12),
+// R5), kUnsupportedVersion (R3, R79), kInvalidValue (R4, R6-R8, R10, R12),
 // kOutOfBounds (R9, R11), kReservedNonZero (R13). Thread-safe.
 Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
                     const std::string& path);
@@ -98,7 +98,7 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
 // Move-only; immutable after Parse, so const access is thread-safe.
 class Index {
  public:
-  // Decodes and validates header and index: rules R1-R75, R77 and R78 of
+  // Decodes and validates header and index: rules R1-R75 and R77-R93 of
   // §6.3, in the order §6.3 lists them (not R76, the storage checksums). `head` holds the file's
   // bytes [0, n) with n >= the header's data_offset (extra bytes are dropped; fewer is R14,
   // kTruncated); `file_size` is the actual size of the file. Throws tsar::Error with the code,

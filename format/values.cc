@@ -7,6 +7,12 @@ namespace {
 
 std::string Dec(uint64_t v) { return std::to_string(v); }
 
+// "a dict", "an int": the kind with its article, for messages.
+std::string AKind(ValueKind k) {
+  const std::string name = ValueKindName(k);
+  return (name[0] == 'i' || name[0] == 'e' || name[0] == 'o' ? "an " : "a ") + name;
+}
+
 bool HasLinks(ValueKind k) {
   return k == ValueKind::kList || k == ValueKind::kTuple || k == ValueKind::kDict ||
          k == ValueKind::kEntry || k == ValueKind::kOpaque;
@@ -64,8 +70,7 @@ void DecodeValues(const ByteReader& r, uint64_t values_off, uint32_t value_count
     const uint8_t allowed = dictlike ? (kValueFlagOrdered | kValueFlagAttributes) : 0;
     if ((v.flags & ~allowed) != 0) {  // R84
       r.Fail(ErrorCode::kInvalidValue, off + 1, field("flags"),
-             dictlike ? "bits 0-1 only" : std::string("0 for a ") + ValueKindName(v.kind),
-             Dec(v.flags));
+             dictlike ? "bits 0-1 only" : "0 for " + AKind(v.kind), Dec(v.flags));
     }
     v.count = LoadU32(base + off + 4);
     v.first_link = LoadU32(base + off + 8);
@@ -91,7 +96,7 @@ void DecodeValues(const ByteReader& r, uint64_t values_off, uint32_t value_count
                          : v.kind == ValueKind::kEntry ? "1 with attributes, else 0"
                                                        : "an odd count (segments around holes)";
       r.Fail(ErrorCode::kInvalidValue, off + 4, field("count"),
-             std::string(want) + " for a " + ValueKindName(v.kind), Dec(v.count));
+             std::string(want) + " for " + AKind(v.kind), Dec(v.count));
     }
     v.value = LoadU64(base + off + 16);
     const uint64_t length = LoadU64(base + off + 24);
@@ -120,8 +125,8 @@ void DecodeValues(const ByteReader& r, uint64_t values_off, uint32_t value_count
       continue;
     }
     if (length != 0) {  // R87
-      r.Fail(ErrorCode::kInvalidValue, off + 24, field("value_length"),
-             std::string("0 for a ") + ValueKindName(v.kind), Dec(length));
+      r.Fail(ErrorCode::kInvalidValue, off + 24, field("value_length"), "0 for " + AKind(v.kind),
+             Dec(length));
     }
     switch (v.kind) {
       case ValueKind::kBool:
@@ -149,8 +154,8 @@ void DecodeValues(const ByteReader& r, uint64_t values_off, uint32_t value_count
         break;               // any bits
       default:               // none, list, tuple, dict: no value
         if (v.value != 0) {  // R87
-          r.Fail(ErrorCode::kInvalidValue, off + 16, field("value"),
-                 std::string("0 for a ") + ValueKindName(v.kind), Dec(v.value));
+          r.Fail(ErrorCode::kInvalidValue, off + 16, field("value"), "0 for " + AKind(v.kind),
+                 Dec(v.value));
         }
     }
   }
@@ -181,7 +186,7 @@ void DecodeValues(const ByteReader& r, uint64_t values_off, uint32_t value_count
       if (t <= i || has_parent[t]) {  // R90
         r.Fail(ErrorCode::kInvalidValue, off, field(),
                "a value after #" + Dec(i) + " that no other link names (values form a tree)",
-               Dec(t) + (has_parent[t] ? " (named before)" : ""));
+               Dec(t) + (t > i && has_parent[t] ? " (named before)" : ""));
       }
       has_parent[t] = true;
       const ValueKind tk = values[t].kind;

@@ -306,13 +306,16 @@ bool Archive::has_value_tree() const { return !impl_->index().values().empty(); 
 
 Value Archive::value() const {
   if (has_value_tree()) return format::DecodeTree(impl_->index());
+  // Each entry's "torch._metadata", found in one pass over the metadata.
+  const auto& index = impl_->index();
+  std::vector<std::optional<std::string>> torch_metadata(index.entries().size());
+  for (const auto& m : index.metadata()) {
+    if (m.entry != format::kNone && m.key == "torch._metadata" &&
+        m.type == format::MetaType::kString)
+      torch_metadata[m.entry] = std::string(m.bytes);
+  }
   return ImpliedValue(
-      entries(),
-      [this](const std::string& e) -> std::optional<std::string> {
-        const auto m = metadata("torch._metadata", e);
-        if (m && std::holds_alternative<std::string>(*m)) return std::get<std::string>(*m);
-        return std::nullopt;
-      },
+      entries(), [&](const std::string& e) { return torch_metadata[index.FindEntry(e)]; },
       metadata_items());
 }
 

@@ -140,6 +140,7 @@ class TreeWriter {
     for (uint32_t i = 0; i < infos.size(); ++i) {
       const auto& t = infos[i];
       index_.emplace(t.entry + '\0' + t.name, i);
+      by_entry_[t.entry].push_back(i);  // linear in tensors, however many entries
     }
     infos_ = std::move(infos);
     storages_ = a.storages();
@@ -198,8 +199,8 @@ class TreeWriter {
           p_.EmptyDict();
         }
         bool any = false;
-        for (const auto& t : infos_) {
-          if (t.entry != v.entry()) continue;
+        for (uint32_t i : by_entry_[v.entry()]) {
+          const TensorInfo& t = infos_[i];
           if (!any) p_.Mark();
           any = true;
           p_.Str(t.name);
@@ -284,6 +285,7 @@ class TreeWriter {
   std::vector<StorageInfo> storages_;
   std::unordered_map<std::string, uint32_t> index_;  // "entry\0name" -> infos_ index
   std::unordered_map<std::string, uint32_t> memo_;   // tensors written: memo key
+  std::unordered_map<std::string, std::vector<uint32_t>> by_entry_;  // entry -> infos_ indices
   uint32_t next_memo_ = 0;
 };
 

@@ -2,6 +2,7 @@
 #include "writer/pack_files.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "format/encode.h"
 #include "format/reader.h"
@@ -72,14 +73,17 @@ bool NeedsTree(const importer::Imported& in,
   }
   std::stable_sort(top.begin(), top.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::unordered_map<std::string, std::string> torch_metadata;  // entry -> JSON
+  for (const auto& m : in.metadata) {
+    if (m.key == "torch._metadata" && !m.entry.empty())
+      if (const auto* s = std::get_if<std::string>(&m.value)) torch_metadata.emplace(m.entry, *s);
+  }
   const Value implied = ImpliedValue(
       entries,
       [&](const std::string& entry) -> std::optional<std::string> {
-        for (const auto& m : in.metadata) {
-          if (m.entry == entry && m.key == "torch._metadata")
-            if (const auto* s = std::get_if<std::string>(&m.value)) return *s;
-        }
-        return std::nullopt;
+        auto it = torch_metadata.find(entry);
+        if (it == torch_metadata.end()) return std::nullopt;
+        return it->second;
       },
       top);
   return implied != *in.value;

@@ -2,14 +2,16 @@
 """check_samples.py SAMPLES_DIR: runs the reference decoder (tsar_ref.py, written
 from spec/FORMAT.md alone) over every sample: valid ones must decode to their
 expected.json, invalid ones must fail with the code, offset and message of
-invalid/MANIFEST.tsv. Exit 0 when the spec and the samples agree."""
+invalid/MANIFEST.tsv. For a valid sample it compares the storages, tensors, the number of
+metadata records, the format version and, for format 1.1, every value record and link of
+the value tree (§4.10). Exit 0 when the spec and the samples agree."""
 import glob
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tsar_ref import TsarError, decode, xxh3  # noqa: E402
+from tsar_ref import TsarError, decode, hexb, xxh3  # noqa: E402
 
 ROLES = {"tensor": 0, "parameter": 1, "buffer": 2, "sparse_component": 3}
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
@@ -43,6 +45,16 @@ def main():
             ok &= t["dtype"] == DTYPES[rt["dtype"] - 1] and t["shape"] == rt["sizes"] and t["strides"] == rt["strides"]
             ok &= ROLES[t["role"]] == rt["role"] and t["requires_grad"] == rt["rg"] and t["storage_offset"] == rt["sof"]
         ok &= len(want["metadata"]) == len(r["metadata"])
+        h = r["header"]
+        ok &= want.get("format_version", "1.0") == f"{h['major']}.{h['minor']}"
+        # The value tree (§4.10, format 1.1): every value record and link, as expected.json lists them.
+        ok &= len(want.get("values", [])) == len(r["values"]) and want.get("links", []) == r["links"]
+        for w, v in zip(want.get("values", []), r["values"]):
+            ok &= (w["kind"], w["flags"], w["count"], w["first_link"]) == (v["kind"], v["flags"], v["count"], v["first_link"])
+            if "bytes" in w:
+                ok &= (w["bytes"], w["value_length"]) == (hexb(v["bytes"]), len(v["bytes"]))
+            else:
+                ok &= w["value"] == v["value"]
         if not ok:
             failures.append(f"{path}: does not match its expected.json")
     if failures:

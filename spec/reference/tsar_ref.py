@@ -1,7 +1,15 @@
-"""tsar_ref.py: an independent decoder of tsar format 1.0 (document revision 3), written
+"""tsar_ref.py: an independent decoder of tsar format 1.1 (document revision 4), written
 from the rules of spec/FORMAT.md alone (not from the C++ code). Used to check the spec against samples/
-and, in tests, to read archives that the C++ packer wrote."""
-import ctypes, struct, sys
+and, in tests, to read archives that the C++ packer wrote.
+
+decode(data, path) checks rules R1-R75, R77-R93 of §6.3 in their order (not R14, which
+needs two reads of a file, nor R76, full verification) and raises TsarError at the first
+one broken: e.code is the short name of §6.2, e.off the offset, str(e) the message of §6.7. It returns the decoded header,
+tables and, for an archive with a value tree (header flag bit 0, §4.10), its value
+records, links and the tree itself; value_tree(result) gives the stored tree or, for an
+archive without one, the implied tree of §4.10.3. Trees are plain Python data: one dict
+per value, {"kind": <name of §5.7>, ...} (see tree_node)."""
+import ctypes, json, struct, sys
 
 _lib = ctypes.CDLL("libxxhash.so.0")
 _lib.XXH3_64bits.restype = ctypes.c_uint64
@@ -17,12 +25,21 @@ GRAD_DTYPES = range(7, 16)  # §5.1: the floating-point and complex codes, the o
 NONE = 0xFFFFFFFF
 I64MAX = 2**63 - 1
 U64 = 2**64
+MINOR = 1                  # §7: this decoder implements format 1.1
+KNOWN_FEATURES = 0x1       # §5.3: header flag bit 0, the value tree (§4.10)
+# §5.7: value kinds, by code, as ValueKindName spells them
+KINDS = [None, "none", "bool", "int", "bigint", "float", "str", "bytes", "list", "tuple", "dict",
+         "tensor", "entry", "opaque"]
+LINKED = {"list", "tuple", "dict", "entry", "opaque"}    # kinds whose count may be > 0
+BLOBBED = {"str", "bytes", "bigint", "opaque"}           # kinds whose value is a blob range
+MAX_DEPTH = 100
 
 class TsarError(Exception):
     def __init__(self, code, path, off, field, exp, found):
         self.code, self.off = code, off
         super().__init__(f"{path}: offset {off} (0x{off:x}): {field}: expected {exp}, found {found}")
 
+def akind(kind): return ("an " if kind[0] in "ieo" else "a ") + kind
 def hexb(b): return " ".join(f"{x:02x}" for x in b[:16])
 def quote(s):
     out = '"'
@@ -54,7 +71,7 @@ def decode(data, path):
     major, minor = u16(8), u16(10)
     if major != 1: fail("unsupported_version", 8, "major", "major 1", major)
     hs = u32(12)
-    if minor == 0:
+    if minor <= MINOR:
         if hs != 64: fail("invalid_value", 12, "header_size", "64", hs)
     elif hs < 64 or hs > 4096 or hs % 8:
         fail("invalid_value", 12, "header_size", "a multiple of 8 in [64, 4096]", hs)
@@ -74,7 +91,11 @@ def decode(data, path):
     al = u32(48)
     if al < 64 or al > 2**30 or al & (al - 1): fail("invalid_value", 48, "alignment", "a power of two in [64, 2^30]", al)
     fl = u32(52)
-    if fl: fail("reserved_non_zero", 52, "flags", "0", fl)
+    if minor == 0 and fl: fail("reserved_non_zero", 52, "flags", "0", fl)  # R13
+    if fl & ~KNOWN_FEATURES:  # R79
+        fail("unsupported_version", 52, "flags", f"feature bits of format 1.{MINOR} (0x{KNOWN_FEATURES:x})",
+             f"0x{fl:x} (the archive needs a reader of format 1.{minor})" if minor > MINOR
+             else f"0x{fl:x} (bits that format 1.{minor} does not define)")
     sumv = u64(56)
     c = xxh3(data[:56] + data[64:ie])
     if c != sumv: fail("checksum_mismatch", 56, "index_xxh3", f"0x{c:016x} (XXH3-64 of header and index)", f"0x{sumv:016x}")
@@ -85,7 +106,10 @@ def decode(data, path):
     ih = io
     counts = [u32(ih + 4 * t) for t in range(6)]
     blob_size = u64(ih + 24)
-    zero(ih + 32, 32, "index reserved")
+    tree = bool(fl & 1)
+    VC, LC = (u32(ih + 32), u32(ih + 36)) if tree else (0, 0)
+    zero(ih + (40 if tree else 32), 24 if tree else 32, "index reserved")  # R17
+    if tree and VC == 0: fail("invalid_value", ih + 32, "value_count", "at least 1 (the root)", "0")  # R80
     rs = [16, 32, 48, 32, 32, 8]
     names_ = ["entry_count", "storage_count", "tensor_count", "sparse_count", "metadata_count", "dims_count"]
     pos = ih + 64; tab = []
@@ -95,8 +119,19 @@ def decode(data, path):
         if b > ie - pos: fail("out_of_bounds", ih + 4 * t, names_[t], f"a table that fits in index_size {isz}", f"{counts[t]} records of {rs[t]} bytes")
         pos += b
     if blob_size > ie - pos: fail("out_of_bounds", ih + 24, "blob_size", f"at most {ie-pos} (the rest of the index)", blob_size)
-    if minor == 0 and pos + blob_size != ie: fail("invalid_value", 32, "index_size", f"{pos+blob_size-ih} (the sum of the tables)", isz)
     blob = pos
+    ext = blob + blob_size
+    values_at = links_at = None
+    if tree:  # R81: zero padding to a multiple of 8, then the value table, then the link table
+        vs = (ext + 7) // 8 * 8
+        if vs > ie: fail("out_of_bounds", ih + 32, "value_count", f"a value table that fits in index_size {isz}", "no room left")
+        zero(ext, vs - ext, "value padding")
+        ext = vs
+        if VC * 32 > ie - ext: fail("out_of_bounds", ih + 32, "value_count", f"a table that fits in index_size {isz}", f"{VC} records of 32 bytes")
+        values_at = ext; ext += VC * 32
+        if LC * 4 > ie - ext: fail("out_of_bounds", ih + 36, "link_count", f"a table that fits in index_size {isz}", f"{LC} records of 4 bytes")
+        links_at = ext; ext += LC * 4
+    if minor <= MINOR and ext != ie: fail("invalid_value", 32, "index_size", f"{ext-ih} (the sum of the tables)", isz)  # R20
     EC, SC, TC, PC, MC, DC = counts
     def bstr(off, field):
         o, k = u32(off), u32(off + 4)
@@ -254,7 +289,223 @@ def decode(data, path):
             if pe == en and pk == key: fail("duplicate_name", off, f + " key", "a key unique in its scope", quote(key))
             if pe > en or (pe == en and pk > key): fail("invalid_value", off, f + " key", "records sorted by (entry, key)", f"{quote(key)} after {quote(pk)}")
         meta.append((en, key, ty, val))
-    return dict(header=dict(major=major, minor=minor, header_size=hs, file_size=fs, index_offset=io, index_size=isz,
-                            data_offset=do, alignment=al, index_xxh3=sumv),
-                counts=counts, blob_size=blob_size, tables=tab, blob=blob, entries=entries, storages=storages,
-                tensors=tensors, sparse=sparse, metadata=meta, dims=dims)
+    values, links = [], []
+    if tree:
+        values, links = decode_values(data, fail, values_at, VC, links_at, LC, ih + 36, blob, blob_size, EC,
+                                      [t["role"] == 3 for t in tensors])
+    r = dict(header=dict(major=major, minor=minor, header_size=hs, file_size=fs, index_offset=io, index_size=isz,
+                         data_offset=do, alignment=al, flags=fl, index_xxh3=sumv),
+             counts=counts, blob_size=blob_size, tables=tab, blob=blob, entries=entries, storages=storages,
+             tensors=tensors, sparse=sparse, metadata=meta, dims=dims, values=values, links=links,
+             value_table=values_at, link_table=links_at)
+    r["tree"] = tree_node(r, 0) if values else None
+    return r
+
+
+def decode_values(data, fail, V0, VC, L0, LC, link_count_off, blob, blob_size, EC, component):
+    """§4.10, rules R82-R93 of §6.3 in order. V0, L0: absolute offsets of the value and link tables."""
+    def u32(o): return struct.unpack_from("<I", data, o)[0]
+    def u64(o): return struct.unpack_from("<Q", data, o)[0]
+    TC = len(component)
+    values = []
+    nxt = 0
+    for i in range(VC):
+        off = V0 + 32 * i
+        F = lambda f: f"value #{i} {f}"
+        kc = data[off]
+        if kc == 0 or kc > 13: fail("invalid_value", off, F("kind"), "1-13", kc)  # R82
+        kind = KINDS[kc]
+        for z in (2, 3, 12, 13, 14, 15):  # R83
+            if data[off + z]: fail("reserved_non_zero", off + z, F("reserved"), "0", f"0x{data[off + z]:02x}")
+        flags = data[off + 1]
+        dictlike = kind in ("dict", "entry")
+        if flags & ~(3 if dictlike else 0):  # R84
+            fail("invalid_value", off + 1, F("flags"), "bits 0-1 only" if dictlike else f"0 for {akind(kind)}", flags)
+        count, first = u32(off + 4), u32(off + 8)
+        if first != nxt: fail("invalid_value", off + 8, F("first_link"), f"{nxt} (values partition the link table in order)", first)  # R85
+        nxt += count
+        if nxt > LC: fail("out_of_bounds", off + 4, F("count"), f"at most {LC - first} (the links left)", count)  # R86
+        attr = 1 if flags & 2 else 0
+        if kind not in LINKED: ok, want = count == 0, "0"
+        elif kind == "dict": ok, want = count >= attr and (count - attr) % 2 == 0, "2 per key/value pair, +1 for attributes"
+        elif kind == "entry": ok, want = count == attr, "1 with attributes, else 0"
+        elif kind == "opaque": ok, want = count % 2 == 1, "an odd count (segments around holes)"
+        else: ok, want = True, ""
+        if not ok: fail("invalid_value", off + 4, F("count"), f"{want} for {akind(kind)}", count)  # R86
+        value, length = u64(off + 16), u64(off + 24)
+        b = None
+        if kind in BLOBBED:
+            if value > blob_size or length > blob_size - value:  # R87
+                fail("out_of_bounds", off + 16, F("value"), f"a range inside the blob of {blob_size} bytes", f"offset {value} length {length}")
+            b = data[blob + value: blob + value + length]
+            if kind == "str" and not utf8ok(b): fail("invalid_value", off + 16, F("value"), "valid UTF-8", quote(b))  # R88
+            if kind == "bigint" and not canonical_bigint(b):  # R88
+                fail("invalid_value", off + 16, F("value"), "the shortest two's complement of an integer outside int64 (9 bytes or more)", hexb(b))
+            if kind == "opaque" and not (1 <= len(b) <= 65535 and utf8ok(b)):  # R88
+                fail("invalid_value", off + 16, F("value"), "a label of 1 to 65535 bytes of UTF-8", quote(b))
+        else:
+            if length: fail("invalid_value", off + 24, F("value_length"), f"0 for {akind(kind)}", length)  # R87
+            if kind == "bool":
+                if value > 1: fail("invalid_value", off + 16, F("value"), "0 or 1", value)
+            elif kind == "tensor":
+                if value >= TC: fail("out_of_bounds", off + 16, F("value"), f"a tensor index below tensor_count {TC}", value)
+                if component[value]: fail("invalid_value", off + 16, F("value"), "a tensor that is not a sparse component", f"tensor #{value}")
+            elif kind == "entry":
+                if value >= EC: fail("out_of_bounds", off + 16, F("value"), f"an entry index below entry_count {EC}", value)
+            elif kind not in ("int", "float"):  # none, list, tuple, dict
+                if value: fail("invalid_value", off + 16, F("value"), f"0 for {akind(kind)}", value)
+        values.append(dict(kind=kind, flags=flags, count=count, first_link=first, value=value, value_length=length, bytes=b))
+    if nxt != LC: fail("invalid_value", link_count_off, "link_count", f"{nxt} (the sum of the values' count)", LC)  # R86
+    links = [0] * LC
+    depth = [0] * VC
+    parent = [False] * VC
+    for i, v in enumerate(values):
+        attr = v["flags"] & 2
+        for k in range(v["count"]):
+            pos = v["first_link"] + k
+            off = L0 + 4 * pos
+            t = u32(off)
+            F = f"link #{pos} (value #{i})"
+            if t >= VC: fail("out_of_bounds", off, F, f"a value index below value_count {VC}", t)  # R89
+            if t <= i or parent[t]:  # R90
+                fail("invalid_value", off, F, f"a value after #{i} that no other link names (values form a tree)", f"{t}" + (" (named before)" if t > i and parent[t] else ""))
+            parent[t] = True
+            tk = values[t]["kind"]
+            want = None  # R91
+            if attr and k + 1 == v["count"]:
+                if tk != "dict": want = "a dict (the attributes)"
+            elif v["kind"] == "dict" and k % 2 == 0 and tk in ("list", "dict", "entry"):
+                want = "a hashable key (not a list, dict or entry)"
+            elif v["kind"] == "opaque" and k % 2 == 0 and tk != "bytes":
+                want = "a bytes value (a pickle segment)"
+            if want: fail("invalid_value", off, F, want, f"value #{t} of kind {tk}")
+            if depth[i] + 1 > MAX_DEPTH: fail("invalid_value", off, F, f"a tree at most {MAX_DEPTH} levels deep", "a deeper one")  # R92
+            depth[t] = depth[i] + 1
+            links[pos] = t
+    for i in range(1, VC):  # R93
+        if not parent[i]: fail("invalid_value", V0 + 32 * i, f"value #{i}", "a value that a link names (every value but #0 has a parent)", "none")
+    return values, links
+
+
+def canonical_bigint(b):
+    """R88: at least 9 bytes, and the last byte is not a mere sign extension of the one before."""
+    if len(b) < 9: return False
+    return not (b[-1] == 0x00 and b[-2] < 0x80) and not (b[-1] == 0xFF and b[-2] >= 0x80)
+
+
+def tree_node(r, i):
+    """Value #i of a decoded archive and its subtree, as plain Python data:
+    {"kind": "none"} | {"kind": "bool"/"int"/"bigint"/"float"/"str"/"bytes", "value": ...}
+    | {"kind": "list"/"tuple", "items": [...]} | {"kind": "dict", "ordered": b, "items": [(k, v), ...]}
+    | {"kind": "tensor", "tensor": index, "entry": entry name, "name": tensor name}
+    | {"kind": "entry", "entry": entry name, "index": entry index, "ordered": b}
+    | {"kind": "opaque", "label": str, "segments": [bytes, ...], "items": [...]};
+    a dict or entry with attributes has "attributes": {"kind": "dict", ...}. Names are str."""
+    v = r["values"][i]
+    kind = v["kind"]
+    ls = r["links"][v["first_link"]: v["first_link"] + v["count"]]
+    n = {"kind": kind}
+    if v["flags"] & 2:
+        n["attributes"] = tree_node(r, ls[-1])
+        ls = ls[:-1]
+    if kind == "bool": n["value"] = v["value"] == 1
+    elif kind == "int": n["value"] = v["value"] - U64 if v["value"] > I64MAX else v["value"]
+    elif kind == "bigint": n["value"] = int.from_bytes(v["bytes"], "little", signed=True)
+    elif kind == "float": n["value"] = struct.unpack("<d", struct.pack("<Q", v["value"]))[0]
+    elif kind == "str": n["value"] = v["bytes"].decode("utf-8")
+    elif kind == "bytes": n["value"] = bytes(v["bytes"])
+    elif kind in ("list", "tuple"): n["items"] = [tree_node(r, t) for t in ls]
+    elif kind == "dict":
+        n["ordered"] = bool(v["flags"] & 1)
+        n["items"] = [(tree_node(r, ls[k]), tree_node(r, ls[k + 1])) for k in range(0, len(ls), 2)]
+    elif kind == "tensor":
+        t = r["tensors"][v["value"]]
+        n.update(tensor=v["value"], entry=r["entries"][t["entry"]][0].decode(), name=t["name"].decode())
+    elif kind == "entry":
+        n.update(entry=r["entries"][v["value"]][0].decode(), index=v["value"], ordered=bool(v["flags"] & 1))
+    elif kind == "opaque":
+        n.update(label=v["bytes"].decode("utf-8"), segments=[bytes(r["values"][t]["bytes"]) for t in ls[0::2]],
+                 items=[tree_node(r, t) for t in ls[1::2]])
+    if "attributes" in n: n["attributes"] = n.pop("attributes")  # last, as inspect --json has it
+    return n
+
+
+def _json_value(x, ordered):
+    """§4.10.3: a parsed JSON value (objects as lists of pairs) as a value."""
+    if isinstance(x, _Pairs):
+        return {"kind": "dict", "ordered": ordered,
+                "items": [({"kind": "str", "value": k}, _json_value(v, False)) for k, v in x]}
+    if isinstance(x, list): return {"kind": "list", "items": [_json_value(v, False) for v in x]}
+    if x is None: return {"kind": "none"}
+    if isinstance(x, bool): return {"kind": "bool", "value": x}
+    if isinstance(x, int): return {"kind": "int", "value": x}
+    if isinstance(x, float): return {"kind": "float", "value": x}
+    return {"kind": "str", "value": x}
+
+
+class _Pairs(list):
+    """A JSON object as its members in text order, repeated keys kept."""
+
+
+def _parse_json(text):
+    """RFC 8259 JSON as §4.10.3 reads it, or None: an optional leading byte order mark;
+    objects keep their members in order (repeats too); integers in int64 are ints, other
+    numbers floats (none may round to an infinity); at most 256 nested objects and arrays."""
+    def number(t):
+        v = float(t)
+        if v in (float("inf"), float("-inf")): raise ValueError(t)  # outside binary64: not JSON it reads
+        return v
+    def integer(t):
+        v = int(t)
+        return v if -2**63 <= v <= I64MAX else number(t)
+    def bad_constant(c): raise ValueError(c)
+    if text.startswith("\ufeff"): text = text[1:]  # a leading UTF-8 byte order mark is skipped
+    try:
+        x = json.loads(text, object_pairs_hook=_Pairs, parse_int=integer, parse_float=number, parse_constant=bad_constant)
+    except (ValueError, RecursionError):
+        return None
+    def depth_ok(x, d):
+        if isinstance(x, list):
+            if d >= 256: return False
+            return all(depth_ok(v, d + 1) for v in (x if not isinstance(x, _Pairs) else [v for _, v in x]))
+        if isinstance(x, str):
+            try: x.encode("utf-8")
+            except UnicodeEncodeError: return False  # a lone surrogate escape
+        return True
+    def keys_ok(x):
+        if isinstance(x, _Pairs):
+            for k, v in x:
+                try: k.encode("utf-8")
+                except UnicodeEncodeError: return False
+                if not keys_ok(v): return False
+        elif isinstance(x, list):
+            return all(keys_ok(v) for v in x)
+        return True
+    return x if depth_ok(x, 0) and keys_ok(x) else None
+
+
+def implied_tree(r):
+    """§4.10.3: the tree of an archive that stores none, from its entries and metadata."""
+    def state_dict(e):
+        n = {"kind": "entry", "entry": r["entries"][e][0].decode(), "index": e, "ordered": True}
+        for en, key, ty, val in r["metadata"]:
+            if en == e and key == b"torch._metadata" and ty == 1:
+                j = _parse_json(bytes(val).decode("utf-8"))
+                if isinstance(j, _Pairs):
+                    n["attributes"] = {"kind": "dict", "ordered": False,
+                                       "items": [({"kind": "str", "value": "_metadata"}, _json_value(j, True))]}
+        return n
+    top = [(key, ty, val) for en, key, ty, val in r["metadata"] if en == NONE]
+    if len(r["entries"]) == 1 and not top:
+        return state_dict(0)
+    items = [({"kind": "str", "value": nm.decode()}, state_dict(e)) for e, (nm, _, _) in enumerate(r["entries"])]
+    for key, ty, val in top:
+        v = ({"kind": "str", "value": bytes(val).decode("utf-8")} if ty == 1 else {"kind": "int", "value": val} if ty == 2
+             else {"kind": "float", "value": val} if ty == 3 else {"kind": "bytes", "value": bytes(val)})
+        items.append(({"kind": "str", "value": key.decode()}, v))
+    return {"kind": "dict", "ordered": False, "items": items}
+
+
+def value_tree(r):
+    """The archive's value tree: the stored one (§4.10), else the implied one (§4.10.3)."""
+    return r["tree"] if r["tree"] is not None else implied_tree(r)

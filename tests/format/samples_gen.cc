@@ -759,7 +759,7 @@ Draft ValueTree() {
                                      /*ordered=*/true)}}));
   std::string big(9, '\0');  // 2^64
   big[8] = 1;
-  const std::string ns_head = std::string("cargparse\nNamespace\n)\x81}(X\x01\x00\x00\x00w", 29);
+  const std::string ns_head = std::string("cargparse\nNamespace\n)\x81}(X\x01\x00\x00\x00w", 30);
   d.Tree(V::Dict({
       {V::Str("model"), model},
       {V::Str("step"), V::Tensor("tensors", "step")},

@@ -240,3 +240,18 @@ def test_bind_without_an_entry_takes_the_model_never_the_optimizer(cli, tmp_path
     assert ei.value.code == tsar.ErrorCode.NOT_FOUND
     assert '"a", "b"' in str(ei.value) and "entry=" in str(ei.value)
     assert not tsar.load_into(model().eval(), str(two), entry="b").missing
+
+
+def test_the_value_tree_sample_exports_to_the_object_it_describes(cli, samples, tmp_path):
+    back = tmp_path / "sample.pt"
+    subprocess.run([cli, "export", os.path.join(samples, "valid", "value_tree.tsar"), "-o",
+                    str(back)], check=True, capture_output=True)
+    got = torch.load(back)
+    w = torch.tensor([1.0, 2.0])
+    want = {"model": collections.OrderedDict(w=torch.nn.Parameter(w, requires_grad=False)), "step": torch.tensor(5),
+            "epoch": 3, "lr": 0.25, "flag": True, "none": None, "big": 2**64, "name": "run\u00e9",
+            "raw": b"\x00\xff", "groups": [(1, "a")], 7: "int key",
+            "args": argparse.Namespace(w=torch.nn.Parameter(w, requires_grad=False)), "tail": ["x", "y"]}
+    want["model"]._metadata = collections.OrderedDict({"": {"version": 1}})
+    assert deep_diff(got, want) == ""
+    assert got["args"].w is got["model"]["w"]  # one tensor record, one Python object
