@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "format/encode.h"
 #include "format/reader.h"
@@ -120,7 +121,8 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     if (options.pack.progress) options.pack.progress(done, all);
   };
   Writer writer(output, pack);
-  std::vector<importer::Imported> imported;  // keeps the input mappings alive until finish()
+  std::unordered_set<std::string> entry_names;  // of every input so far
+  std::vector<importer::Imported> imported;     // keeps the input mappings alive until finish()
   for (const PackSource& s : sources) {
     importer::ImportOptions io;
     io.strict = options.strict;
@@ -155,12 +157,10 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
       if (prefix) e.name = s.entry + "." + e.name;
       CheckInputName(s.path, "entry", e.name);
       for (const auto& t : e.tensors) CheckInputName(s.path, "tensor", t.name);
-      for (const auto& n : summary.entries) {
-        if (n == e.name) {
-          throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
-                      "entry " + format::Quote(e.name) +
-                          " already comes from another input; name entries with --entry NAME=FILE");
-        }
+      if (!entry_names.insert(e.name).second) {
+        throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
+                    "entry " + format::Quote(e.name) +
+                        " already comes from another input; name entries with --entry NAME=FILE");
       }
       summary.entries.push_back(e.name);
       writer.add_entry(e.name);

@@ -41,6 +41,7 @@ struct Writer::State {
   std::string path;
   PackOptions options;
   std::vector<Entry> entries;
+  std::unordered_map<std::string, uint32_t> entry_index;  // name -> position in entries
   std::vector<Sparse> sparse;
   std::vector<std::pair<std::string, std::pair<std::string, MetadataValue>>>
       metadata;  // entry, key, value
@@ -93,12 +94,9 @@ Writer::~Writer() = default;
 void Writer::set_value(Value root) { state_->value = std::move(root); }
 
 void Writer::add_entry(const std::string& name) {
-  for (const auto& e : state_->entries) {
-    if (e.name == name) {
-      throw Error(
-          ErrorCode::kDuplicateName, state_->path, std::nullopt,
-          "entry " + format::Quote(name) + ": expected a unique entry name, found it twice");
-    }
+  if (!state_->entry_index.emplace(name, static_cast<uint32_t>(state_->entries.size())).second) {
+    throw Error(ErrorCode::kDuplicateName, state_->path, std::nullopt,
+                "entry " + format::Quote(name) + ": expected a unique entry name, found it twice");
   }
   state_->entries.push_back({name, {}});
 }
@@ -170,9 +168,7 @@ void Writer::add(const torch::OrderedDict<std::string, at::Tensor>& tensors, Rol
 
 void Writer::add_metadata(const std::string& key, MetadataValue value, const std::string& entry) {
   if (!entry.empty()) {
-    const bool known = std::any_of(state_->entries.begin(), state_->entries.end(),
-                                   [&](const State::Entry& e) { return e.name == entry; });
-    if (!known) {
+    if (!state_->entry_index.count(entry)) {
       throw Error(ErrorCode::kNotFound, state_->path, std::nullopt,
                   "metadata " + format::Quote(key) + ": no entry " + format::Quote(entry));
     }
@@ -256,8 +252,9 @@ void Writer::finish() {
     format::MetadataSpec m;
     m.key = kv.first;
     m.entry = none;
-    for (uint32_t i = 0; i < st.entries.size() && !entry.empty(); ++i) {
-      if (st.entries[i].name == entry) m.entry = i;
+    if (!entry.empty()) {
+      auto it = st.entry_index.find(entry);
+      if (it != st.entry_index.end()) m.entry = it->second;
     }
     if (const auto* s = std::get_if<std::string>(&kv.second)) {
       m.type = format::MetaType::kString;
@@ -283,10 +280,8 @@ void Writer::finish() {
             return it == tensor_ids.end() ? format::kNone : it->second;
           },
           [&](const std::string& entry) {
-            for (uint32_t i = 0; i < st.entries.size(); ++i) {
-              if (st.entries[i].name == entry) return i;
-            }
-            return format::kNone;
+            auto it = st.entry_index.find(entry);
+            return it == st.entry_index.end() ? format::kNone : it->second;
           }));
     });
   }
