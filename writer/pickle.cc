@@ -465,7 +465,7 @@ uint32_t Machine::LoadStorage(uint32_t pid) {
     Fail("persistent id: expected ('storage', type, key, location, numel)");
   }
   const Node& type = At(p[1]);
-  if (type.kind != NodeKind::kGlobal || kAllowed[type.i].what != What::kStorageType) {
+  if (type.kind != NodeKind::kGlobal || type.i < 0 || kAllowed[type.i].what != What::kStorageType) {
     Fail("persistent id type: expected a torch storage class");
   }
   StorageRef ref{Expect(p[2], NodeKind::kString, "storage key").s, kAllowed[type.i].dtype,

@@ -314,6 +314,14 @@ TEST(PickleHandmade, OtherGlobalsAreKeptByNameAndTheirCallsAsOpcodes) {
               "without newlines"s);
   // Interpreted names still cannot be called for anything they are not.
   ExpectError(Proto2("ctorch\nFloatStorage\n)R"s), ErrorCode::kBadInput, 23, "cannot be called"s);
+  // A persistent id whose type is a global tsar does not interpret (found by
+  // UBSan: the type's allow-list index, -1, was used).
+  ExpectError(ToBytes("\x80\x02(X\x07\x00\x00\x00"
+                      "storage"
+                      "cos\nsystem\nX\x01\x00\x00\x00"
+                      "aX\x03\x00\x00\x00"
+                      "cpuK\x01tQ."s),
+              ErrorCode::kBadInput, 43, "expected a torch storage class"s);
   // A storage outside a tensor (a quantized tensor's rebuild) is not supported.
   ExpectError(ToBytes("\x80\x02"
                       "ctorch._utils\n_rebuild_qtensor\n(X\x07\x00\x00\x00"
