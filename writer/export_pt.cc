@@ -6,11 +6,11 @@
 
 #include <unordered_map>
 
-#include "format/endian.h"
 #include "format/reader.h"
 #include "tsar/value.h"
 #include "writer/atomic_file.h"
 #include "writer/export_internal.h"
+#include "writer/pickler.h"
 
 namespace tsar::exporter {
 namespace {
@@ -47,103 +47,20 @@ const char* StorageClass(DType dt) {
   }
 }
 
-class Pickler {
- public:
-  void Proto() { out_ += "\x80\x02"; }
-  void Stop() { out_ += '.'; }
-  void Mark() { out_ += '('; }
-  void Tuple() { out_ += 't'; }
-  void EmptyTuple() { out_ += ')'; }
-  void EmptyDict() { out_ += '}'; }
-  void SetItems() { out_ += 'u'; }
-  void Reduce() { out_ += 'R'; }
-  void Build() { out_ += 'b'; }
-  void PersId() { out_ += 'Q'; }
-  void Global(const std::string& module, const std::string& name) {
-    out_ += "c" + module + "\n" + name + "\n";
-  }
-  void Bool(bool b) { out_ += b ? '\x88' : '\x89'; }
-  void None() { out_ += 'N'; }
-  void Str(const std::string& s) {
-    out_ += 'X';
-    Raw32(static_cast<uint32_t>(s.size()));
-    out_ += s;
-  }
-  void Bytes(
-      const std::string& s) {  // protocol 3 opcode; Python's unpickler reads it in any protocol
-    out_ += 'B';
-    Raw32(static_cast<uint32_t>(s.size()));
-    out_ += s;
-  }
-  void Int(int64_t v) {
-    if (v >= INT32_MIN && v <= INT32_MAX) {
-      out_ += 'J';
-      Raw32(static_cast<uint32_t>(static_cast<int32_t>(v)));
-      return;
-    }
-    out_ += '\x8a';  // LONG1: little-endian two's complement
-    out_ += '\x08';
-    uint8_t b[8];
-    format::StoreU64(b, static_cast<uint64_t>(v));
-    out_.append(reinterpret_cast<const char*>(b), 8);
-  }
-  void Float(double d) {  // BINFLOAT is big-endian
-    out_ += 'G';
-    const uint64_t bits = format::DoubleToBits(d);
-    for (int i = 7; i >= 0; --i) out_ += static_cast<char>(bits >> (8 * i));
-  }
-  void EmptyList() { out_ += ']'; }
-  void Appends() { out_ += 'e'; }
-  void Raw(const std::string& bytes) { out_ += bytes; }
-  void Put(uint32_t id) {  // LONG_BINPUT
-    out_ += 'r';
-    Raw32(id);
-  }
-  void Get(uint32_t id) {  // LONG_BINGET
-    out_ += 'j';
-    Raw32(id);
-  }
-  void BigInt(const std::string& le) {  // LONG1 / LONG4: little-endian two's complement
-    if (le.size() < 256) {
-      out_ += '\x8a';
-      out_ += static_cast<char>(le.size());
-    } else {
-      out_ += '\x8b';
-      Raw32(static_cast<uint32_t>(le.size()));
-    }
-    out_ += le;
-  }
-  void OrderedDict() {
-    Global("collections", "OrderedDict");
-    EmptyTuple();
-    Reduce();
-  }
-  const std::string& bytes() const { return out_; }
-
- private:
-  void Raw32(uint32_t v) {
-    uint8_t b[4];
-    format::StoreU32(b, v);
-    out_.append(reinterpret_cast<const char*>(b), 4);
-  }
-  std::string out_;
-};
-
 // Writes an archive's value tree (spec §4.10; the implied tree of §4.10.3 for
 // an archive without one) as the pickle torch.load reads: each tensor as
 // torch.save writes it, once (a second reference is a memo lookup, so it is
 // the same Python object again); each opaque value's segments as they are.
 class TreeWriter {
  public:
-  TreeWriter(const Archive& a, Pickler& p) : a_(a), p_(p) {
-    const auto infos = a.infos();
+  TreeWriter(const Archive& a, const std::vector<TensorInfo>& infos,
+             const std::vector<StorageInfo>& storages, pickle::Pickler& p)
+      : a_(a), p_(p), infos_(infos), storages_(storages) {
     for (uint32_t i = 0; i < infos.size(); ++i) {
       const auto& t = infos[i];
       index_.emplace(t.entry + '\0' + t.name, i);
       by_entry_[t.entry].push_back(i);  // linear in tensors, however many entries
     }
-    infos_ = std::move(infos);
-    storages_ = a.storages();
   }
 
   void Write(const Value& v) {
@@ -280,9 +197,9 @@ class TreeWriter {
   }
 
   const Archive& a_;
-  Pickler& p_;
-  std::vector<TensorInfo> infos_;
-  std::vector<StorageInfo> storages_;
+  pickle::Pickler& p_;
+  const std::vector<TensorInfo>& infos_;
+  const std::vector<StorageInfo>& storages_;
   std::unordered_map<std::string, uint32_t> index_;  // "entry\0name" -> infos_ index
   std::unordered_map<std::string, uint32_t> memo_;   // tensors written: memo key
   std::unordered_map<std::string, std::vector<uint32_t>> by_entry_;  // entry -> infos_ indices
@@ -316,9 +233,10 @@ std::vector<std::string> ExportTorchSave(const Archive& a, const std::string& pa
     d = static_cast<int>(t.dtype);
   }
 
-  Pickler p;
+  std::string pkl;
+  pickle::Pickler p(&pkl);
   p.Proto();
-  TreeWriter tree(a, p);
+  TreeWriter tree(a, infos, storages, p);
   tree.Write(a.value());
   p.Stop();
   for (const auto& name : tree.Unwritten())
@@ -343,7 +261,7 @@ std::vector<std::string> ExportTorchSave(const Archive& a, const std::string& pa
     pos += n;
     return n;
   });
-  writer.writeRecord("data.pkl", p.bytes().data(), p.bytes().size());
+  writer.writeRecord("data.pkl", pkl.data(), pkl.size());
   const auto* base = static_cast<const uint8_t*>(a.data());
   for (const auto& s : storages) {
     writer.writeRecord("data/" + std::to_string(s.id), base + s.offset, s.nbytes);

@@ -12,6 +12,7 @@
 #include "format/endian.h"
 #include "format/reader.h"
 #include "tsar/error.h"
+#include "writer/pickler.h"
 
 namespace tsar::pickle {
 namespace {
@@ -873,10 +874,10 @@ std::string Machine::Label(uint32_t id) {
   return name;
 }
 
-// Writes node `id` as pickle opcodes that rebuild it (protocol 2, plus the
-// protocol 3-4 opcodes BINBYTES and ADDITEMS, which every Python 3 unpickler
-// reads), without memo: a shared object is written at each use. A tensor is
-// not written: it ends the current segment and becomes an item of `f`.
+// Writes node `id` as pickle opcodes that rebuild it (writer/pickler.h; the
+// protocol 4 ADDITEMS and NEWOBJ_EX as the input had them), without memo: a
+// shared object is written at each use. A tensor is not written: it ends the
+// current segment and becomes an item of `f`.
 void Machine::Pickle(uint32_t id, size_t depth, Fragment& f) {
   if (depth > kMaxDepth)
     Fail("nesting: expected at most " + std::to_string(kMaxDepth) + " levels (or a cycle)");
@@ -884,109 +885,77 @@ void Machine::Pickle(uint32_t id, size_t depth, Fragment& f) {
   converted_[id] = true;
   const Node& n = At(id);
   if (repeat) Charge(sizeof(Node) + n.s.size() + n.items.size() * 4);
-  std::string& out = f.segments.back();
-  const auto u32 = [&out](uint64_t v) {
-    uint8_t b[4];
-    format::StoreU32(b, static_cast<uint32_t>(v));
-    out.append(reinterpret_cast<const char*>(b), 4);
-  };
-  const auto items = [&](const std::vector<uint32_t>& v, size_t from, size_t step) {
-    for (size_t k = from; k < v.size(); k += step) Pickle(v[k], depth + 1, f);
+  // The segment being written: a tensor inside any child starts a new one.
+  const auto out = [&f] { return Pickler(&f.segments.back()); };
+  const auto items = [&](const std::vector<uint32_t>& v) {
+    for (uint32_t item : v) Pickle(item, depth + 1, f);
   };
   switch (n.kind) {
     case NodeKind::kNone:
-      out += static_cast<char>(op::kNone);
+      out().None();
       break;
     case NodeKind::kBool:
-      out += static_cast<char>(n.i ? op::kNewTrue : op::kNewFalse);
+      out().Bool(n.i != 0);
       break;
     case NodeKind::kInt:
-      if (n.i >= INT32_MIN && n.i <= INT32_MAX) {
-        out += static_cast<char>(op::kBinInt);
-        u32(static_cast<uint32_t>(static_cast<int32_t>(n.i)));
-      } else {
-        out += static_cast<char>(op::kLong1);
-        out += '\x08';
-        uint8_t b[8];
-        format::StoreU64(b, static_cast<uint64_t>(n.i));
-        out.append(reinterpret_cast<const char*>(b), 8);
-      }
+      out().Int(n.i);
       break;
     case NodeKind::kBigInt:
-      if (n.s.size() < 256) {
-        out += static_cast<char>(op::kLong1);
-        out += static_cast<char>(n.s.size());
-      } else {
-        out += static_cast<char>(op::kLong4);
-        u32(n.s.size());
-      }
-      out += n.s;
+      out().BigInt(n.s);
       break;
-    case NodeKind::kFloat: {
-      out += static_cast<char>(op::kBinFloat);
-      const uint64_t bits = format::DoubleToBits(n.f);
-      for (int k = 7; k >= 0; --k) out += static_cast<char>(bits >> (8 * k));
+    case NodeKind::kFloat:
+      out().Float(n.f);
       break;
-    }
     case NodeKind::kString:
-    case NodeKind::kBytes: {
-      const bool str = n.kind == NodeKind::kString;
-      if (n.s.size() <= UINT32_MAX) {
-        out += static_cast<char>(str ? op::kBinUnicode : op::kBinBytes);
-        u32(n.s.size());
-      } else {
-        out += static_cast<char>(str ? op::kBinUnicode8 : op::kBinBytes8);
-        uint8_t b[8];
-        format::StoreU64(b, n.s.size());
-        out.append(reinterpret_cast<const char*>(b), 8);
-      }
-      out += n.s;
+      out().Str(n.s);
       break;
-    }
+    case NodeKind::kBytes:
+      out().Bytes(n.s);
+      break;
     case NodeKind::kList:
-      out += static_cast<char>(op::kEmptyList);
+      out().EmptyList();
       if (!n.items.empty()) {
-        out += static_cast<char>(op::kMark);
-        items(n.items, 0, 1);
-        f.segments.back() += static_cast<char>(op::kAppends);
+        out().Mark();
+        items(n.items);
+        out().Appends();
       }
       break;
     case NodeKind::kTuple:
-      out += static_cast<char>(op::kMark);
-      items(n.items, 0, 1);
-      f.segments.back() += static_cast<char>(op::kTuple);
+      out().Mark();
+      items(n.items);
+      out().Tuple();
       break;
     case NodeKind::kDict:
       if (n.ordered) {
-        out += "ccollections\nOrderedDict\n)R";
+        out().OrderedDict();
       } else {
-        out += static_cast<char>(op::kEmptyDict);
+        out().EmptyDict();
       }
       if (!n.items.empty()) {
-        f.segments.back() += static_cast<char>(op::kMark);
-        items(n.items, 0, 1);
-        f.segments.back() += static_cast<char>(op::kSetItems);
+        out().Mark();
+        items(n.items);
+        out().SetItems();
       }
       if (n.attrs >= 0) {
         Pickle(static_cast<uint32_t>(n.attrs), depth + 1, f);
-        f.segments.back() += static_cast<char>(op::kBuild);
+        out().Build();
       }
       break;
-    case NodeKind::kGlobal:
-      out += static_cast<char>(op::kGlobal);
-      out += n.s;
-      out += '\n';
+    case NodeKind::kGlobal: {
+      const size_t nl = n.s.find('\n');  // "module\nname"
+      out().Global(n.s.substr(0, nl), n.s.substr(nl + 1));
       break;
+    }
     case NodeKind::kObject: {
-      const Object o = objects_[n.i];  // a copy: Pickle may grow objects_? (no, but cheap)
+      const Object& o = objects_[n.i];  // Pickle adds no object: the reference stays valid
       Pickle(o.callable, depth + 1, f);
       Pickle(o.args, depth + 1, f);
       if (o.kwargs >= 0) Pickle(static_cast<uint32_t>(o.kwargs), depth + 1, f);
-      f.segments.back() += static_cast<char>(o.how);
+      out().Op(o.how);
       for (const auto& [opcode, operands] : o.ops) {
-        if (opcode != op::kBuild) f.segments.back() += static_cast<char>(op::kMark);
-        items(operands, 0, 1);
-        f.segments.back() += static_cast<char>(opcode);
+        if (opcode != op::kBuild) out().Mark();
+        items(operands);
+        out().Op(opcode);
       }
       break;
     }
