@@ -287,9 +287,7 @@ void IndexBuilder::EncodeValues(uint8_t* values_p, uint8_t* blob_p, uint64_t* bl
     StoreU32(rec + 4, static_cast<uint32_t>(v.links.size()));
     StoreU32(rec + 8, link);
     for (uint32_t t : v.links) StoreU32(links_p + uint64_t{link++} * kLinkSize, t);
-    const bool bytes = v.kind == ValueKind::kStr || v.kind == ValueKind::kBytes ||
-                       v.kind == ValueKind::kBigInt || v.kind == ValueKind::kOpaque;
-    if (bytes) {
+    if (ValueHasBytes(v.kind)) {
       StoreU64(rec + 16, *blob);
       StoreU64(rec + 24, v.bytes.size());
       std::copy(v.bytes.begin(), v.bytes.end(), blob_p + *blob);

@@ -17,10 +17,6 @@ bool HasLinks(ValueKind k) {
   return k == ValueKind::kList || k == ValueKind::kTuple || k == ValueKind::kDict ||
          k == ValueKind::kEntry || k == ValueKind::kOpaque;
 }
-bool HasBytes(ValueKind k) {
-  return k == ValueKind::kStr || k == ValueKind::kBytes || k == ValueKind::kBigInt ||
-         k == ValueKind::kOpaque;
-}
 
 // A bigint is the shortest little-endian two's complement of a value outside
 // the int64 range: at least 9 bytes, and its last byte is needed (it is not a
@@ -33,6 +29,11 @@ bool CanonicalBigInt(std::string_view b) {
 }
 
 }  // namespace
+
+bool ValueHasBytes(ValueKind k) {
+  return k == ValueKind::kStr || k == ValueKind::kBytes || k == ValueKind::kBigInt ||
+         k == ValueKind::kOpaque;
+}
 
 const char* ValueKindName(ValueKind kind) {
   static constexpr const char* kNames[] = {"invalid", "none",   "bool",  "int",   "bigint",
@@ -100,7 +101,7 @@ void DecodeValues(const ByteReader& r, uint64_t values_off, uint32_t value_count
     }
     v.value = LoadU64(base + off + 16);
     const uint64_t length = LoadU64(base + off + 24);
-    if (HasBytes(v.kind)) {
+    if (ValueHasBytes(v.kind)) {
       if (v.value > scope.blob_size || length > scope.blob_size - v.value) {  // R87
         r.Fail(ErrorCode::kOutOfBounds, off + 16, field("value"),
                "a range inside the blob of " + Dec(scope.blob_size) + " bytes",

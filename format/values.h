@@ -53,6 +53,10 @@ struct ValueSpec {
   std::vector<uint32_t> links;
 };
 
+// Whether `value` and `value_length` of a record of this kind are a range of
+// the blob (str, bytes, bigint, opaque label) rather than a number.
+bool ValueHasBytes(ValueKind kind);
+
 // The name of a kind as messages, inspect and the spec spell it ("dict").
 const char* ValueKindName(ValueKind kind);
 

@@ -166,10 +166,7 @@ struct Draft {
                                     {"flags", v.flags},
                                     {"count", v.links.size()},
                                     {"first_link", links.size()}};
-        const bool bytes =
-            v.kind == format::ValueKind::kStr || v.kind == format::ValueKind::kBytes ||
-            v.kind == format::ValueKind::kBigInt || v.kind == format::ValueKind::kOpaque;
-        if (bytes) {
+        if (format::ValueHasBytes(v.kind)) {
           r["bytes"] = format::HexBytes(reinterpret_cast<const uint8_t*>(v.bytes.data()),
                                         v.bytes.size() > 16 ? 16 : v.bytes.size());
           r["value_length"] = v.bytes.size();
