@@ -202,13 +202,16 @@ int RunInspect(const std::string& path, bool json) {
   const Archive a = Archive::open(path);
   const auto infos = a.infos();
   const auto storages = a.storages();
-  std::map<uint32_t, int> users;
+  std::vector<int> users(storages.size());
   for (const auto& t : infos) ++users[t.storage];
   uint64_t data = 0;
   for (const auto& s : storages) data += s.nbytes;
 
   if (json) {
-    nlohmann::ordered_json j;
+    // Room for every member up front: growing an ordered_json object copies
+    // its members (their keys are const), the 100,000-tensor array included.
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    j.get_ref<nlohmann::ordered_json::object_t&>().reserve(16);
     j["path"] = path;
     j["format_version"] = std::to_string(a.format_major()) + "." + std::to_string(a.format_minor());
     j["file_size"] = a.file_size();
