@@ -246,6 +246,11 @@ struct Walker {
 Imported ImportTorchSave(const std::string& path, const ImportOptions& options) {
   const auto input = MappedInput::Open(path);
   const zip::Reader zip(input->data(), input->size(), path);
+  return ImportTorchSave(path, input, zip, options);
+}
+
+Imported ImportTorchSave(const std::string& path, const std::shared_ptr<const MappedInput>& input,
+                         const zip::Reader& zip, const ImportOptions& options) {
   const zip::Record* pkl_record = zip.Find(zip.prefix() + "data.pkl");
   if (!pkl_record) {
     Bad(path, std::nullopt,

@@ -14,6 +14,10 @@
 #include "tsar/archive.h"
 #include "tsar/value.h"
 
+namespace tsar::zip {
+class Reader;
+}
+
 namespace tsar::importer {
 
 enum class InputKind { kUnknown, kTorchSave, kTorchScript, kSafetensors, kSafetensorsIndex, kHdf5 };
@@ -65,7 +69,6 @@ InputKind Detect(const std::string& path);
 // listing the accepted kinds for anything else.
 Imported Import(const std::string& path, const ImportOptions& options = {});
 
-Imported ImportTorchSave(const std::string& path, const ImportOptions& options);
 Imported ImportTorchScript(const std::string& path, const ImportOptions& options);
 Imported ImportSafetensors(const std::string& path, const ImportOptions& options);
 Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& options);
@@ -92,6 +95,12 @@ class MappedInput {
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
 };
+
+Imported ImportTorchSave(const std::string& path, const ImportOptions& options);
+// The same, for a torch.save zip whose central directory `zip` (over
+// `input`) was read already.
+Imported ImportTorchSave(const std::string& path, const std::shared_ptr<const MappedInput>& input,
+                         const zip::Reader& zip, const ImportOptions& options);
 
 // A tensor of `dtype` viewing `storage` (no copy, no dispatcher); sizes and
 // strides in elements. The caller has validated the extent against the

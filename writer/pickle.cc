@@ -254,7 +254,14 @@ class Machine {
   std::deque<Node> nodes_;
   std::vector<uint32_t> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint32_t, uint32_t> memo_;  // sparse: LONG_BINPUT may use any u32
+  // The memo: pickles number it 0, 1, 2, ... (dense_), but LONG_BINPUT may
+  // name any u32 (sparse_). memo_size_ counts the keys, as len(memo) does.
+  static constexpr uint32_t kNoNode = UINT32_MAX;
+  std::vector<uint32_t> memo_dense_;
+  std::unordered_map<uint32_t, uint32_t> memo_sparse_;
+  size_t memo_size_ = 0;
+  void MemoPut(uint32_t index, uint32_t node);
+  uint32_t MemoGet(uint32_t index) const;
   std::vector<TensorRef> tensors_;
   std::vector<Object> objects_;
   std::vector<StorageRef> storages_;
@@ -630,16 +637,16 @@ Result Machine::Run() {
       case op::kMemoize: {
         uint32_t index = op_ == op::kBinPut       ? *Take(1)
                          : op_ == op::kLongBinPut ? format::LoadU32(Take(4))
-                                                  : static_cast<uint32_t>(memo_.size());
-        memo_[index] = Top();
+                                                  : static_cast<uint32_t>(memo_size_);
+        MemoPut(index, Top());
         break;
       }
       case op::kBinGet:
       case op::kLongBinGet: {
         uint32_t index = op_ == op::kBinGet ? *Take(1) : format::LoadU32(Take(4));
-        auto it = memo_.find(index);
-        if (it == memo_.end()) Fail("memo key " + std::to_string(index) + " was never stored");
-        stack_.push_back(it->second);
+        const uint32_t node = MemoGet(index);
+        if (node == kNoNode) Fail("memo key " + std::to_string(index) + " was never stored");
+        stack_.push_back(node);
         break;
       }
       case op::kGlobal: {
@@ -758,6 +765,27 @@ void Machine::Charge(uint64_t bytes) {
 
 // Copies the object graph into a tree. Shared objects are copied at each use,
 // so the budget and the depth cap stop exponential sharing and cycles.
+void Machine::MemoPut(uint32_t index, uint32_t node) {
+  // Dense while the keys come nearly in order, and never more than twice the
+  // keys stored (plus a page): a key far ahead goes to the map, so neither
+  // one LONG_BINPUT 4000000000 nor keys spaced widely can cost more memory
+  // than the pickle's own bytes.
+  if (index < memo_dense_.size() ||
+      (index < memo_dense_.size() + 4096 && index < 2 * memo_size_ + 4096)) {
+    if (index >= memo_dense_.size()) memo_dense_.resize(index + 1, kNoNode);
+    if (memo_dense_[index] == kNoNode && memo_sparse_.erase(index) == 0) ++memo_size_;
+    memo_dense_[index] = node;
+  } else {
+    memo_size_ += memo_sparse_.insert_or_assign(index, node).second;
+  }
+}
+
+uint32_t Machine::MemoGet(uint32_t index) const {
+  if (index < memo_dense_.size() && memo_dense_[index] != kNoNode) return memo_dense_[index];
+  const auto it = memo_sparse_.find(index);
+  return it == memo_sparse_.end() ? kNoNode : it->second;
+}
+
 Value Machine::Convert(uint32_t id, size_t depth) {
   const Node& n = At(id);
   if (depth > kMaxDepth)

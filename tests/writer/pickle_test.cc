@@ -364,6 +364,56 @@ TEST(PickleHandmade, HostileLengthsAndIndices) {
   ExpectError(ToBytes("\x80\x02}]X\x00\x00\x00\x00s."s), ErrorCode::kBadInput, 9, "dict key"s);
 }
 
+TEST(PickleHandmade, MemoKeysAnywhereInU32AndMemoizeCountsKeys) {
+  // A key far ahead (LONG_BINPUT 4000000000), one that the dense part later
+  // grows past (5000), an overwrite (key 1 twice), then MEMOIZE, whose key is
+  // len(memo): four distinct keys so far, so it stores under 4.
+  Result r =
+      ParseBytes(Proto2("K\x0a"
+                        "r\x00\x28\x6b\xee"
+                        "0"  // memo[4000000000] = 10
+                        "K\x0b"
+                        "r\x88\x13\x00\x00"
+                        "0"  // memo[5000] = 11
+                        "K\x0c"
+                        "q\x01"
+                        "0"  // memo[1] = 12
+                        "K\x0d"
+                        "q\x01"
+                        "0"  // memo[1] = 13
+                        "K\x0e"
+                        "q\x00"
+                        "0"  // memo[0] = 14
+                        "K\x0f"
+                        "\x94"
+                        "0"  // MEMOIZE: memo[4] = 15
+                        "(j\x00\x28\x6b\xee"
+                        "j\x88\x13\x00\x00"
+                        "h\x01"
+                        "h\x00"
+                        "h\x04"
+                        "l"s));
+  ASSERT_EQ(r.root.kind, Kind::kList);
+  std::vector<int64_t> got;
+  for (const auto& v : r.root.items) got.push_back(v.i);
+  EXPECT_EQ(got, (std::vector<int64_t>{10, 11, 13, 14, 15}));
+  // Dense keys past 5000 now cover it: the sparse entry stays readable.
+  std::string body;
+  for (int k = 0; k < 6000; ++k) {
+    body += "K\x01r"s;
+    for (int b = 0; b < 4; ++b) body += char((k >> (8 * b)) & 0xff);
+    body += "0"s;
+  }
+  r =
+      ParseBytes(Proto2("K\x07r\x88\x13\x00\x00"
+                        "0"s +
+                        body + "j\x88\x13\x00\x00"s));
+  EXPECT_EQ(r.root.i, 1);  // overwritten by the dense run
+  ExpectError(Proto2("K\x01r\x00\x00\x00\x80"
+                     "0j\x01\x00\x00\x80"s),
+              ErrorCode::kBadInput, std::nullopt, "memo key 2147483649 was never stored"s);
+}
+
 TEST(PickleHandmade, CyclesAndSharingBlowUpAreBounded) {
   // l = []; l.append(l)
   ExpectError(ToBytes("\x80\x02]q\x00h\x00"
