@@ -2,10 +2,12 @@
 // runs one subcommand, and maps errors to the documented exit codes.
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <map>
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/suggest.h"
 #include "tsar/version.h"
 
 int main(int argc, char** argv) {
@@ -26,7 +28,8 @@ int main(int argc, char** argv) {
       "  tsar export model.tsar -o model.safetensors   # or .pt, .h5\n"
       "  tsar diff old.tsar new.tsar           # same tensors, same bytes?\n"
       "  tsar residency model.tsar             # page cache and the processes sharing it\n"
-      "Run `tsar SUBCOMMAND --help` for details. Exit codes: 0 ok, 1 check failed,\n"
+      "Run `tsar help COMMAND` or `tsar COMMAND --help` for details. Exit codes: 0 ok, 1 check "
+      "failed,\n"
       "2 usage, 3 bad or unreadable input.");
   std::map<CLI::App*, Run> runs;
   auto add = [&](Run (*f)(CLI::App&)) {
@@ -41,8 +44,14 @@ int main(int argc, char** argv) {
   add(&AddDiff);
   add(&AddResidency);
 
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (const std::string typo = CheckCommandLine(app, args); !typo.empty()) {
+    PrintError(typo);
+    return kExitUsage;
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -50,7 +59,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    PrintError(std::string(e.what()) + " (see `tsar --help`)");
+    std::string help = "tsar --help";
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      if (sub->parsed()) help = "tsar " + sub->get_name() + " --help";
+    }
+    PrintError(std::string(e.what()) + " (see `" + help + "`)");
     return kExitUsage;
   }
   try {

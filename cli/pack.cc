@@ -104,13 +104,23 @@ Run AddPack(CLI::App& app) {
   sub->add_option("-o,--output", args->output,
                   "Archive to write; replaced atomically, never half-written")
       ->required();
-  sub->add_option("--entry", args->entries, "NAME=FILE: pack FILE as the entry NAME (repeatable)");
+  // One value per --entry/--meta: `--entry a=x.pt y.pt` leaves y.pt an input.
+  sub->add_option("--entry", args->entries, "NAME=FILE: pack FILE as the entry NAME (repeatable)")
+      ->allow_extra_args(false);
   sub->add_option("--meta", args->meta,
-                  "KEY=VALUE archive metadata; integers and floats are typed (repeatable)");
+                  "KEY=VALUE archive metadata; integers and floats are typed (repeatable)")
+      ->allow_extra_args(false);
   sub->add_option("--align", args->align,
                   "Alignment of storages of at least this size (power of two, >= 64)")
       ->default_val(4096)
-      ->check(CLI::Range(64u, 1u << 30));
+      ->check(CLI::Validator(
+          [](const std::string& v) -> std::string {
+            char* end = nullptr;
+            const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+            const bool ok = *end == '\0' && n >= 64 && n <= (1u << 30) && (n & (n - 1)) == 0;
+            return ok ? "" : "expected a power of two in [64, 2^30], found " + v;
+          },
+          "POW2"));
   sub->add_flag("--strict", args->strict,
                 "Refuse what cannot be kept as it is: objects of a torch.save file that would\n"
                 "be kept as opaque pickle fragments (classes, numpy, Path...), HDF5 and\n"

@@ -175,7 +175,19 @@ ReadResult SmapsFile(const std::string& dir, const std::vector<FileId>& ids, Pro
 struct Scan {
   std::vector<Process> processes;
   size_t denied = 0, gone = 0;
+  std::vector<long> denied_pids;
 };
+
+std::string Comm(long pid) {
+  std::string comm;
+  if (FILE* c = std::fopen(("/proc/" + std::to_string(pid) + "/comm").c_str(), "re")) {
+    char line[64];
+    if (std::fgets(line, sizeof line, c)) comm = line;
+    std::fclose(c);
+  }
+  if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+  return comm;
+}
 
 Scan ScanProcesses(const std::vector<FileId>& ids) {
   Scan s;
@@ -193,7 +205,10 @@ Scan ScanProcesses(const std::vector<FileId>& ids) {
     Process p{pid, "", 0, 0, 0};
     ReadResult r = MapsFile(dir, ids, &found);
     if (r == ReadResult::kOk && found) r = SmapsFile(dir, ids, &p);
-    if (r == ReadResult::kDenied) ++s.denied;
+    if (r == ReadResult::kDenied) {
+      ++s.denied;
+      s.denied_pids.push_back(pid);
+    }
     if (r == ReadResult::kGone) ++s.gone;
     if (r == ReadResult::kOk && found) s.processes.push_back(std::move(p));
   }
@@ -242,7 +257,9 @@ int RunResidency(const std::string& path, bool json) {
     }
     j["total_pss_bytes"] = total_pss;
     j["total_rss_bytes"] = total_rss;
-    j["skipped_processes"] = {{"permission_denied", s.denied}, {"exited", s.gone}};
+    j["skipped_processes"] = {{"permission_denied", s.denied},
+                              {"exited", s.gone},
+                              {"permission_denied_pids", s.denied_pids}};
     std::printf("%s\n",
                 j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
     return kExitOk;
@@ -267,10 +284,20 @@ int RunResidency(const std::string& path, bool json) {
               s.processes.size() == 1 ? "" : "es", HumanBytes(total_rss).c_str(),
               HumanBytes(m.file_size).c_str());
   if (s.denied) {
-    std::fprintf(
-        stderr,
-        "tsar: note: %zu process%s not listed: permission denied reading /proc/PID/maps%s\n",
-        s.denied, s.denied == 1 ? "" : "es", geteuid() == 0 ? "" : " (run as root to see all)");
+    // Named, so that the note can be checked: as root, the ones left are the
+    // processes that are not dumpable, which need CAP_SYS_PTRACE as well.
+    std::string which;
+    for (size_t i = 0; i < s.denied_pids.size() && i < 8; ++i) {
+      which +=
+          (i ? ", " : "") + std::to_string(s.denied_pids[i]) + " (" + Comm(s.denied_pids[i]) + ")";
+    }
+    if (s.denied_pids.size() > 8) which += ", ...";
+    std::fprintf(stderr,
+                 "tsar: note: %zu process%s not listed (permission denied reading "
+                 "/proc/PID/maps): pid %s; %s\n",
+                 s.denied, s.denied == 1 ? "" : "es", which.c_str(),
+                 geteuid() == 0 ? "as root, a process that is not dumpable needs CAP_SYS_PTRACE too"
+                                : "run as root to see more");
   }
   if (s.gone) {
     std::fprintf(stderr, "tsar: note: %zu process%s exited during the scan\n", s.gone,
@@ -297,7 +324,7 @@ Run AddResidency(CLI::App& app) {
       "\"processes\": [{\"pid\", \"comm\",\n"
       "  \"rss_bytes\", \"pss_bytes\", \"private_dirty_bytes\"}], \"total_pss_bytes\", "
       "\"total_rss_bytes\",\n"
-      "  \"skipped_processes\": {\"permission_denied\", \"exited\"}}\n"
+      "  \"skipped_processes\": {\"permission_denied\", \"exited\", \"permission_denied_pids\"}}\n"
       "Examples:\n"
       "  tsar residency /models/resnet.tsar\n"
       "  tsar residency /models/resnet.tsar --json | jq '.total_pss_bytes'");

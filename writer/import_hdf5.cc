@@ -305,7 +305,7 @@ class Hdf5Importer {
   // Unsupported content: an error under options.strict, else one skipped line.
   void Unsupported(const std::string& what, const std::string& expected, const std::string& found) {
     if (options_.strict) Fail(what + ": expected " + expected + ", found " + found);
-    out_.skipped.push_back(path_ + ": " + what + ": " + found + " is not " + expected);
+    out_.skipped.push_back(what + ": " + found + " is not " + expected);
   }
 
   void VisitGroup(hid_t file, hid_t group, const std::string& h5path, const std::string& dotted,
@@ -331,8 +331,7 @@ class Hdf5Importer {
       }
       // Hard links may make cycles or alias an object twice: visit each object once.
       if (!visited_.insert(link.address).second) {
-        out_.skipped.push_back(path_ + ": " + Quote(child_path) +
-                               ": a second link to an object already read");
+        out_.skipped.push_back(Quote(child_path) + ": a second link to an object already read");
         continue;
       }
       Handle object(Check(H5Oopen_by_addr(file, link.address), "cannot open " + Quote(child_path)),
@@ -347,7 +346,7 @@ class Hdf5Importer {
           ReadAttributes(object.get(), child_path, child_dotted);
           break;
         default:
-          out_.skipped.push_back(path_ + ": " + Quote(child_path) + ": a named datatype, not data");
+          out_.skipped.push_back(Quote(child_path) + ": a named datatype, not data");
           break;
       }
     }
@@ -359,10 +358,8 @@ class Hdf5Importer {
     Handle space(Check(H5Dget_space(dataset), what + ": cannot read its dataspace"), &H5Sclose);
     Classified kind = Classify(type.get());
     if (std::holds_alternative<std::string>(kind)) {
-      // Every dataset is a tensor in this layout: one that cannot be is an
-      // error, not something to drop silently from a model.
-      Fail(what + ": expected a numeric dataset, found a " + std::get<std::string>(kind) +
-           " dataset");
+      Unsupported(what, "a numeric dataset", "a " + std::get<std::string>(kind) + " dataset");
+      return;
     }
     // External raw-data files and virtual datasets would read other files
     // named inside this one; they are never followed.
@@ -486,8 +483,7 @@ class Hdf5Importer {
       if (!value) continue;
       const std::string key = dotted.empty() ? attr_name : dotted + "." + attr_name;
       if (!meta_keys_.insert(key).second) {
-        out_.skipped.push_back(path_ + ": " + what + ": metadata key " + Quote(key) +
-                               " is already used");
+        out_.skipped.push_back(what + ": metadata key " + Quote(key) + " is already used");
         continue;
       }
       out_.metadata.push_back({"", key, std::move(*value)});
@@ -500,7 +496,7 @@ class Hdf5Importer {
     const H5S_class_t extent = H5Sget_simple_extent_type(space.get());
     const hssize_t points = H5Sget_simple_extent_npoints(space.get());
     auto skip = [&](const std::string& why) -> std::optional<MetadataValue> {
-      out_.skipped.push_back(path_ + ": " + what + ": " + why);
+      out_.skipped.push_back(what + ": " + why);
       return std::nullopt;
     };
     if (extent == H5S_NULL || points != 1) {

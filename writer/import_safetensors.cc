@@ -443,7 +443,7 @@ Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& op
   out.kind = InputKind::kSafetensorsIndex;
   for (const auto& [key, value] : index.items()) {
     if (key != "weight_map" && key != "metadata") {
-      out.skipped.push_back(path + ": key " + Quote(key) + " of the index is not used");
+      out.skipped.push_back("key " + Quote(key) + " of the index is not used");
     }
   }
   if (index.contains("metadata") && !index["metadata"].is_null()) {
@@ -462,7 +462,7 @@ Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& op
       } else if (value.is_number_float()) {
         out.metadata.push_back({"", key, value.get<double>()});
       } else {
-        out.skipped.push_back(path + ": metadata " + Quote(key) + ": " + Describe(value) +
+        out.skipped.push_back("metadata " + Quote(key) + ": " + Describe(value) +
                               " is not an integer, a float or a string");
       }
     }
@@ -534,13 +534,13 @@ Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& op
       // The index's metadata wins; shards agreeing on a key give it once.
       const auto prev = shard_meta.find(key);
       if (index_keys.count(key) != 0) {
-        out.skipped.push_back(dir + shards[i] + ": __metadata__ " + Quote(key) +
+        out.skipped.push_back("shard " + shards[i] + ": __metadata__ " + Quote(key) +
                               ": the index's metadata sets that key");
       } else if (prev == shard_meta.end()) {
         shard_meta.emplace(key, value);
         out.metadata.push_back({"", key, value});
       } else if (prev->second != value) {
-        out.skipped.push_back(dir + shards[i] + ": __metadata__ " + Quote(key) +
+        out.skipped.push_back("shard " + shards[i] + ": __metadata__ " + Quote(key) +
                               ": differs from the value in an earlier shard");
       }
     }

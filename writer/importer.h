@@ -57,7 +57,7 @@ struct Imported {
   // the top of a dict and each state_dict's _metadata, which the implied tree
   // turns back into them).
   std::vector<Meta> metadata;
-  std::vector<std::string> skipped;  // one line each: what was skipped and why
+  std::vector<std::string> skipped;  // one line each: what was skipped and why, without the input's path
 };
 
 // Detects the kind of `path` from its first bytes (and, for zip files, its

@@ -114,6 +114,15 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
                 "pack: expected at least one INPUT or --entry NAME=FILE");
   }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (!sources[i].entry.empty() && sources[i].entry == sources[j].entry) {
+        throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
+                    "--entry " + sources[i].entry + " is given twice (" + sources[j].path +
+                        " and " + sources[i].path + "); each entry takes one input");
+      }
+    }
+  }
   PackSummary summary;
   PackOptions pack = options.pack;
   pack.progress = [&](uint64_t done, uint64_t all) {
@@ -121,8 +130,8 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     if (options.pack.progress) options.pack.progress(done, all);
   };
   Writer writer(output, pack);
-  std::unordered_set<std::string> entry_names;  // of every input so far
-  std::vector<importer::Imported> imported;     // keeps the input mappings alive until finish()
+  std::unordered_map<std::string, std::string> entry_inputs;  // entry name: its input
+  std::vector<importer::Imported> imported;  // keeps the input mappings alive until finish()
   for (const PackSource& s : sources) {
     importer::ImportOptions io;
     io.strict = options.strict;
@@ -157,10 +166,11 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
       if (prefix) e.name = s.entry + "." + e.name;
       CheckInputName(s.path, "entry", e.name);
       for (const auto& t : e.tensors) CheckInputName(s.path, "tensor", t.name);
-      if (!entry_names.insert(e.name).second) {
+      if (const auto [it, fresh] = entry_inputs.emplace(e.name, s.path); !fresh) {
         throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
-                    "entry " + format::Quote(e.name) +
-                        " already comes from another input; name entries with --entry NAME=FILE");
+                    "entry " + format::Quote(e.name) + " comes from " + it->second +
+                        " already; give the inputs entry names of their own with --entry "
+                        "NAME=FILE");
       }
       summary.entries.push_back(e.name);
       writer.add_entry(e.name);

@@ -39,7 +39,35 @@ TEST_F(CliTest, HelpVersionAndUsageErrors) {
   EXPECT_NE(r.out.find("(format 1.0)"), std::string::npos) << r.out;
   r = Tsar("");
   EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(OneErrorLine(r, "subcommand"));
+  EXPECT_TRUE(OneErrorLine(r, "a command is required: one of pack, inspect"));
+  // Typos are named with the closest command or option, before anything else.
+  r = Tsar("inspec x.tsar");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(r, "unknown command `inspec` (did you mean `tsar inspect`?)"));
+  r = Tsar("--verison");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(r, "unknown option --verison (did you mean --version?)"));
+  r = Tsar("pack m.pt --outptu x.tsar");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(
+      r, "pack: unknown option --outptu (did you mean --output?) (see `tsar pack --help`)"));
+  r = Tsar("pack -o x.tsar --align 100 --strcit m.pt");
+  EXPECT_TRUE(OneErrorLine(r, "unknown option --strcit (did you mean --strict?)"));
+  r = Tsar("pack -o x.tsar -x m.pt");
+  EXPECT_TRUE(OneErrorLine(r, "pack: unknown option -x (see `tsar pack --help`)"));
+  // `tsar help [COMMAND]` is --help; errors point at the command's own help.
+  r = Tsar("help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("tsar pack model.pt -o model.tsar"), std::string::npos) << r.out;
+  r = Tsar("help export");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("Usage: tsar export"), std::string::npos) << r.out;
+  r = Tsar("help expotr");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(r, "did you mean `tsar help export`?"));
+  r = Tsar("pack --align 100 -o x.tsar m.pt");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(OneErrorLine(r, "--align: expected a power of two in [64, 2^30], found 100"));
   r = Tsar("pack " + Fixture("tied_sd.pt"));
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(OneErrorLine(r, "--output"));
@@ -161,7 +189,6 @@ TEST_F(CliTest, BadInputsExitThreeWithOneLineAndNoOutput) {
   }
   const std::string imports = TSAR_IMPORT_FIXTURES_DIR;
   const Case other_formats[] = {
-      {"strings.h5", "dataset \"/meta/names\": expected a numeric dataset, found a string dataset"},
       {"bad_duplicate.safetensors", "appears twice"},
       {"bad_overlap.safetensors", "overlap"},
       {"bad_length.safetensors", "data_offsets: expected"},
@@ -182,8 +209,29 @@ TEST_F(CliTest, BadInputsExitThreeWithOneLineAndNoOutput) {
   const Result twice = Tsar("pack " + Fixture("tied_sd.pt") + " " + Fixture("tied_sd.pt") + " -o " +
                             Path("out.tsar"));
   EXPECT_EQ(twice.code, 2);
-  EXPECT_TRUE(OneErrorLine(twice, "--entry NAME=FILE"));
+  EXPECT_TRUE(OneErrorLine(twice, "entry \"model\" comes from " + Fixture("tied_sd.pt") +
+                                      " already; give the inputs entry names of their own"));
   EXPECT_FALSE(Exists(Path("out.tsar")));
+  const Result named_twice = Tsar("pack --entry a=" + Fixture("tied_sd.pt") +
+                                  " --entry a=" + Fixture("big.pt") + " -o " + Path("out.tsar"));
+  EXPECT_EQ(named_twice.code, 2);
+  EXPECT_TRUE(OneErrorLine(named_twice, "--entry a is given twice (" + Fixture("tied_sd.pt") +
+                                            " and " + Fixture("big.pt") + ")"));
+  // --entry takes one value: the file after it is an input of its own.
+  const Result mixed = Tsar("pack -q --entry a=" + Fixture("tied_sd.pt") + " " + Fixture("big.pt") +
+                            " -o " + Path("out.tsar"));
+  EXPECT_EQ(mixed.code, 0) << mixed.err;
+  EXPECT_NE(Tsar("inspect " + Path("out.tsar")).out.find("in 2 entries"), std::string::npos);
+  // A string dataset is skipped with one note that names the file once;
+  // --strict refuses it.
+  const Result strings = Tsar("pack " + imports + "/strings.h5 -o " + Path("h.tsar"));
+  EXPECT_EQ(strings.code, 0) << strings.err;
+  EXPECT_EQ(strings.err, "tsar: note: " + imports +
+                             "/strings.h5: dataset \"/meta/names\": a string dataset is not a "
+                             "numeric dataset\n");
+  const Result strict = Tsar("pack --strict " + imports + "/strings.h5 -o " + Path("h2.tsar"));
+  EXPECT_EQ(strict.code, 3);
+  EXPECT_TRUE(OneErrorLine(strict, "expected a numeric dataset, found a string dataset"));
 }
 
 TEST_F(CliTest, KillingThePackerNeverLeavesAHalfWrittenArchive) {
