@@ -9,6 +9,7 @@ namespace {
 struct ExportArgs {
   std::string archive, output, format;
   bool materialize_shared = false;
+  bool no_verify = false;
   bool quiet = false;
 };
 
@@ -18,6 +19,16 @@ int RunExport(const ExportArgs& a) {
   exporter::ExportOptions o;
   o.materialize_shared = a.materialize_shared;
   const Archive archive = Archive::open(a.archive);
+  if (!a.no_verify) {
+    // A damaged archive would be exported as it is, and the new file's own
+    // checksums (or none) would then vouch for the damage.
+    try {
+      archive.verify();
+    } catch (const Error& e) {
+      throw Error(e.code(), "", std::nullopt,
+                  std::string(e.what()) + " (export --no-verify writes it as it is)");
+    }
+  }
   const auto notes = exporter::Export(archive, a.output, f, o);
   if (!a.quiet) {
     for (const auto& n : notes) std::fprintf(stderr, "tsar: note: %s\n", n.c_str());
@@ -39,6 +50,9 @@ Run AddExport(CLI::App& app) {
   sub->add_flag("--materialize-shared", args->materialize_shared,
                 "safetensors only: write tensors that share storage as separate copies\n(default: "
                 "refuse, naming them)");
+  sub->add_flag("--no-verify", args->no_verify,
+                "Skip checking every storage's checksum first (default: a damaged archive is\n"
+                "refused, naming the damaged tensors)");
   sub->add_flag("-q,--quiet", args->quiet, "No notes or summary");
   sub->footer(
       "Formats:\n"

@@ -337,6 +337,16 @@ TEST_F(CliTest, VerifyNamesDamagedTensorsAndExitsOne) {
   EXPECT_NE(r.out.find("\"model/emb.weight\""), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"model/head.weight\""), std::string::npos) << r.out;
   EXPECT_TRUE(OneErrorLine(r, "fail their XXH3-64 checksum"));
+  // export checks first: a damaged archive is refused, naming its tensors,
+  // unless --no-verify asks for it as it is.
+  r = Tsar("export " + Path("bad.tsar") + " -o " + Path("bad.pt"));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(OneErrorLine(r, "\"model/emb.weight\""));
+  EXPECT_TRUE(OneErrorLine(r, "(export --no-verify writes it as it is)"));
+  EXPECT_FALSE(Exists(Path("bad.pt")));
+  r = Tsar("export -q --no-verify " + Path("bad.tsar") + " -o " + Path("bad.pt"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(Exists(Path("bad.pt")));
   testing::WriteAll(Path("short.tsar"), bytes.substr(0, 100));
   r = Tsar("verify " + Path("short.tsar"));
   EXPECT_EQ(r.code, 3);
