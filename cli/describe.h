@@ -10,6 +10,11 @@
 
 namespace tsar::cli {
 
+// Archive::open, and for a file that is not an archive but an input of
+// `tsar pack` (torch.save, TorchScript, safetensors, HDF5), an error that
+// says so and how to pack it instead of the magic bytes it does not have.
+Archive OpenArchive(const std::string& path, const OpenOptions& options = {});
+
 // "[2, 3]".
 std::string Dims(const std::vector<int64_t>& v);
 // Lower-case hex of up to `max` bytes, "..." when cut.

@@ -381,8 +381,8 @@ void PrintJson(const Report& r) {
 int RunDiff(const std::string& pa, const std::string& pb, bool json) {
   std::optional<Archive> a, b;
   try {
-    a = Archive::open(pa);
-    b = Archive::open(pb);
+    a = OpenArchive(pa);
+    b = OpenArchive(pb);
   } catch (const Error& e) {
     // Any unreadable input is exit 3, even "not a regular file" (kInvalidArgument).
     PrintError(e.what());

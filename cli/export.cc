@@ -1,6 +1,7 @@
 // `tsar export ARCHIVE -o OUT`: back to torch.save (.pt), safetensors or HDF5.
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/describe.h"
 #include "writer/exporter.h"
 
 namespace tsar::cli {
@@ -18,7 +19,7 @@ int RunExport(const ExportArgs& a) {
       a.format.empty() ? exporter::FormatFromPath(a.output) : exporter::FormatFromName(a.format);
   exporter::ExportOptions o;
   o.materialize_shared = a.materialize_shared;
-  const Archive archive = Archive::open(a.archive);
+  const Archive archive = OpenArchive(a.archive);
   if (!a.no_verify) {
     // A damaged archive would be exported as it is, and the new file's own
     // checksums (or none) would then vouch for the damage.

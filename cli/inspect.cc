@@ -26,10 +26,56 @@ bool Contiguous(const TensorInfo& t) {
 // Logical bytes (numel x element size). The spec bounds numel by 2^63 - 1,
 // not numel x element size: a broadcast view such as expand(2^31, 2^31) of a
 // float has 2^64 logical bytes while its storage holds 4. Exact in 128 bits.
-unsigned __int128 TensorBytes(const TensorInfo& t) {
+unsigned __int128 Numel(const TensorInfo& t);
+unsigned __int128 TensorBytes(const TensorInfo& t) { return Numel(t) * ElementSize(t.dtype); }
+
+unsigned __int128 Numel(const TensorInfo& t) {
   unsigned __int128 n = 1;
   for (int64_t s : t.sizes) n *= static_cast<uint64_t>(s);
-  return n * ElementSize(t.dtype);
+  return n;
+}
+
+// "11,689,512": decimal with thousands separators, exact past 64 bits.
+std::string Grouped(unsigned __int128 n) {
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(n % 10)));
+    n /= 10;
+  } while (n);
+  for (size_t i = digits.size(); i > 3; i -= 3) digits.insert(i - 3, ",");
+  return digits;
+}
+
+// The archive's sums: elements by role, and per dtype the tensors, their
+// elements and the bytes of the storages they use (each storage counted once,
+// under the dtype of its first tensor).
+struct Totals {
+  unsigned __int128 elements = 0, parameters = 0, buffers = 0;
+  struct PerDtype {
+    size_t tensors = 0;
+    unsigned __int128 elements = 0;
+    uint64_t stored_bytes = 0;
+  };
+  std::map<std::string, PerDtype> dtypes;
+};
+
+Totals Sum(const std::vector<TensorInfo>& infos, const std::vector<StorageInfo>& storages) {
+  Totals t;
+  std::vector<bool> counted(storages.size());
+  for (const auto& i : infos) {
+    const unsigned __int128 n = Numel(i);
+    t.elements += n;
+    if (i.role == Role::kParameter) t.parameters += n;
+    if (i.role == Role::kBuffer) t.buffers += n;
+    auto& d = t.dtypes[std::string(DTypeName(i.dtype))];
+    ++d.tensors;
+    d.elements += n;
+    if (!counted[i.storage]) {
+      counted[i.storage] = true;
+      d.stored_bytes += storages[i.storage].nbytes;
+    }
+  }
+  return t;
 }
 
 // As a JSON number: an integer when it fits 64 bits, else a double.
@@ -199,7 +245,7 @@ nlohmann::ordered_json ValueJson(const Value& v) {
 }
 
 int RunInspect(const std::string& path, bool json) {
-  const Archive a = Archive::open(path);
+  const Archive a = OpenArchive(path);
   const auto infos = a.infos();
   const auto storages = a.storages();
   std::vector<int> users(storages.size());
@@ -247,6 +293,18 @@ int RunInspect(const std::string& path, bool json) {
       if (!m.empty()) json::Append(entry_meta, e, std::move(m));
     }
     j["entry_metadata"] = entry_meta;
+    const Totals totals = Sum(infos, storages);
+    nlohmann::ordered_json dtypes = nlohmann::ordered_json::object();
+    for (const auto& [name, d] : totals.dtypes) {
+      json::Append(dtypes, name,
+                   {{"tensors", d.tensors},
+                    {"elements", JsonBytes(d.elements)},
+                    {"stored_bytes", d.stored_bytes}});
+    }
+    j["totals"] = {{"elements", JsonBytes(totals.elements)},
+                   {"parameters", JsonBytes(totals.parameters)},
+                   {"buffers", JsonBytes(totals.buffers)},
+                   {"dtypes", std::move(dtypes)}};
     j["value_stored"] = a.has_value_tree();
     j["value"] = ValueJson(a.value());
     std::printf("%s\n", j.dump(2).c_str());
@@ -259,27 +317,74 @@ int RunInspect(const std::string& path, bool json) {
       path.c_str(), a.format_major(), a.format_minor(), infos.size(), a.entries().size(),
       a.entries().size() == 1 ? "y" : "ies", storages.size(), HumanBytes(data).c_str(),
       HumanBytes(a.file_size()).c_str(), a.alignment());
-  size_t width = 4;
-  for (const auto& t : infos) width = std::max(width, t.name.size());
-  width = std::min<size_t>(width, 60);
+  // Every row first, so that each column is as wide as its widest cell.
+  struct Row {
+    std::string name, dtype, shape, storage, bytes, role;
+  };
+  std::vector<Row> rows;
+  rows.reserve(infos.size());
+  Row widths{"NAME", "DTYPE", "SHAPE", "STORAGE", "BYTES", "ROLE"};
+  auto widen = [](std::string& w, const std::string& cell) {
+    if (cell.size() > w.size()) w.resize(cell.size(), ' ');
+  };
+  for (const auto& t : infos) {
+    std::string shape = Dims(t.sizes);
+    if (!Contiguous(t)) shape += " strides " + Dims(t.strides);
+    if (t.storage_offset) shape += " +" + std::to_string(t.storage_offset);
+    Row r{t.name,
+          std::string(DTypeName(t.dtype)),
+          shape,
+          "#" + std::to_string(t.storage) + (users[t.storage] > 1 ? " shared" : ""),
+          HumanBytes(static_cast<double>(TensorBytes(t))),
+          std::string(RoleName(t.role)) + (t.requires_grad ? " requires_grad" : "")};
+    widen(widths.name, r.name);
+    widen(widths.dtype, r.dtype);
+    widen(widths.shape, r.shape);
+    widen(widths.storage, r.storage);
+    widen(widths.bytes, r.bytes);
+    rows.push_back(std::move(r));
+  }
+  auto print = [&](const Row& r) {
+    std::printf("  %-*s  %-*s  %-*s  %-*s  %*s  %s\n", static_cast<int>(widths.name.size()),
+                r.name.c_str(), static_cast<int>(widths.dtype.size()), r.dtype.c_str(),
+                static_cast<int>(widths.shape.size()), r.shape.c_str(),
+                static_cast<int>(widths.storage.size()), r.storage.c_str(),
+                static_cast<int>(widths.bytes.size()), r.bytes.c_str(), r.role.c_str());
+  };
+  // Rows of each entry, in index order.
+  std::map<std::string, std::vector<size_t>> by_entry;
+  for (size_t i = 0; i < infos.size(); ++i) by_entry[infos[i].entry].push_back(i);
   for (const auto& e : a.entries()) {
     std::printf("\nentry \"%s\"\n", e.c_str());
-    std::printf("  %-*s  %-9s  %-22s %-9s %10s  %s\n", static_cast<int>(width), "NAME", "DTYPE",
-                "SHAPE", "STORAGE", "BYTES", "ROLE");
-    for (const auto& t : infos) {
-      if (t.entry != e) continue;
-      std::string shape = Dims(t.sizes);
-      if (!Contiguous(t)) shape += " strides " + Dims(t.strides);
-      if (t.storage_offset) shape += " +" + std::to_string(t.storage_offset);
-      std::string storage =
-          "#" + std::to_string(t.storage) + (users[t.storage] > 1 ? " shared" : "");
-      std::printf("  %-*s  %-9s  %-22s %-9s %10s  %s%s\n", static_cast<int>(width), t.name.c_str(),
-                  std::string(DTypeName(t.dtype)).c_str(), shape.c_str(), storage.c_str(),
-                  HumanBytes(static_cast<double>(TensorBytes(t))).c_str(), RoleName(t.role),
-                  t.requires_grad ? " requires_grad" : "");
-    }
+    print({"NAME", "DTYPE", "SHAPE", "STORAGE", "BYTES", "ROLE"});
+    for (size_t i : by_entry[e]) print(rows[i]);
     for (const auto& [k, v] : a.metadata_items(e))
       std::printf("  metadata %s = %s\n", k.c_str(), MetaText(v).c_str());
+  }
+  const Totals totals = Sum(infos, storages);
+  std::printf("\ntotals: %s elements in %zu tensors", Grouped(totals.elements).c_str(),
+              infos.size());
+  if (totals.parameters || totals.buffers) {
+    std::printf(" (parameters %s, buffers %s)", Grouped(totals.parameters).c_str(),
+                Grouped(totals.buffers).c_str());
+  }
+  std::printf(", %s stored\n", HumanBytes(data).c_str());
+  Row dt{"DTYPE", "TENSORS", "ELEMENTS", "STORED", "", ""};
+  std::vector<Row> dtype_rows;
+  for (const auto& [name, d] : totals.dtypes) {
+    dtype_rows.push_back(
+        {name, std::to_string(d.tensors), Grouped(d.elements), HumanBytes(d.stored_bytes), "", ""});
+    widen(dt.name, name);
+    widen(dt.dtype, dtype_rows.back().dtype);
+    widen(dt.shape, dtype_rows.back().shape);
+    widen(dt.storage, dtype_rows.back().storage);
+  }
+  dtype_rows.insert(dtype_rows.begin(), {"DTYPE", "TENSORS", "ELEMENTS", "STORED", "", ""});
+  for (const auto& r : dtype_rows) {
+    std::printf("  %-*s  %*s  %*s  %*s\n", static_cast<int>(dt.name.size()), r.name.c_str(),
+                static_cast<int>(dt.dtype.size()), r.dtype.c_str(),
+                static_cast<int>(dt.shape.size()), r.shape.c_str(),
+                static_cast<int>(dt.storage.size()), r.storage.c_str());
   }
   const auto meta = a.metadata_items();
   if (!meta.empty()) {

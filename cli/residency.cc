@@ -17,6 +17,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/describe.h"
 #include "loader/open_file.h"
 #include "tsar/archive.h"
 
@@ -226,7 +227,7 @@ int RunResidency(const std::string& path, bool json) {
     m = MeasureCache(path);
     // Default options only map the file (no prefetch, no full verify); the
     // archive is released before the scan, which also skips our own pid.
-    (void)Archive::open(path);
+    (void)OpenArchive(path);
   } catch (const Error& e) {
     PrintError(e.what());
     return kExitBadInput;

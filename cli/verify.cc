@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/describe.h"
 #include "format/checksum.h"
 #include "tsar/archive.h"
 
@@ -15,7 +16,7 @@ int VerifyOne(const std::string& path) {
   const auto t0 = std::chrono::steady_clock::now();
   std::optional<Archive> opened;
   try {
-    opened = Archive::open(path);
+    opened = OpenArchive(path);
   } catch (const Error& e) {
     PrintError(e.what());
     return kExitBadInput;
