@@ -106,6 +106,27 @@ bool FitsEntries(const Value& v) {
   return true;
 }
 
+// True when `in` has floating-point tensors and every one of them is a
+// broadcast view (a stride of 0 over a dimension longer than 1): what a
+// weightless architecture (torch.jit.save of a module whose weights were
+// expanded from one element, or made on the meta device and expanded) looks
+// like. Packing it gives an archive of repeated zeros.
+bool AllFloatingBroadcast(const importer::Imported& in) {
+  size_t floating = 0;
+  for (const auto& e : in.entries) {
+    for (const auto& t : e.tensors) {
+      if (!t.tensor.is_floating_point()) continue;
+      ++floating;
+      bool broadcast = false;
+      for (int64_t d = 0; d < t.tensor.dim(); ++d) {
+        broadcast = broadcast || (t.tensor.stride(d) == 0 && t.tensor.size(d) > 1);
+      }
+      if (!broadcast) return false;
+    }
+  }
+  return floating > 0;
+}
+
 }  // namespace
 
 PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string& output,
@@ -137,6 +158,14 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     io.strict = options.strict;
     io.default_entry = s.entry.empty() ? options.pack.entry : s.entry;
     importer::Imported in = importer::Import(s.path, io);
+    if (AllFloatingBroadcast(in)) {
+      const std::string what =
+          "every floating-point tensor is a broadcast view (a stride of 0): this looks like a "
+          "weightless architecture, not trained weights";
+      if (options.strict) throw Error(ErrorCode::kBadInput, s.path, std::nullopt, what);
+      summary.notes.push_back(s.path + ": " + what + " (packed as it is; --strict refuses it)");
+      if (options.note) options.note(summary.notes.back());
+    }
     const bool prefix = !s.entry.empty() && in.entries.size() > 1;
     if (prefix && in.value) {
       in.value = RenameEntries(*in.value, [&](const std::string& n) { return s.entry + "." + n; });

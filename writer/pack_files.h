@@ -30,7 +30,7 @@ struct PackSummary {
   size_t tensors = 0;
   std::vector<std::string> entries;  // in file order
   uint64_t nbytes = 0;               // storage bytes written
-  std::vector<std::string> notes;    // what was skipped, "<input>: <what>"
+  std::vector<std::string> notes;    // what was skipped or looks wrong, "<input>: <what>"
 };
 
 // Imports every source in order and publishes `output` atomically (Writer).

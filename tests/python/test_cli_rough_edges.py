@@ -63,3 +63,20 @@ def test_inspect_of_a_pack_input_says_what_it_is(cli, tmp_path):
         r = run(cli, *command[:1], tmp_path / "m.pt", *command[1:], code=3)
         assert r.stderr == f"tsar: {tmp_path / 'm.pt'}: this is a torch.save file, not a tsar archive; " \
                            f"pack it first: tsar pack {tmp_path / 'm.pt'} -o ARCHIVE.tsar\n", r.stderr
+
+
+def test_packing_a_weightless_architecture_warns_and_strict_refuses(cli, tmp_path):
+    # What a weightless architecture looks like: every floating tensor expanded from one element.
+    sd = {k: torch.zeros(1, dtype=v.dtype).expand(v.shape) if v.is_floating_point() else v
+          for k, v in small_net().state_dict().items()}
+    torch.save(sd, tmp_path / "arch.pt")
+    r = run(cli, "pack", tmp_path / "arch.pt", "-o", tmp_path / "arch.tsar")
+    assert r.stderr == f"tsar: note: {tmp_path / 'arch.pt'}: every floating-point tensor is a broadcast view " \
+                       "(a stride of 0): this looks like a weightless architecture, not trained weights " \
+                       "(packed as it is; --strict refuses it)\n", r.stderr
+    r = run(cli, "pack", "--strict", tmp_path / "arch.pt", "-o", tmp_path / "arch2.tsar", code=3)
+    assert "looks like a weightless architecture" in r.stderr and not (tmp_path / "arch2.tsar").exists()
+    # One real floating tensor among broadcast ones is a model: no note.
+    sd["0.weight"] = torch.randn(8, 3, 3, 3)
+    torch.save(sd, tmp_path / "real.pt")
+    assert run(cli, "pack", tmp_path / "real.pt", "-o", tmp_path / "real.tsar").stderr == ""
