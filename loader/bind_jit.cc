@@ -2,6 +2,7 @@
 #include <torch/csrc/jit/api/module.h>
 
 #include "loader/bind_common.h"
+#include "tsar/error.h"
 
 namespace tsar {
 
@@ -10,7 +11,16 @@ BindReport bind(torch::jit::Module& module, const Archive& archive, const BindOp
   for (const auto& p : module.named_parameters(/*recurse=*/true))
     slots.push_back({p.name, p.value});
   for (const auto& b : module.named_buffers(/*recurse=*/true)) slots.push_back({b.name, b.value});
-  return BindSlots(slots, module.is_training(), archive, options);
+  // torch::jit::freeze removes the `training` attribute (is_training() then
+  // says true) together with every parameter, which it inlines as constants.
+  const bool frozen = !module.hasattr("training");
+  if (frozen && slots.empty()) {
+    throw Error(ErrorCode::kBindMismatch, archive.path(), std::nullopt,
+                "bind: the module is frozen (torch::jit::freeze): its weights are constants "
+                "inlined into its code, with no parameters or buffers left to bind; bind the "
+                "module before freezing it");
+  }
+  return BindSlots(slots, !frozen && module.is_training(), archive, options);
 }
 
 }  // namespace tsar

@@ -1,4 +1,4 @@
-// Writer::add_module for torch::nn::Module and TorchScript modules: in
+// Writer::add_module and tsar::pack for torch::nn::Module and TorchScript modules: in
 // state_dict() order and names (per module: parameters, then buffers, then
 // children recursively), with roles parameter and buffer.
 #include <torch/csrc/jit/api/module.h>
@@ -29,5 +29,17 @@ void AddJit(Writer& w, const torch::jit::Module& m, const std::string& prefix) {
 
 void Writer::add_module(const torch::nn::Module& module) { AddNn(*this, module, ""); }
 void Writer::add_module(const torch::jit::Module& module) { AddJit(*this, module, ""); }
+
+void pack(const std::string& path, const torch::nn::Module& module, const PackOptions& options) {
+  Writer w(path, options);
+  w.add_module(module);
+  w.finish();
+}
+
+void pack(const std::string& path, const torch::jit::Module& module, const PackOptions& options) {
+  Writer w(path, options);
+  w.add_module(module);
+  w.finish();
+}
 
 }  // namespace tsar

@@ -84,7 +84,16 @@ class Writer {
   std::unique_ptr<State> state_;
 };
 
-// One-call forms. The OrderedDict is what Module::named_parameters() returns.
+// One-call forms. For a module, pack the module itself: its parameters and
+// its buffers (BatchNorm's running statistics), named as state_dict() names
+// them, with roles parameter and buffer, which is what bind() expects.
+void pack(const std::string& path, const torch::nn::Module& module,
+          const PackOptions& options = {});
+void pack(const std::string& path, const torch::jit::Module& module,
+          const PackOptions& options = {});
+// Named tensors as they are (role tensor). Module::named_parameters() is such
+// an OrderedDict, but it leaves the buffers out: a later bind() of a module
+// with buffers finds them missing.
 void pack(const std::string& path, const torch::OrderedDict<std::string, at::Tensor>& tensors,
           const PackOptions& options = {});
 void pack(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,

@@ -158,6 +158,45 @@ TEST_F(BindTest, TorchScriptResnet18BoundAfterZeroingIsBitIdenticalToPython) {
     EXPECT_TRUE(InRanges(b.value.data_ptr(), ranges)) << b.name;
 }
 
+TEST_F(BindTest, PackOfAModuleKeepsItsBuffersAndRoles) {
+  torch::manual_seed(3);
+  Net trained;
+  {
+    torch::NoGradGuard g;
+    trained->bn->running_mean.uniform_(-1, 1);
+  }
+  tsar::pack(Path("module.tsar"), *trained);
+  tsar::pack(Path("params.tsar"), trained->named_parameters());
+  const Archive a = Archive::open(Path("module.tsar"));
+  EXPECT_EQ(a.infos().size(), trained->named_parameters().size() + trained->named_buffers().size());
+  EXPECT_EQ(a.info("bn.running_mean").role, Role::kBuffer);
+  EXPECT_EQ(a.info("fc1.weight").role, Role::kParameter);
+  EXPECT_TRUE(torch::equal(a.tensor("bn.running_mean"), trained->bn->running_mean));
+  Net fresh;
+  fresh->eval();
+  EXPECT_EQ(tsar::bind(*fresh, a).bound.size(), a.infos().size());
+  EXPECT_TRUE(torch::equal(fresh->bn->running_mean, trained->bn->running_mean));
+  // named_parameters() alone leaves the buffers out, and says so at bind.
+  Net other;
+  other->eval();
+  EXPECT_TRUE(Throws([&] { tsar::bind(*other, Archive::open(Path("params.tsar"))); },
+                     ErrorCode::kBindMismatch, "bn.running_mean"));
+
+  torch::jit::Module source = torch::jit::load(Fixture("resnet18_ts.pt"));
+  tsar::pack(Path("ts.tsar"), source);
+  EXPECT_EQ(Archive::open(Path("ts.tsar")).info("bn1.running_var").role, Role::kBuffer);
+}
+
+TEST_F(BindTest, AFrozenModuleIsRefusedWithWhatIsWrong) {
+  torch::jit::Module m = torch::jit::load(Fixture("resnet18_ts.pt"));
+  tsar::pack(Path("r.tsar"), m);
+  m.eval();
+  torch::jit::Module frozen = torch::jit::freeze(m);
+  EXPECT_TRUE(Throws([&] { tsar::bind(frozen, Archive::open(Path("r.tsar"))); },
+                     ErrorCode::kBindMismatch,
+                     "the module is frozen (torch::jit::freeze): its weights are constants"));
+}
+
 TEST_F(BindTest, TiedWeightsAndViewsComeBackTied) {
   torch::jit::Module m = torch::jit::load(Fixture("tied_ts.pt"));
   Writer w(Path("tied.tsar"));
