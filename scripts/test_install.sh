@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_install.sh BUILD_DIR SOURCE_DIR ARCHIVE: installs tsar from BUILD_DIR into a
 # temporary prefix, builds tests/install as a user project with find_package(tsar)
-# and with pkg-config, runs both on ARCHIVE, and checks the installed `tsar`.
+# and with pkg-config (compiled and run with its flags alone), runs both on
+# ARCHIVE, and checks the installed `tsar`.
 set -euo pipefail
 build=$1 src=$2 archive=$3
 tmp=$(mktemp -d)
@@ -15,6 +16,15 @@ echo "find_package: $out"
 flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs tsar)
 echo "pkg-config: $flags"
 [[ "$flags" == *"-ltsar"* && "$flags" == *"$tmp/prefix"* ]]
+# A user's compile with nothing but pkg-config's flags, run without
+# LD_LIBRARY_PATH.
+cxx=(g++)
+command -v ccache > /dev/null && cxx=(ccache g++)
+# shellcheck disable=SC2086
+"${cxx[@]}" -std=c++17 "$src/tests/install/app.cc" -o "$tmp/app_pc" $flags
+out=$(env -u LD_LIBRARY_PATH "$tmp/app_pc" "$archive")
+echo "pkg-config app: $out"
+[[ "$out" == *"tensors, first"*"format 1.0" ]]
 "$tmp/prefix/bin/tsar" --version | grep -q "format 1.0"
 "$tmp/prefix/bin/tsar" inspect "$archive" > /dev/null
 echo "install ok"
