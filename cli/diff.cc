@@ -1,5 +1,6 @@
 // `tsar diff A B [--json]`: which entries, tensors and metadata keys two archives
 // do not share, compared by value (names, dtypes, shapes, bytes), not by layout.
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/describe.h"
+#include "cli/element_diff.h"
 #include "tsar/archive.h"
 
 namespace tsar::cli {
@@ -48,17 +50,22 @@ struct Plan {
   std::vector<Dim> dims;  // outermost first; empty = one element
   uint64_t work;          // bytes compared, for the progress bar
   bool empty;
+  uint64_t repeat;  // logical elements per element of `dims` (the dropped stride-0 dimensions)
 };
 
 Plan MakePlan(const uint8_t* a, const TensorInfo& ta, const uint8_t* b, const TensorInfo& tb,
               size_t e) {
-  Plan p{a, b, e, {}, 0, false};
+  Plan p{a, b, e, {}, 0, false, 1};
   for (int64_t s : ta.sizes) p.empty |= s == 0;
   if (p.empty) return p;
   // Valid archives bound every used extent by the storage (spec R50), so
   // byte strides of dimensions with size > 1 cannot overflow.
   for (size_t d = 0; d < ta.sizes.size(); ++d) {
-    if (ta.sizes[d] == 1 || (ta.strides[d] == 0 && tb.strides[d] == 0)) continue;
+    if (ta.sizes[d] == 1) continue;
+    if (ta.strides[d] == 0 && tb.strides[d] == 0) {
+      p.repeat = SatMul(p.repeat, static_cast<uint64_t>(ta.sizes[d]));
+      continue;
+    }
     const Dim cur{static_cast<uint64_t>(ta.sizes[d]), static_cast<uint64_t>(ta.strides[d]) * e,
                   static_cast<uint64_t>(tb.strides[d]) * e};
     if (!p.dims.empty()) {
@@ -167,6 +174,60 @@ bool SameBytes(const Plan& p, Progress& progress, uint64_t& done) {
   }
 }
 
+// Elements that differ between the two tensors of a plan (every element is
+// visited; called once their bytes are known to differ).
+struct Difference {
+  uint64_t differing = 0, elements = 0;  // logical elements, saturating
+  double max_abs = 0;                    // NaN when a NaN faced a number
+};
+
+Difference CountDifferences(const Plan& p, DType dtype, const Tolerance& tol) {
+  Difference d;
+  if (p.empty) return d;
+  uint64_t unique = 0;  // elements of `dims`
+  auto visit = [&](const uint8_t* a, const uint8_t* b) {
+    double abs_diff = 0;
+    ++unique;
+    if (ElementsDiffer(dtype, a, b, tol, &abs_diff)) ++d.differing;
+    if (std::isnan(abs_diff) || abs_diff > d.max_abs) {
+      if (!std::isnan(d.max_abs)) d.max_abs = abs_diff;
+    }
+  };
+  std::vector<uint64_t> idx(p.dims.size(), 0);
+  uint64_t off_a = 0, off_b = 0;
+  for (bool more = true; more;) {
+    visit(p.a + off_a, p.b + off_b);
+    more = false;
+    for (size_t k = p.dims.size(); k-- > 0;) {  // the next index, innermost first
+      off_a += p.dims[k].stride_a;
+      off_b += p.dims[k].stride_b;
+      if (++idx[k] < p.dims[k].size) {
+        more = true;
+        break;
+      }
+      off_a -= p.dims[k].stride_a * p.dims[k].size;
+      off_b -= p.dims[k].stride_b * p.dims[k].size;
+      idx[k] = 0;
+    }
+  }
+  d.differing = SatMul(d.differing, p.repeat);
+  d.elements = SatMul(unique, p.repeat);
+  return d;
+}
+
+// "1e-05", "0.25", "2.5": six significant digits for people (--json has
+// the exact double).
+std::string Number(double v) {
+  if (std::isnan(v)) return "nan";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+std::string Count(size_t n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
 // Where a tensor's element [0, ..., 0] lies in this process.
 const uint8_t* Origin(const Archive& a, const std::vector<StorageInfo>& storages,
                       const TensorInfo& t) {
@@ -180,10 +241,21 @@ struct MetaDiff {
   std::optional<MetadataValue> from, to;
 };
 
+struct Changed {
+  std::string name;
+  std::vector<std::string> what;
+  std::optional<Difference> values;  // when the values were compared and differ
+};
+
+struct DiffOptions {
+  bool values_only = false;  // ignore roles, requires_grad and metadata
+  Tolerance tolerance;
+};
+
 struct Report {
   std::vector<std::string> added_entries, removed_entries;
   std::vector<const TensorInfo*> added, removed;
-  std::vector<std::pair<std::string, std::vector<std::string>>> changed;
+  std::vector<Changed> changed;
   std::vector<MetaDiff> metadata;
   size_t tensors = 0, entries = 0, keys = 0;  // in A, for the summary of an equal pair
   bool equal() const {
@@ -217,7 +289,8 @@ void DiffMetadata(const Archive& a, const Archive& b, const std::string& entry, 
 }
 
 Report Compare(const Archive& a, const Archive& b, bool show_progress,
-               const std::vector<TensorInfo>& ia, const std::vector<TensorInfo>& ib) {
+               const std::vector<TensorInfo>& ia, const std::vector<TensorInfo>& ib,
+               const DiffOptions& options) {
   Report r;
   const auto ea = a.entries(), eb = b.entries();
   const std::set<std::string> has_a(ea.begin(), ea.end()), has_b(eb.begin(), eb.end());
@@ -251,9 +324,9 @@ Report Compare(const Archive& a, const Archive& b, bool show_progress,
                      std::string(DTypeName(u.dtype)));
     }
     if (t.sizes != u.sizes) what.push_back("shape " + Dims(t.sizes) + " -> " + Dims(u.sizes));
-    if (t.role != u.role)
+    if (t.role != u.role && !options.values_only)
       what.push_back(std::string("role ") + RoleName(t.role) + " -> " + RoleName(u.role));
-    if (t.requires_grad != u.requires_grad) {
+    if (t.requires_grad != u.requires_grad && !options.values_only) {
       what.push_back(std::string("requires_grad ") + (t.requires_grad ? "true" : "false") + " -> " +
                      (u.requires_grad ? "true" : "false"));
     }
@@ -270,14 +343,24 @@ Report Compare(const Archive& a, const Archive& b, bool show_progress,
   uint64_t total = 0, done = 0;
   for (const auto& [i, p] : plans) total = std::min(UINT64_MAX - p.work, total) + p.work;
   Progress progress("comparing", total, show_progress);
+  std::vector<std::optional<Difference>> values(pending.size());
   for (const auto& [i, p] : plans) {
-    if (!SameBytes(p, progress, done)) pending[i].second.push_back("bytes differ");
+    if (SameBytes(p, progress, done)) continue;
+    const Difference d = CountDifferences(p, pending[i].first->dtype, options.tolerance);
+    if (d.differing) {
+      values[i] = d;
+      pending[i].second.push_back(
+          std::to_string(d.differing) + " of " + Count(d.elements, "element", "elements") +
+          (d.differing == 1 ? " differs" : " differ") + ", max |a - b| " + Number(d.max_abs));
+    }
   }
   progress.Done();
-  for (auto& [t, what] : pending) {
-    if (!what.empty()) r.changed.emplace_back(t->entry + "/" + t->name, std::move(what));
+  for (size_t i = 0; i < pending.size(); ++i) {
+    auto& [t, what] = pending[i];
+    if (!what.empty()) r.changed.push_back({t->entry + "/" + t->name, std::move(what), values[i]});
   }
 
+  if (options.values_only) return r;
   DiffMetadata(a, b, "", true, true, r);
   std::vector<std::string> all = ea;
   for (const auto& e : r.added_entries) all.push_back(e);
@@ -287,10 +370,6 @@ Report Compare(const Archive& a, const Archive& b, bool show_progress,
 
 std::string MetaName(const MetaDiff& m) {
   return m.entry.empty() ? m.key : m.key + " (entry \"" + m.entry + "\")";
-}
-
-std::string Count(size_t n, const char* one, const char* many) {
-  return std::to_string(n) + " " + (n == 1 ? one : many);
 }
 
 void PrintHuman(const std::string& pa, const std::string& pb, const Report& r) {
@@ -304,10 +383,10 @@ void PrintHuman(const std::string& pa, const std::string& pb, const Report& r) {
   };
   tensors("removed", r.removed);
   tensors("added", r.added);
-  for (const auto& [name, what] : r.changed) {
+  for (const auto& c : r.changed) {
     std::string list;
-    for (const auto& w : what) list += (list.empty() ? "" : "; ") + w;
-    std::printf("changed %s: %s\n", name.c_str(), list.c_str());
+    for (const auto& w : c.what) list += (list.empty() ? "" : "; ") + w;
+    std::printf("changed %s: %s\n", c.name.c_str(), list.c_str());
   }
   size_t meta_added = 0, meta_removed = 0, meta_changed = 0;
   for (const auto& m : r.metadata) {
@@ -356,7 +435,16 @@ void PrintJson(const Report& r) {
   j["added"] = names(r.added);
   j["removed"] = names(r.removed);
   Json& changed = j["changed"] = Json::array();
-  for (const auto& [name, what] : r.changed) changed.push_back({{"name", name}, {"what", what}});
+  for (const auto& c : r.changed) {
+    Json item = {{"name", c.name}, {"what", c.what}};
+    if (c.values) {
+      item["differing_elements"] = c.values->differing;
+      item["elements"] = c.values->elements;
+      // JSON has no NaN: null when a NaN faced a number.
+      item["max_abs_diff"] = std::isnan(c.values->max_abs) ? Json() : Json(c.values->max_abs);
+    }
+    changed.push_back(std::move(item));
+  }
   Json meta = {{"added", Json::array()}, {"removed", Json::array()}, {"changed", Json::array()}};
   for (const auto& m : r.metadata) {
     Json item = {{"key", m.key}};
@@ -378,7 +466,7 @@ void PrintJson(const Report& r) {
   std::printf("%s\n", j.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
 }
 
-int RunDiff(const std::string& pa, const std::string& pb, bool json) {
+int RunDiff(const std::string& pa, const std::string& pb, bool json, const DiffOptions& options) {
   std::optional<Archive> a, b;
   try {
     a = OpenArchive(pa);
@@ -389,7 +477,7 @@ int RunDiff(const std::string& pa, const std::string& pb, bool json) {
     return kExitBadInput;
   }
   const auto ia = a->infos(), ib = b->infos();
-  const Report r = Compare(*a, *b, !json, ia, ib);
+  const Report r = Compare(*a, *b, !json, ia, ib, options);
   if (json) {
     PrintJson(r);
   } else {
@@ -404,17 +492,28 @@ Run AddDiff(CLI::App& app) {
   auto a = std::make_shared<std::string>();
   auto b = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
+  auto options = std::make_shared<DiffOptions>();
   CLI::App* sub =
       app.add_subcommand("diff", "Compare two archives by value: entries, tensors and metadata");
   sub->add_option("a", *a, "The first .tsar file")->required();
   sub->add_option("b", *b, "The second .tsar file")->required();
   sub->add_flag("--json", *json, "One JSON object on stdout (fields below)");
+  sub->add_flag("--values-only", options->values_only,
+                "Compare names, dtypes, shapes and values only: not roles, requires_grad or\n"
+                "metadata (a state_dict against the same model packed from TorchScript)");
+  sub->add_option("--atol", options->tolerance.atol,
+                  "Floating-point values are equal when |a - b| <= atol + rtol * |b|\n"
+                  "(default 0 and 0: bytes must be equal)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--rtol", options->tolerance.rtol, "See --atol")->check(CLI::NonNegativeNumber);
   sub->footer(
       "Tensors are equal when name, dtype, shape, role, requires_grad and every value's bytes\n"
-      "are; strides, storage sharing and file layout may differ.\n"
+      "are; strides, storage sharing and file layout may differ. For each tensor whose values\n"
+      "differ: how many elements and the largest |a - b|.\n"
       "Exit status: 0 same, 1 differences (one line each, then a summary), 3 unreadable input.\n"
       "--json: {\"equal\", \"added\": [\"entry/name\"...], \"removed\": [...], \"changed\": "
-      "[{\"name\", \"what\": [...]}],\n"
+      "[{\"name\", \"what\": [...],\n"
+      "  \"differing_elements\", \"elements\", \"max_abs_diff\" (values differ; null for NaN)}],\n"
       "  \"metadata\": {\"added\"|\"removed\": [{\"key\", \"entry\"?, \"value\"}], \"changed\": "
       "[{\"key\", \"entry\"?, \"from\", \"to\"}]},\n"
       "  \"entries\": {\"added\", \"removed\"}}; \"entry\" is absent for archive-level keys.\n"
@@ -422,7 +521,7 @@ Run AddDiff(CLI::App& app) {
       "  tsar diff old.tsar new.tsar\n"
       "  tsar diff old.tsar new.tsar --json | jq -r '.changed[] | .name + \": \" + (.what | "
       "join(\", \"))'");
-  return [a, b, json] { return RunDiff(*a, *b, *json); };
+  return [a, b, json, options] { return RunDiff(*a, *b, *json, *options); };
 }
 
 }  // namespace tsar::cli

@@ -80,3 +80,82 @@ def test_packing_a_weightless_architecture_warns_and_strict_refuses(cli, tmp_pat
     sd["0.weight"] = torch.randn(8, 3, 3, 3)
     torch.save(sd, tmp_path / "real.pt")
     assert run(cli, "pack", tmp_path / "real.pt", "-o", tmp_path / "real.tsar").stderr == ""
+
+
+def test_diff_of_a_state_dict_and_torchscript_values_only(cli, tmp_path):
+    net = small_net().eval()
+    torch.save(net.state_dict(), tmp_path / "sd.pt")
+    torch.jit.script(net).save(str(tmp_path / "ts.pt"))
+    run(cli, "pack", "-q", tmp_path / "sd.pt", "-o", tmp_path / "sd.tsar")
+    run(cli, "pack", "-q", tmp_path / "ts.pt", "-o", tmp_path / "ts.tsar")
+    r = run(cli, "diff", tmp_path / "sd.tsar", tmp_path / "ts.tsar", code=1)
+    assert "role tensor -> parameter; requires_grad false -> true" in r.stdout
+    r = run(cli, "diff", "--values-only", tmp_path / "sd.tsar", tmp_path / "ts.tsar")
+    assert r.stdout.startswith("same: ")
+
+
+def test_diff_counts_differing_elements_and_the_largest_difference(cli, tmp_path):
+    torch.manual_seed(1)
+    a = {"f32": torch.randn(100), "f16": torch.randn(50).half(), "bf16": torch.randn(40).bfloat16(),
+         "f64": torch.randn(30).double(), "c64": torch.randn(20, dtype=torch.complex64),
+         "i64": torch.arange(10), "u8": torch.arange(10, dtype=torch.uint8), "b": torch.ones(8, dtype=torch.bool),
+         "zero": torch.zeros(4), "nan": torch.tensor([float("nan"), 1.0]),
+         "t": torch.randn(6, 5).t(), "bcast": torch.ones(1).expand(1000)}
+    b = {k: v.clone() for k, v in a.items()}
+    b["f32"][[3, 50]] += torch.tensor([1e-3, -2.5])
+    b["f16"][7] += 0.5
+    b["bf16"][0] = -b["bf16"][0] - 1
+    b["f64"][29] += 1e-12
+    b["c64"][2] += 3 + 4j
+    b["i64"][9] = -100
+    b["u8"][0] = 255
+    b["b"][5] = False
+    b["zero"][1] = -0.0
+    b["nan"][1] = float("nan")
+    b["t"] = a["t"].contiguous()  # same values, other layout
+    b["bcast"] = torch.full((1,), 3.0).expand(1000)
+    tsar.save(a, tmp_path / "a.tsar")
+    tsar.save(b, tmp_path / "b.tsar")
+    doc = json.loads(run(cli, "diff", "--json", tmp_path / "a.tsar", tmp_path / "b.tsar", code=1).stdout)
+    got = {c["name"].split("/")[1]: c for c in doc["changed"]}
+    expect = {}
+    for k in a:
+        x, y = a[k], b[k]
+        if k in ("t",):
+            continue
+        if x.is_complex() or x.is_floating_point():
+            dx = (x.double() if not x.is_complex() else x.to(torch.complex128)) - \
+                 (y.double() if not y.is_complex() else y.to(torch.complex128))
+            expect[k] = dx.abs()
+        else:
+            expect[k] = (x.long() - y.long()).abs().double()
+    assert "t" not in got  # a transpose made contiguous has the same values
+    for k, diff in expect.items():
+        if k == "zero":  # 0.0 against -0.0: bytes differ, values do not
+            assert got[k]["differing_elements"] == 1 and got[k]["max_abs_diff"] == 0.0
+            continue
+        if k == "nan":  # a NaN against a number: counted, and the largest difference is unknown
+            assert got[k]["differing_elements"] == 1 and got[k]["max_abs_diff"] is None
+            continue
+        n = int((diff != 0).sum())
+        assert got[k]["differing_elements"] == n, (k, got[k])
+        assert got[k]["elements"] == a[k].numel()
+        assert got[k]["max_abs_diff"] == float(diff.max()), (k, got[k], float(diff.max()))
+    text = run(cli, "diff", tmp_path / "a.tsar", tmp_path / "b.tsar", code=1).stdout
+    assert "changed model/f32: 2 of 100 elements differ, max |a - b| 2.5\n" in text, text
+    assert "changed model/f16: 1 of 50 elements differs, max |a - b| 0.5\n" in text, text
+    assert "changed model/bcast: 1000 of 1000 elements differ, max |a - b| 2\n" in text, text
+    # Tolerances: |a - b| <= atol + rtol * |b| for floating point; integers stay exact.
+    doc = json.loads(run(cli, "diff", "--json", "--atol", "0.01", tmp_path / "a.tsar", tmp_path / "b.tsar",
+                         code=1).stdout)
+    got = {c["name"].split("/")[1]: c for c in doc["changed"]}
+    assert "f64" not in got and "zero" not in got
+    assert got["f32"]["differing_elements"] == 1 and abs(got["f32"]["max_abs_diff"] - 2.5) < 1e-6
+    assert got["i64"]["differing_elements"] == 1 and got["u8"]["differing_elements"] == 1
+    doc = json.loads(run(cli, "diff", "--json", "--rtol", "10", tmp_path / "a.tsar", tmp_path / "b.tsar",
+                         code=1).stdout)
+    beyond = {k for k in expect if (a[k].is_floating_point() or a[k].is_complex()) and k not in ("nan", "zero")
+              and bool((expect[k] > 10 * b[k].to(expect[k].dtype if not b[k].is_complex() else torch.complex128)
+                        .abs()).any())}
+    assert {c["name"].split("/")[1] for c in doc["changed"]} == {"i64", "u8", "b", "nan"} | beyond
+    run(cli, "diff", "--atol", "-1", tmp_path / "a.tsar", tmp_path / "b.tsar", code=2)
