@@ -18,6 +18,8 @@ struct PackArgs {
   std::vector<std::string> inputs;
   std::vector<std::string> entries;  // NAME=FILE
   std::vector<std::string> meta;     // KEY=VALUE
+  std::vector<std::string> only, exclude;
+  std::string strip_prefix;
   std::string output;
   uint32_t align = 4096;
   bool strict = false;
@@ -59,6 +61,9 @@ int RunPack(const PackArgs& a) {
   PackFilesOptions options;
   options.pack.alignment = a.align;
   options.strict = a.strict;
+  options.only = a.only;
+  options.exclude = a.exclude;
+  options.strip_prefix = a.strip_prefix;
   std::unique_ptr<Progress> progress;
   options.pack.progress = [&](uint64_t done, uint64_t all) {
     if (!progress) progress = std::make_unique<Progress>("packing", all, !a.quiet);
@@ -110,6 +115,15 @@ Run AddPack(CLI::App& app) {
   sub->add_option("--meta", args->meta,
                   "KEY=VALUE archive metadata; integers and floats are typed (repeatable)")
       ->allow_extra_args(false);
+  sub->add_option("--only", args->only,
+                  "ENTRY: pack only this entry (repeatable), by its name in the archive:\n"
+                  "model, optimizer.state.0, or ck.model for --entry ck=FILE")
+      ->allow_extra_args(false);
+  sub->add_option("--exclude", args->exclude, "ENTRY: leave this entry out (repeatable)")
+      ->allow_extra_args(false);
+  sub->add_option("--strip-prefix", args->strip_prefix,
+                  "PREFIX: take PREFIX off every tensor name that starts with it (DDP's\n"
+                  "module., Lightning's model.); bind can match such names too (BindOptions)");
   sub->add_option("--align", args->align,
                   "Alignment of storages of at least this size (power of two, >= 64)")
       ->default_val(4096)
@@ -132,6 +146,7 @@ Run AddPack(CLI::App& app) {
       "  tsar pack resnet.pt -o resnet.tsar\n"
       "  tsar pack --entry model=sd.pt --entry ema=ema.pt --meta step=1000 -o ckpt.tsar\n"
       "  tsar pack model.safetensors.index.json -o llm.tsar   # all shards into one archive\n"
+      "  tsar pack ckpt.pt --only model --strip-prefix module. -o model.tsar\n"
       "A torch.save dict like {\"model\": sd, \"ema\": sd2, \"step\": 10} becomes entries\n"
       "model and ema and the metadata step=10. Nothing in the input is ever executed.");
   return [args] { return RunPack(*args); };

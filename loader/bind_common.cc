@@ -50,8 +50,13 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   std::vector<uint32_t> match(slots.size(), format::kNone);
   const format::EntryRecord& e = index.entries()[entry];
   std::vector<bool> used(e.tensor_count);  // by position in the entry
+  const std::string& mp = options.module_prefix;
+  std::string key;
   for (size_t i = 0; i < slots.size(); ++i) {
-    const uint32_t t = index.FindTensor(entry, slots[i].name);
+    const std::string& name = slots[i].name;
+    const bool prefixed = name.compare(0, mp.size(), mp) == 0;
+    if (prefixed) key.assign(options.archive_prefix).append(name, mp.size());
+    const uint32_t t = prefixed ? index.FindTensor(entry, key) : format::kNone;
     if (t == format::kNone) {
       report.missing.push_back(slots[i].name);
       continue;

@@ -26,37 +26,44 @@ void CheckInputName(const std::string& input, const std::string& what, const std
 }
 
 // `v` with every entry name n (of tensors and state_dicts) replaced by rename(n).
-Value RenameEntries(const Value& v, const std::function<std::string(const std::string&)>& rename) {
+using RenameTensor = std::function<std::string(const std::string&, const std::string&)>;
+
+// `v` with its entries renamed by `rename`, and its loose tensors' names
+// (entry, name) by `rename_tensor` when given.
+Value RenameEntries(const Value& v, const std::function<std::string(const std::string&)>& rename,
+                    const RenameTensor& rename_tensor = nullptr) {
   using K = Value::Kind;
   Value out;
   switch (v.kind()) {
     case K::kTensor:
-      return Value::Tensor(rename(v.entry()), v.name());
+      return Value::Tensor(rename(v.entry()),
+                           rename_tensor ? rename_tensor(v.entry(), v.name()) : v.name());
     case K::kEntry:
       out = Value::Entry(rename(v.entry()), v.ordered());
       break;
     case K::kList:
     case K::kTuple: {
       std::vector<Value> items;
-      for (const auto& x : v.items()) items.push_back(RenameEntries(x, rename));
+      for (const auto& x : v.items()) items.push_back(RenameEntries(x, rename, rename_tensor));
       return v.is(K::kList) ? Value::List(std::move(items)) : Value::Tuple(std::move(items));
     }
     case K::kDict: {
       std::vector<std::pair<Value, Value>> pairs;
       for (const auto& [k, x] : v.pairs())
-        pairs.emplace_back(RenameEntries(k, rename), RenameEntries(x, rename));
+        pairs.emplace_back(RenameEntries(k, rename, rename_tensor),
+                           RenameEntries(x, rename, rename_tensor));
       out = Value::Dict(std::move(pairs), v.ordered());
       break;
     }
     case K::kOpaque: {
       std::vector<Value> items;
-      for (const auto& x : v.items()) items.push_back(RenameEntries(x, rename));
+      for (const auto& x : v.items()) items.push_back(RenameEntries(x, rename, rename_tensor));
       return Value::Opaque(v.bytes(), v.segments(), std::move(items));
     }
     default:
       return v;
   }
-  if (const Value* a = v.attributes()) out.set_attributes(RenameEntries(*a, rename));
+  if (const Value* a = v.attributes()) out.set_attributes(RenameEntries(*a, rename, rename_tensor));
   return out;
 }
 
@@ -152,6 +159,9 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
   };
   Writer writer(output, pack);
   std::unordered_map<std::string, std::string> entry_inputs;  // entry name: its input
+  std::unordered_set<std::string> selectors_matched;          // --only/--exclude names seen
+  size_t stripped = 0;                                        // names --strip-prefix changed
+  std::vector<std::string> seen_entries;                      // before --only/--exclude
   std::vector<importer::Imported> imported;  // keeps the input mappings alive until finish()
   for (const PackSource& s : sources) {
     importer::ImportOptions io;
@@ -173,6 +183,60 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     if (prefix) {
       for (auto& m : in.metadata) {
         if (!m.entry.empty()) m.entry = s.entry + "." + m.entry;
+      }
+    }
+    if (!options.only.empty() || !options.exclude.empty()) {
+      auto listed = [](const std::vector<std::string>& v, const std::string& n) {
+        return std::find(v.begin(), v.end(), n) != v.end();
+      };
+      std::vector<importer::Imported::Entry> kept;
+      std::unordered_set<std::string> dropped;
+      for (auto& e : in.entries) {
+        seen_entries.push_back(e.name);
+        const bool keep = (options.only.empty() || listed(options.only, e.name)) &&
+                          !listed(options.exclude, e.name);
+        if (listed(options.only, e.name) || listed(options.exclude, e.name))
+          selectors_matched.insert(e.name);
+        if (keep) {
+          kept.push_back(std::move(e));
+        } else {
+          dropped.insert(e.name);
+        }
+      }
+      in.entries = std::move(kept);
+      if (!dropped.empty()) {
+        // The tree would name what is gone: the kept entries and metadata stay.
+        if (in.value && !in.value->is(Value::Kind::kEntry)) {
+          summary.notes.push_back(s.path +
+                                  ": entries selected: the archive keeps their state_dicts and "
+                                  "metadata, not the rest of the checkpoint's structure");
+          if (options.note) options.note(summary.notes.back());
+        }
+        in.value.reset();
+        std::vector<importer::Imported::Meta> meta;
+        for (auto& m : in.metadata) {
+          if (!dropped.count(m.entry)) meta.push_back(std::move(m));
+        }
+        in.metadata = std::move(meta);
+      }
+    }
+    if (!options.strip_prefix.empty()) {
+      const std::string& p = options.strip_prefix;
+      auto strip = [&](const std::string& name) {
+        return name.compare(0, p.size(), p) == 0 && name.size() > p.size() ? name.substr(p.size())
+                                                                           : name;
+      };
+      for (auto& e : in.entries) {
+        for (auto& t : e.tensors) {
+          std::string n = strip(t.name);
+          stripped += n.size() != t.name.size();
+          t.name = std::move(n);
+        }
+      }
+      if (in.value) {
+        in.value = RenameEntries(
+            *in.value, [](const std::string& n) { return n; },
+            [&](const std::string&, const std::string& n) { return strip(n); });
       }
     }
     // A checkpoint's structure: stored as a tree when the entries and metadata
@@ -215,6 +279,21 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
       if (options.note) options.note(summary.notes.back());
     }
     imported.push_back(std::move(in));
+  }
+  for (const auto* list : {&options.only, &options.exclude}) {
+    for (const auto& name : *list) {
+      if (selectors_matched.count(name)) continue;
+      std::string all;
+      for (const auto& e : seen_entries) all += (all.empty() ? "" : ", ") + format::Quote(e);
+      throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
+                  std::string(list == &options.only ? "--only " : "--exclude ") + name +
+                      ": no input has an entry of that name (the entries are " + all + ")");
+    }
+  }
+  if (!options.strip_prefix.empty() && stripped == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
+                "--strip-prefix " + format::Quote(options.strip_prefix) +
+                    ": no tensor name starts with it");
   }
   for (const auto& [key, value] : options.metadata) writer.add_metadata(key, value);
   writer.finish();

@@ -22,6 +22,14 @@ struct PackFilesOptions {
   PackOptions pack;     // alignment, default entry, progress, durability
   bool strict = false;  // refuse opaque pickle fragments and values metadata cannot hold
   std::vector<std::pair<std::string, MetadataValue>> metadata;  // archive-level, added last
+  // Entries to keep (empty = all) and to leave out, by their names in the
+  // archive ("model", "optimizer.state.0", "ck.model" for --entry ck=FILE).
+  // Each name must match an entry of some input. Selecting entries of a
+  // checkpoint keeps its entries and metadata, not the rest of its structure.
+  std::vector<std::string> only, exclude;
+  // Taken off every tensor name that starts with it (DDP's "module.",
+  // Lightning's "model."); some tensor must have it.
+  std::string strip_prefix;
   // Called once per value an input held that was skipped ("<input>: <what>").
   std::function<void(const std::string&)> note;
 };

@@ -25,6 +25,15 @@ struct BindOptions {
   // Allow a module in training mode over a kShared archive. Training-mode
   // layers (BatchNorm's running stats) write their buffers: SIGSEGV.
   bool allow_training = false;
+  // Names that differ by a prefix: a module name M matches the archive name
+  // archive_prefix + (M without module_prefix). archive_prefix "module."
+  // binds an archive of a DistributedDataParallel model ("module.fc.weight")
+  // into the plain model; module_prefix "model." binds an archive of the
+  // plain model into a wrapper whose names start with "model.". A module
+  // name without module_prefix is missing; archive names without
+  // archive_prefix are unexpected.
+  std::string archive_prefix;
+  std::string module_prefix;
 };
 
 struct BindReport {

@@ -187,6 +187,50 @@ TEST_F(BindTest, PackOfAModuleKeepsItsBuffersAndRoles) {
   EXPECT_EQ(Archive::open(Path("ts.tsar")).info("bn1.running_var").role, Role::kBuffer);
 }
 
+TEST_F(BindTest, PrefixesMatchADdpArchiveAndAWrappedModule) {
+  torch::manual_seed(4);
+  Net trained;
+  trained->eval();
+  {  // what DistributedDataParallel's state_dict() names: "module.fc1.weight"
+    Writer w(Path("ddp.tsar"));
+    for (const auto& p : trained->named_parameters()) w.add("module." + p.key(), p.value());
+    for (const auto& b : trained->named_buffers()) w.add("module." + b.key(), b.value());
+    w.finish();
+  }
+  const Archive ddp = Archive::open(Path("ddp.tsar"));
+  Net fresh;
+  fresh->eval();
+  EXPECT_TRUE(Throws([&] { tsar::bind(*fresh, ddp); }, ErrorCode::kBindMismatch,
+                     "missing in archive: fc1.weight"));
+  BindOptions o;
+  o.archive_prefix = "module.";
+  EXPECT_EQ(tsar::bind(*fresh, ddp, o).bound.size(), ddp.infos().size());
+  EXPECT_TRUE(torch::equal(fresh->fc2->weight, trained->fc2->weight));
+
+  // A module whose names carry a prefix the archive's do not.
+  struct WrapImpl : torch::nn::Module {
+    WrapImpl() { net = register_module("model", Net()); }
+    Net net{nullptr};
+  };
+  auto wrap = std::make_shared<WrapImpl>();
+  wrap->eval();
+  tsar::pack(Path("plain.tsar"), *trained);
+  BindOptions m;
+  m.module_prefix = "model.";
+  EXPECT_EQ(tsar::bind(*wrap, Archive::open(Path("plain.tsar")), m).bound.size(),
+            ddp.infos().size());
+  EXPECT_TRUE(torch::equal(wrap->net->fc1->bias, trained->fc1->bias));
+  // Both: archive "module.x" for module "model.x"; a name without the module
+  // prefix is missing.
+  BindOptions both;
+  both.archive_prefix = "module.";
+  both.module_prefix = "model.";
+  EXPECT_EQ(tsar::bind(*wrap, ddp, both).bound.size(), ddp.infos().size());
+  both.module_prefix = "other.";
+  EXPECT_TRUE(Throws([&] { tsar::bind(*wrap, ddp, both); }, ErrorCode::kBindMismatch,
+                     "missing in archive: model.fc1.weight"));
+}
+
 TEST_F(BindTest, AFrozenModuleIsRefusedWithWhatIsWrong) {
   torch::jit::Module m = torch::jit::load(Fixture("resnet18_ts.pt"));
   tsar::pack(Path("r.tsar"), m);

@@ -159,3 +159,41 @@ def test_diff_counts_differing_elements_and_the_largest_difference(cli, tmp_path
                         .abs()).any())}
     assert {c["name"].split("/")[1] for c in doc["changed"]} == {"i64", "u8", "b", "nan"} | beyond
     run(cli, "diff", "--atol", "-1", tmp_path / "a.tsar", tmp_path / "b.tsar", code=2)
+
+
+def test_pack_selects_entries_and_strips_a_prefix(cli, tmp_path):
+    net = small_net()
+    ddp = {"module." + k: v for k, v in net.state_dict().items()}  # what DDP's state_dict() names
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.randn(2, 3, 8, 8)).sum().backward()
+    opt.step()
+    torch.save({"model": ddp, "optimizer": opt.state_dict(), "epoch": 3}, tmp_path / "ckpt.pt")
+    r = run(cli, "pack", tmp_path / "ckpt.pt", "--only", "model", "--strip-prefix", "module.",
+            "-o", tmp_path / "m.tsar")
+    assert "not the rest of the checkpoint's structure" in r.stderr
+    with tsar.open(tmp_path / "m.tsar") as a:
+        assert a.entries == ["model"]
+        sd = a.state_dict("model")
+        assert list(sd) == list(net.state_dict())
+        for k, v in net.state_dict().items():
+            assert torch.equal(sd[k], v), k
+        assert a.metadata()["epoch"] == 3
+    # The packed state_dict binds into the plain model.
+    fresh = small_net().eval()
+    tsar.load_into(fresh, tmp_path / "m.tsar")
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), net.state_dict().values()))
+    r = run(cli, "pack", tmp_path / "ckpt.pt", "--exclude", "model", "-o", tmp_path / "o.tsar")
+    with tsar.open(tmp_path / "o.tsar") as a:
+        assert "model" not in a.entries and any(e.startswith("optimizer") for e in a.entries)
+    r = run(cli, "pack", tmp_path / "ckpt.pt", "--only", "modle", "-o", tmp_path / "x.tsar", code=2)
+    assert "--only modle: no input has an entry of that name (the entries are " in r.stderr
+    assert '"model"' in r.stderr and not (tmp_path / "x.tsar").exists()
+    r = run(cli, "pack", tmp_path / "ckpt.pt", "--strip-prefix", "modul.", "-o", tmp_path / "x.tsar", code=2)
+    assert '--strip-prefix "modul.": no tensor name starts with it' in r.stderr
+    # Without selection, the prefix is stripped and the checkpoint's structure kept.
+    run(cli, "pack", "-q", tmp_path / "ckpt.pt", "--strip-prefix", "module.", "-o", tmp_path / "all.tsar")
+    back = tmp_path / "back.pt"
+    run(cli, "export", "-q", tmp_path / "all.tsar", "-o", back)
+    loaded = torch.load(back)
+    assert list(loaded["model"]) == list(net.state_dict()) and loaded["epoch"] == 3
+    assert loaded["optimizer"]["param_groups"] == opt.state_dict()["param_groups"]
