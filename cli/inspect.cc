@@ -26,14 +26,39 @@ bool Contiguous(const TensorInfo& t) {
 // Logical bytes (numel x element size). The spec bounds numel by 2^63 - 1,
 // not numel x element size: a broadcast view such as expand(2^31, 2^31) of a
 // float has 2^64 logical bytes while its storage holds 4. Exact in 128 bits.
-unsigned __int128 Numel(const TensorInfo& t);
-unsigned __int128 TensorBytes(const TensorInfo& t) { return Numel(t) * ElementSize(t.dtype); }
-
 unsigned __int128 Numel(const TensorInfo& t) {
   unsigned __int128 n = 1;
   for (int64_t s : t.sizes) n *= static_cast<uint64_t>(s);
   return n;
 }
+unsigned __int128 TensorBytes(const TensorInfo& t) { return Numel(t) * ElementSize(t.dtype); }
+
+// Text columns, each as wide as its widest cell: Fit every row first, then
+// Print. Columns marked 'r' in `align` are right-aligned; a left-aligned last
+// column is not padded.
+class Columns {
+ public:
+  explicit Columns(std::string align) : align_(std::move(align)), width_(align_.size()) {}
+  void Fit(const std::vector<std::string>& cells) {
+    for (size_t i = 0; i < cells.size(); ++i) width_[i] = std::max(width_[i], cells[i].size());
+  }
+  void Print(const std::vector<std::string>& cells) const {
+    std::string line;
+    for (size_t i = 0; i < cells.size(); ++i) {
+      const size_t pad = width_[i] - cells[i].size();
+      const bool right = align_[i] == 'r';
+      line += "  ";  // an indent, then between columns
+      if (right) line.append(pad, ' ');
+      line += cells[i];
+      if (!right && i + 1 < cells.size()) line.append(pad, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  }
+
+ private:
+  std::string align_;
+  std::vector<size_t> width_;
+};
 
 // "11,689,512": decimal with thousands separators, exact past 64 bits.
 std::string Grouped(unsigned __int128 n) {
@@ -317,47 +342,28 @@ int RunInspect(const std::string& path, bool json) {
       path.c_str(), a.format_major(), a.format_minor(), infos.size(), a.entries().size(),
       a.entries().size() == 1 ? "y" : "ies", storages.size(), HumanBytes(data).c_str(),
       HumanBytes(a.file_size()).c_str(), a.alignment());
-  // Every row first, so that each column is as wide as its widest cell.
-  struct Row {
-    std::string name, dtype, shape, storage, bytes, role;
-  };
-  std::vector<Row> rows;
+  const std::vector<std::string> header = {"NAME", "DTYPE", "SHAPE", "STORAGE", "BYTES", "ROLE"};
+  Columns columns("llllrl");  // BYTES right-aligned
+  columns.Fit(header);
+  std::vector<std::vector<std::string>> rows;
   rows.reserve(infos.size());
-  Row widths{"NAME", "DTYPE", "SHAPE", "STORAGE", "BYTES", "ROLE"};
-  auto widen = [](std::string& w, const std::string& cell) {
-    if (cell.size() > w.size()) w.resize(cell.size(), ' ');
-  };
   for (const auto& t : infos) {
     std::string shape = Dims(t.sizes);
     if (!Contiguous(t)) shape += " strides " + Dims(t.strides);
     if (t.storage_offset) shape += " +" + std::to_string(t.storage_offset);
-    Row r{t.name,
-          std::string(DTypeName(t.dtype)),
-          shape,
-          "#" + std::to_string(t.storage) + (users[t.storage] > 1 ? " shared" : ""),
-          HumanBytes(static_cast<double>(TensorBytes(t))),
-          std::string(RoleName(t.role)) + (t.requires_grad ? " requires_grad" : "")};
-    widen(widths.name, r.name);
-    widen(widths.dtype, r.dtype);
-    widen(widths.shape, r.shape);
-    widen(widths.storage, r.storage);
-    widen(widths.bytes, r.bytes);
-    rows.push_back(std::move(r));
+    rows.push_back({t.name, std::string(DTypeName(t.dtype)), shape,
+                    "#" + std::to_string(t.storage) + (users[t.storage] > 1 ? " shared" : ""),
+                    HumanBytes(static_cast<double>(TensorBytes(t))),
+                    std::string(RoleName(t.role)) + (t.requires_grad ? " requires_grad" : "")});
+    columns.Fit(rows.back());
   }
-  auto print = [&](const Row& r) {
-    std::printf("  %-*s  %-*s  %-*s  %-*s  %*s  %s\n", static_cast<int>(widths.name.size()),
-                r.name.c_str(), static_cast<int>(widths.dtype.size()), r.dtype.c_str(),
-                static_cast<int>(widths.shape.size()), r.shape.c_str(),
-                static_cast<int>(widths.storage.size()), r.storage.c_str(),
-                static_cast<int>(widths.bytes.size()), r.bytes.c_str(), r.role.c_str());
-  };
   // Rows of each entry, in index order.
   std::map<std::string, std::vector<size_t>> by_entry;
   for (size_t i = 0; i < infos.size(); ++i) by_entry[infos[i].entry].push_back(i);
   for (const auto& e : a.entries()) {
     std::printf("\nentry \"%s\"\n", e.c_str());
-    print({"NAME", "DTYPE", "SHAPE", "STORAGE", "BYTES", "ROLE"});
-    for (size_t i : by_entry[e]) print(rows[i]);
+    columns.Print(header);
+    for (size_t i : by_entry[e]) columns.Print(rows[i]);
     for (const auto& [k, v] : a.metadata_items(e))
       std::printf("  metadata %s = %s\n", k.c_str(), MetaText(v).c_str());
   }
@@ -369,23 +375,14 @@ int RunInspect(const std::string& path, bool json) {
                 Grouped(totals.buffers).c_str());
   }
   std::printf(", %s stored\n", HumanBytes(data).c_str());
-  Row dt{"DTYPE", "TENSORS", "ELEMENTS", "STORED", "", ""};
-  std::vector<Row> dtype_rows;
+  std::vector<std::vector<std::string>> dtype_rows = {{"DTYPE", "TENSORS", "ELEMENTS", "STORED"}};
   for (const auto& [name, d] : totals.dtypes) {
     dtype_rows.push_back(
-        {name, std::to_string(d.tensors), Grouped(d.elements), HumanBytes(d.stored_bytes), "", ""});
-    widen(dt.name, name);
-    widen(dt.dtype, dtype_rows.back().dtype);
-    widen(dt.shape, dtype_rows.back().shape);
-    widen(dt.storage, dtype_rows.back().storage);
+        {name, std::to_string(d.tensors), Grouped(d.elements), HumanBytes(d.stored_bytes)});
   }
-  dtype_rows.insert(dtype_rows.begin(), {"DTYPE", "TENSORS", "ELEMENTS", "STORED", "", ""});
-  for (const auto& r : dtype_rows) {
-    std::printf("  %-*s  %*s  %*s  %*s\n", static_cast<int>(dt.name.size()), r.name.c_str(),
-                static_cast<int>(dt.dtype.size()), r.dtype.c_str(),
-                static_cast<int>(dt.shape.size()), r.shape.c_str(),
-                static_cast<int>(dt.storage.size()), r.storage.c_str());
-  }
+  Columns dtype_columns("lrrr");
+  for (const auto& r : dtype_rows) dtype_columns.Fit(r);
+  for (const auto& r : dtype_rows) dtype_columns.Print(r);
   const auto meta = a.metadata_items();
   if (!meta.empty()) {
     std::printf("\nmetadata\n");
