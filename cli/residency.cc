@@ -142,6 +142,19 @@ ReadResult MapsFile(const std::string& dir, const std::vector<FileId>& ids, bool
   return err ? Failure(err) : ReadResult::kOk;
 }
 
+// The command name of the process whose /proc directory is `dir`; "" when
+// it is gone.
+std::string Comm(const std::string& dir) {
+  std::string comm;
+  if (FILE* c = std::fopen((dir + "/comm").c_str(), "re")) {
+    char line[64];
+    if (std::fgets(line, sizeof line, c)) comm = line;
+    std::fclose(c);
+  }
+  if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+  return comm;
+}
+
 // Sums Rss, Pss and Private_Dirty (kB in smaps) over the file's mappings.
 ReadResult SmapsFile(const std::string& dir, const std::vector<FileId>& ids, Process* p) {
   FILE* f = std::fopen((dir + "/smaps").c_str(), "re");
@@ -165,11 +178,7 @@ ReadResult SmapsFile(const std::string& dir, const std::vector<FileId>& ids, Pro
   const int err = std::ferror(f) ? errno : 0;
   std::fclose(f);
   if (err) return Failure(err);
-  if (FILE* c = std::fopen((dir + "/comm").c_str(), "re")) {
-    if (std::fgets(line, sizeof line, c)) p->comm = line;
-    std::fclose(c);
-  }
-  if (!p->comm.empty() && p->comm.back() == '\n') p->comm.pop_back();
+  p->comm = Comm(dir);
   return ReadResult::kOk;
 }
 
@@ -178,17 +187,6 @@ struct Scan {
   size_t denied = 0, gone = 0;
   std::vector<long> denied_pids;
 };
-
-std::string Comm(long pid) {
-  std::string comm;
-  if (FILE* c = std::fopen(("/proc/" + std::to_string(pid) + "/comm").c_str(), "re")) {
-    char line[64];
-    if (std::fgets(line, sizeof line, c)) comm = line;
-    std::fclose(c);
-  }
-  if (!comm.empty() && comm.back() == '\n') comm.pop_back();
-  return comm;
-}
 
 Scan ScanProcesses(const std::vector<FileId>& ids) {
   Scan s;
@@ -289,8 +287,8 @@ int RunResidency(const std::string& path, bool json) {
     // processes that are not dumpable, which need CAP_SYS_PTRACE as well.
     std::string which;
     for (size_t i = 0; i < s.denied_pids.size() && i < 8; ++i) {
-      which +=
-          (i ? ", " : "") + std::to_string(s.denied_pids[i]) + " (" + Comm(s.denied_pids[i]) + ")";
+      which += (i ? ", " : "") + std::to_string(s.denied_pids[i]) + " (" +
+               Comm("/proc/" + std::to_string(s.denied_pids[i])) + ")";
     }
     if (s.denied_pids.size() > 8) which += ", ...";
     std::fprintf(stderr,
