@@ -25,11 +25,11 @@ void CheckInputName(const std::string& input, const std::string& what, const std
   }
 }
 
-// `v` with every entry name n (of tensors and state_dicts) replaced by rename(n).
 using RenameTensor = std::function<std::string(const std::string&, const std::string&)>;
 
-// `v` with its entries renamed by `rename`, and its loose tensors' names
-// (entry, name) by `rename_tensor` when given.
+// `v` with every entry name n (of tensors and state_dicts) replaced by
+// rename(n), and each loose tensor's name by rename_tensor(entry, name) when
+// given.
 Value RenameEntries(const Value& v, const std::function<std::string(const std::string&)>& rename,
                     const RenameTensor& rename_tensor = nullptr) {
   using K = Value::Kind;
@@ -134,6 +134,59 @@ bool AllFloatingBroadcast(const importer::Imported& in) {
   return floating > 0;
 }
 
+// --only / --exclude: drops the entries of `in` they leave out, with their
+// metadata; records in `matched` the names they matched and in `seen` every
+// entry name. Returns whether an entry was dropped.
+bool SelectEntries(importer::Imported& in, const PackFilesOptions& options,
+                   std::unordered_set<std::string>& matched, std::vector<std::string>& seen) {
+  auto listed = [](const std::vector<std::string>& v, const std::string& n) {
+    return std::find(v.begin(), v.end(), n) != v.end();
+  };
+  std::vector<importer::Imported::Entry> kept;
+  std::unordered_set<std::string> dropped;
+  for (auto& e : in.entries) {
+    seen.push_back(e.name);
+    const bool only = listed(options.only, e.name), exclude = listed(options.exclude, e.name);
+    if (only || exclude) matched.insert(e.name);
+    if ((options.only.empty() || only) && !exclude) {
+      kept.push_back(std::move(e));
+    } else {
+      dropped.insert(e.name);
+    }
+  }
+  in.entries = std::move(kept);
+  std::vector<importer::Imported::Meta> meta;
+  for (auto& m : in.metadata) {
+    if (!dropped.count(m.entry)) meta.push_back(std::move(m));
+  }
+  in.metadata = std::move(meta);
+  return !dropped.empty();
+}
+
+// --strip-prefix: takes `prefix` off every tensor name of `in` (and of its
+// tree's loose tensors) that starts with it. Returns how many it changed.
+size_t StripPrefix(importer::Imported& in, const std::string& prefix) {
+  auto strip = [&](const std::string& name) {
+    return name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0
+               ? name.substr(prefix.size())
+               : name;
+  };
+  size_t stripped = 0;
+  for (auto& e : in.entries) {
+    for (auto& t : e.tensors) {
+      std::string n = strip(t.name);
+      stripped += n.size() != t.name.size();
+      t.name = std::move(n);
+    }
+  }
+  if (in.value) {
+    in.value = RenameEntries(
+        *in.value, [](const std::string& n) { return n; },
+        [&](const std::string&, const std::string& n) { return strip(n); });
+  }
+  return stripped;
+}
+
 }  // namespace
 
 PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string& output,
@@ -181,64 +234,23 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
       in.value = RenameEntries(*in.value, [&](const std::string& n) { return s.entry + "." + n; });
     }
     if (prefix) {
+      for (auto& e : in.entries) e.name = s.entry + "." + e.name;
       for (auto& m : in.metadata) {
         if (!m.entry.empty()) m.entry = s.entry + "." + m.entry;
       }
     }
-    if (!options.only.empty() || !options.exclude.empty()) {
-      auto listed = [](const std::vector<std::string>& v, const std::string& n) {
-        return std::find(v.begin(), v.end(), n) != v.end();
-      };
-      std::vector<importer::Imported::Entry> kept;
-      std::unordered_set<std::string> dropped;
-      for (auto& e : in.entries) {
-        seen_entries.push_back(e.name);
-        const bool keep = (options.only.empty() || listed(options.only, e.name)) &&
-                          !listed(options.exclude, e.name);
-        if (listed(options.only, e.name) || listed(options.exclude, e.name))
-          selectors_matched.insert(e.name);
-        if (keep) {
-          kept.push_back(std::move(e));
-        } else {
-          dropped.insert(e.name);
-        }
+    if ((!options.only.empty() || !options.exclude.empty()) &&
+        SelectEntries(in, options, selectors_matched, seen_entries)) {
+      // The tree would name what is gone: the kept entries and metadata stay.
+      if (in.value && !in.value->is(Value::Kind::kEntry)) {
+        summary.notes.push_back(s.path +
+                                ": entries selected: the archive keeps their state_dicts and "
+                                "metadata, not the rest of the checkpoint's structure");
+        if (options.note) options.note(summary.notes.back());
       }
-      in.entries = std::move(kept);
-      if (!dropped.empty()) {
-        // The tree would name what is gone: the kept entries and metadata stay.
-        if (in.value && !in.value->is(Value::Kind::kEntry)) {
-          summary.notes.push_back(s.path +
-                                  ": entries selected: the archive keeps their state_dicts and "
-                                  "metadata, not the rest of the checkpoint's structure");
-          if (options.note) options.note(summary.notes.back());
-        }
-        in.value.reset();
-        std::vector<importer::Imported::Meta> meta;
-        for (auto& m : in.metadata) {
-          if (!dropped.count(m.entry)) meta.push_back(std::move(m));
-        }
-        in.metadata = std::move(meta);
-      }
+      in.value.reset();
     }
-    if (!options.strip_prefix.empty()) {
-      const std::string& p = options.strip_prefix;
-      auto strip = [&](const std::string& name) {
-        return name.compare(0, p.size(), p) == 0 && name.size() > p.size() ? name.substr(p.size())
-                                                                           : name;
-      };
-      for (auto& e : in.entries) {
-        for (auto& t : e.tensors) {
-          std::string n = strip(t.name);
-          stripped += n.size() != t.name.size();
-          t.name = std::move(n);
-        }
-      }
-      if (in.value) {
-        in.value = RenameEntries(
-            *in.value, [](const std::string& n) { return n; },
-            [&](const std::string&, const std::string& n) { return strip(n); });
-      }
-    }
+    if (!options.strip_prefix.empty()) stripped += StripPrefix(in, options.strip_prefix);
     // A checkpoint's structure: stored as a tree when the entries and metadata
     // alone would not give it back. Its metadata was derived from it, so only
     // the tree is kept.
@@ -256,7 +268,6 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
       in.metadata.clear();
     }
     for (auto& e : in.entries) {
-      if (prefix) e.name = s.entry + "." + e.name;
       CheckInputName(s.path, "entry", e.name);
       for (const auto& t : e.tensors) CheckInputName(s.path, "tensor", t.name);
       if (const auto [it, fresh] = entry_inputs.emplace(e.name, s.path); !fresh) {

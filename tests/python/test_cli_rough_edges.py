@@ -185,6 +185,11 @@ def test_pack_selects_entries_and_strips_a_prefix(cli, tmp_path):
     r = run(cli, "pack", tmp_path / "ckpt.pt", "--exclude", "model", "-o", tmp_path / "o.tsar")
     with tsar.open(tmp_path / "o.tsar") as a:
         assert "model" not in a.entries and any(e.startswith("optimizer") for e in a.entries)
+    # Names as the archive has them: an --entry name prefixes the file's entries first.
+    run(cli, "pack", "-q", "--entry", f"ck={tmp_path / 'ckpt.pt'}", "--only", "ck.model",
+        "-o", tmp_path / "ck.tsar")
+    with tsar.open(tmp_path / "ck.tsar") as a:
+        assert a.entries == ["ck.model"]
     r = run(cli, "pack", tmp_path / "ckpt.pt", "--only", "modle", "-o", tmp_path / "x.tsar", code=2)
     assert "--only modle: no input has an entry of that name (the entries are " in r.stderr
     assert '"model"' in r.stderr and not (tmp_path / "x.tsar").exists()
