@@ -33,11 +33,9 @@ size_t TypoDistance(const std::string& a, const std::string& b) {
   return best;
 }
 
-std::string Names(CLI::App& app) {
+std::string Joined(const std::vector<std::string>& names) {
   std::string out;
-  for (const CLI::App* sub : app.get_subcommands({})) {
-    out += (out.empty() ? "" : ", ") + sub->get_name();
-  }
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
   return out;
 }
 
@@ -104,11 +102,11 @@ std::string CheckCommandLine(CLI::App& app, std::vector<std::string>& args) {
       const std::string closest = Closest(args[1], commands);
       return "help: unknown command `" + args[1] + "`" +
              (closest.empty() ? "" : " (did you mean `tsar help " + closest + "`?)") +
-             "; the commands are " + Names(app);
+             "; the commands are " + Joined(commands);
     }
   }
   if (args.empty()) {
-    return "a command is required: one of " + Names(app) +
+    return "a command is required: one of " + Joined(commands) +
            " (see `tsar --help`, or `tsar help COMMAND`)";
   }
   const std::string& first = args[0];
@@ -129,7 +127,7 @@ std::string CheckCommandLine(CLI::App& app, std::vector<std::string>& args) {
     const std::string closest = Closest(first, commands);
     return "unknown command `" + first + "`" +
            (closest.empty() ? "" : " (did you mean `tsar " + closest + "`?)") +
-           "; the commands are " + Names(app) + " (see `tsar --help`)";
+           "; the commands are " + Joined(commands) + " (see `tsar --help`)";
   }
   const std::vector<std::string> options = OptionNames(*sub);
   for (size_t i = 1; i < args.size(); ++i) {
