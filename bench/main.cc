@@ -83,6 +83,15 @@ int Run(const std::vector<std::string>& args) {
       Die("tsar pack failed for " + out);
     }
   }
+  // The architecture P2's tsar side loads, without weights: written beside
+  // an archive of the scripted model, which nothing else uses.
+  if (!Exists(ctx.Path("resnet18_arch_ts.pt"))) {
+    if (RunCommand({ctx.tsar, "pack", "-q", ctx.Path("resnet18_ts.pt"), "-o",
+                    ctx.Path("resnet18_ts.tsar"), "--arch", ctx.Path("resnet18_arch_ts.pt")},
+                   true) != 0) {
+      Die("tsar pack --arch failed for " + ctx.Path("resnet18_ts.pt"));
+    }
+  }
   if (!Exists(ctx.Path("many.tsar"))) {
     std::fprintf(stderr, "tsar_bench: writing the 100000-tensor inputs\n");
     GenerateMany(ctx.data);

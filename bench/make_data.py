@@ -7,19 +7,15 @@ stack_sd.pt      512 MiB fp32 state_dict of 64 tensors: nn.Sequential of 32
 stack_ts.pt      the same model, torch.jit.save(torch.jit.script(model)).
 resnet18_sd.pt   torchvision resnet18 (random weights, seed 0), dict(state_dict).
 resnet18_ts.pt   the same model scripted, weights included (the peer of P2).
-resnet18_arch_ts.pt  the same scripted architecture with every floating-point
-                 parameter and buffer replaced by a stride-0 view of one zero:
-                 right shapes and dtypes, 4 bytes of storage each. tsar binds
-                 its weights; the file holds no weights to load.
+                 tsar_bench packs it with `tsar pack --arch` for the scripted
+                 architecture without weights (resnet18_arch_ts.pt) that P2
+                 binds: every weight a stride-0 view of one zero.
 """
 import os
 import sys
 
 import torch
 import torchvision
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
-from weightless import strip_weights  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -41,7 +37,6 @@ def main():
     resnet = torchvision.models.resnet18(weights=None).eval()
     torch.save(dict(resnet.state_dict()), os.path.join(out, "resnet18_sd.pt"))
     torch.jit.save(torch.jit.script(resnet), os.path.join(out, "resnet18_ts.pt"))
-    torch.jit.save(torch.jit.script(strip_weights(resnet)), os.path.join(out, "resnet18_arch_ts.pt"))
 
     for f in sorted(os.listdir(out)):
         print(f"make_data: {f} {os.path.getsize(os.path.join(out, f)):,} bytes")

@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "format/reader.h"
+#include "loader/scalar_type.h"
 #include "tsar/writer.h"
 #include "writer/pack_files.h"
 
@@ -20,6 +21,8 @@ struct PackArgs {
   std::vector<std::string> meta;     // KEY=VALUE
   std::vector<std::string> only, exclude;
   std::string strip_prefix;
+  std::string dtype;  // "" = as they are
+  std::string arch;   // --arch FILE
   std::string output;
   uint32_t align = 4096;
   bool strict = false;
@@ -64,6 +67,8 @@ int RunPack(const PackArgs& a) {
   options.only = a.only;
   options.exclude = a.exclude;
   options.strip_prefix = a.strip_prefix;
+  options.architecture = a.arch;
+  if (!a.dtype.empty()) options.pack.dtype = ToScalarType(*DTypeFromName(a.dtype), "--dtype");
   std::unique_ptr<Progress> progress;
   options.pack.progress = [&](uint64_t done, uint64_t all) {
     if (!progress) progress = std::make_unique<Progress>("packing", all, !a.quiet);
@@ -124,6 +129,14 @@ Run AddPack(CLI::App& app) {
   sub->add_option("--strip-prefix", args->strip_prefix,
                   "PREFIX: take PREFIX off every tensor name that starts with it (DDP's\n"
                   "module., Lightning's model.); bind can match such names too (BindOptions)");
+  sub->add_option("--dtype", args->dtype,
+                  "float16|bfloat16|float32: store every floating-point tensor as this dtype\n"
+                  "(integer, bool and complex tensors as they are; shared storages stay shared)")
+      ->check(CLI::IsMember({"float16", "bfloat16", "float32"}));
+  sub->add_option("--arch", args->arch,
+                  "FILE: for a TorchScript input, also write its architecture without weight\n"
+                  "bytes (each weight a stride-0 view of one zero) to FILE: what a server\n"
+                  "loads with torch::jit::load before tsar::bind points it at the archive");
   sub->add_option("--align", args->align,
                   "Alignment of storages of at least this size (power of two, >= 64)")
       ->default_val(4096)
@@ -147,6 +160,8 @@ Run AddPack(CLI::App& app) {
       "  tsar pack --entry model=sd.pt --entry ema=ema.pt --meta step=1000 -o ckpt.tsar\n"
       "  tsar pack model.safetensors.index.json -o llm.tsar   # all shards into one archive\n"
       "  tsar pack ckpt.pt --only model --strip-prefix module. -o model.tsar\n"
+      "  tsar pack model.safetensors --dtype bfloat16 -o model-bf16.tsar\n"
+      "  tsar pack model_ts.pt -o model.tsar --arch model_arch.pt   # for a C++ server\n"
       "A torch.save dict like {\"model\": sd, \"ema\": sd2, \"step\": 10} becomes entries\n"
       "model and ema and the metadata step=10. Nothing in the input is ever executed.");
   return [args] { return RunPack(*args); };

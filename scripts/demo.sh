@@ -8,7 +8,8 @@ scripts/setup.sh build
 work=$(mktemp -d /tmp/tsar-demo-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 samples/cpp-server/make_model.py "$work"
-build/cli/tsar pack "$work/resnet18.pt" -o "$work/resnet18.tsar"
+# The weights into the archive, the architecture without them for the workers.
+build/cli/tsar pack "$work/resnet18_ts.pt" -o "$work/resnet18.tsar" --arch "$work/resnet18_arch_ts.pt"
 build/cli/tsar inspect "$work/resnet18.tsar" | sed -n 1,6p   # (sed, not head: no SIGPIPE under pipefail)
 build/cli/tsar verify "$work/resnet18.tsar"
 samples/cpp-server/run_workers.sh build "$work" "${TSAR_DEMO_WORKERS:-8}"

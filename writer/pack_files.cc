@@ -8,6 +8,7 @@
 #include "format/encode.h"
 #include "format/reader.h"
 #include "loader/value_tree.h"
+#include "writer/architecture.h"
 #include "writer/importer.h"
 
 namespace tsar {
@@ -204,11 +205,21 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
       }
     }
   }
+  if (!options.architecture.empty() && sources.size() != 1) {
+    throw Error(
+        ErrorCode::kInvalidArgument, "", std::nullopt,
+        "--arch: expected one input, a TorchScript file, found " + std::to_string(sources.size()));
+  }
   PackSummary summary;
   PackOptions pack = options.pack;
   pack.progress = [&](uint64_t done, uint64_t all) {
     summary.nbytes = all;
     if (options.pack.progress) options.pack.progress(done, all);
+  };
+  pack.note = [&](const std::string& line) {
+    summary.notes.push_back(line);
+    if (options.pack.note) options.pack.note(line);
+    if (options.note) options.note(line);
   };
   Writer writer(output, pack);
   std::unordered_map<std::string, std::string> entry_inputs;  // entry name: its input
@@ -221,6 +232,12 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     io.strict = options.strict;
     io.default_entry = s.entry.empty() ? options.pack.entry : s.entry;
     importer::Imported in = importer::Import(s.path, io);
+    if (!options.architecture.empty() && in.kind != importer::InputKind::kTorchScript) {
+      throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
+                  std::string("--arch: this is a ") + importer::InputKindName(in.kind) +
+                      " file, which holds weights only; an architecture comes from a "
+                      "TorchScript file (torch.jit.script or trace, then torch.jit.save)");
+    }
     if (AllFloatingBroadcast(in)) {
       const std::string what =
           "every floating-point tensor is a broadcast view (a stride of 0): this looks like a "
@@ -307,7 +324,12 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
                     ": no tensor name starts with it");
   }
   for (const auto& [key, value] : options.metadata) writer.add_metadata(key, value);
+  std::unique_ptr<writer::Architecture> architecture;
+  if (!options.architecture.empty()) {
+    architecture = std::make_unique<writer::Architecture>(sources[0].path, options.architecture);
+  }
   writer.finish();
+  if (architecture) architecture->Publish(options.pack.durable);
   return summary;
 }
 

@@ -30,6 +30,11 @@ struct PackFilesOptions {
   // Taken off every tensor name that starts with it (DDP's "module.",
   // Lightning's "model."); some tensor must have it.
   std::string strip_prefix;
+  // When set: the one input must be a TorchScript file, and its architecture
+  // without weight bytes (writer/architecture.h) is written here too, for a
+  // server to load before tsar::bind. Both files are published only when both
+  // are complete.
+  std::string architecture;
   // Called once per value an input held that was skipped ("<input>: <what>").
   std::function<void(const std::string&)> note;
 };

@@ -17,6 +17,7 @@
 #include "format/value_tree.h"
 #include "loader/scalar_type.h"
 #include "writer/atomic_file.h"
+#include "writer/convert_dtype.h"
 
 namespace tsar {
 
@@ -87,6 +88,13 @@ Writer::Writer(std::string path, PackOptions options) : state_(std::make_unique<
   state_->path = std::move(path);
   state_->options = std::move(options);
   WithPath(state_->path, [&] { format::IndexBuilder check(state_->options.alignment); });
+  const auto& dtype = state_->options.dtype;
+  if (dtype && !writer::IsConvertibleFloating(*dtype)) {
+    throw Error(ErrorCode::kInvalidArgument, state_->path, std::nullopt,
+                std::string("PackOptions::dtype: expected float16, bfloat16, float32 or float64, "
+                            "found ") +
+                    c10::toString(*dtype));
+  }
 }
 
 Writer::~Writer() = default;
@@ -181,6 +189,14 @@ void Writer::finish() {
   if (st.finished)
     throw Error(ErrorCode::kInvalidArgument, st.path, std::nullopt, "finish() called twice");
   st.finished = true;
+  if (st.options.dtype) {
+    std::vector<writer::ConvertItem> items;
+    for (auto& e : st.entries) {
+      for (auto& item : e.items) items.push_back({&item.name, &item.tensor});
+    }
+    const std::string note = writer::ConvertFloating(items, *st.options.dtype);
+    if (!note.empty() && st.options.note) st.options.note(note);
+  }
   format::IndexBuilder b(st.options.alignment);
 
   // Storages in order of first use; each keeps the span its tensors cover.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,15 @@ struct PackOptions {
   std::function<void(uint64_t, uint64_t)> progress;
   // fsync the file and its directory before returning (off only in tests).
   bool durable = true;
+  // When set (float16, bfloat16, float32 or float64): every floating-point
+  // tensor (float64, float32, float16, bfloat16) is stored as this dtype,
+  // converted storage by storage, so tensors that shared a storage still
+  // share one. Integer, bool and complex tensors are stored as they are, and
+  // so is a storage that tensors view with two dtypes. The converted storages
+  // are held in memory until finish() has written them.
+  std::optional<at::ScalarType> dtype;
+  // Called with a line about what finish() changed (what `dtype` converted).
+  std::function<void(const std::string&)> note;
 };
 
 // Collects tensors and metadata, then writes the archive in finish():

@@ -4,6 +4,7 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,14 @@ MetadataValue FromPython(const py::handle& v, const std::string& key) {
   throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
               "metadata " + key + ": expected str, int, float or bytes, found " +
                   std::string(py::str(v.get_type().attr("__name__"))));
+}
+
+// "" = as they are; else a floating dtype name ("float16"), as PackOptions::dtype.
+std::optional<at::ScalarType> FloatingDtype(const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  const std::optional<DType> d = DTypeFromName(name);
+  if (!d) throw Error(ErrorCode::kInvalidArgument, "", std::nullopt, "dtype: unknown " + name);
+  return ToScalarType(*d, "dtype");
 }
 
 py::object Dtype(DType d) {
@@ -150,10 +159,11 @@ PYBIND11_MODULE(_tsar, m) {
       [](const std::string& path,
          const std::vector<std::pair<
              std::string, std::vector<std::tuple<std::string, at::Tensor, int>>>>& entries,
-         const py::list& metadata, uint32_t alignment, bool durable) {
+         const py::list& metadata, uint32_t alignment, const std::string& dtype, bool durable) {
         PackOptions o;
         o.alignment = alignment;
         o.durable = durable;
+        o.dtype = FloatingDtype(dtype);
         Writer w(path, o);
         for (const auto& [entry, tensors] : entries) {
           w.add_entry(entry);
@@ -169,16 +179,24 @@ PYBIND11_MODULE(_tsar, m) {
         w.finish();
       },
       py::arg("path"), py::arg("entries"), py::arg("metadata"), py::arg("alignment"),
-      py::arg("durable") = true);
+      py::arg("dtype"), py::arg("durable") = true);
 
   m.def(
       "pack",
       [](const std::vector<std::pair<std::string, std::string>>& sources, const std::string& dst,
-         const std::string& entry, bool strict, uint32_t alignment, const py::list& metadata) {
+         const std::string& entry, bool strict, uint32_t alignment, const py::list& metadata,
+         const std::string& dtype, const std::vector<std::string>& only,
+         const std::vector<std::string>& exclude, const std::string& strip_prefix,
+         const std::string& architecture) {
         PackFilesOptions o;
         o.pack.alignment = alignment;
         o.pack.entry = entry;
+        o.pack.dtype = FloatingDtype(dtype);
         o.strict = strict;
+        o.only = only;
+        o.exclude = exclude;
+        o.strip_prefix = strip_prefix;
+        o.architecture = architecture;
         for (const auto& item : metadata) {
           const auto t = item.cast<py::tuple>();
           const auto key = t[0].cast<std::string>();
@@ -194,13 +212,15 @@ PYBIND11_MODULE(_tsar, m) {
         return py::make_tuple(s.tensors, s.entries, s.nbytes, s.notes);
       },
       py::arg("sources"), py::arg("dst"), py::arg("entry"), py::arg("strict"), py::arg("alignment"),
-      py::arg("metadata"));
+      py::arg("metadata"), py::arg("dtype"), py::arg("only"), py::arg("exclude"),
+      py::arg("strip_prefix"), py::arg("architecture"));
 
   // slots: the module's state_dict(keep_vars=True) items, rebound in place.
   m.def(
       "bind",
       [](const Archive& archive, const std::vector<std::pair<std::string, at::Tensor>>& items,
-         bool training, const std::string& entry, bool strict, bool allow_training) {
+         bool training, const std::string& entry, bool strict, bool allow_training,
+         const std::string& archive_prefix, const std::string& module_prefix) {
         std::vector<BindSlot> slots;
         slots.reserve(items.size());
         for (const auto& [name, t] : items) slots.push_back({name, t});
@@ -208,11 +228,14 @@ PYBIND11_MODULE(_tsar, m) {
         o.entry = entry;
         o.strict = strict;
         o.allow_training = allow_training;
+        o.archive_prefix = archive_prefix;
+        o.module_prefix = module_prefix;
         const BindReport r = BindSlots(slots, training, archive, o);
         return py::make_tuple(r.bound, r.missing, r.unexpected, r.mismatched);
       },
       py::arg("archive"), py::arg("slots"), py::arg("training"), py::arg("entry"),
-      py::arg("strict"), py::arg("allow_training"));
+      py::arg("strict"), py::arg("allow_training"), py::arg("archive_prefix"),
+      py::arg("module_prefix"));
 
   m.def("install_fault_handler", &InstallFaultHandler);
 }

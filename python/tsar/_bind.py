@@ -22,6 +22,8 @@ def load_into(
     entry: Optional[str] = None,
     strict: bool = True,
     allow_training: bool = False,
+    archive_prefix: str = "",
+    module_prefix: str = "",
 ) -> BindReport:
     """Points every parameter and buffer of ``module`` at the archive, in place.
 
@@ -44,13 +46,21 @@ def load_into(
     archive with ``mode="copy_on_write"``, or pass ``allow_training=True`` if you
     know nothing writes.
 
+    Names that differ by a prefix: ``archive_prefix="module."`` binds an
+    archive of a DDP model (``module.fc.weight``) into the plain model;
+    ``module_prefix="model."`` binds a plain archive into a module that wraps
+    the model as ``self.model``. A module name ``M`` then matches the archive
+    name ``archive_prefix + (M without module_prefix)``; module names without
+    ``module_prefix`` are missing (``BindOptions`` in C++).
+
     Returns a :class:`BindReport`. Not thread-safe for one module.
     """
     archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
     items = list(module.state_dict(keep_vars=True).items())
     training = any(m.training for m in module.modules())
     bound, missing, unexpected, mismatched = _tsar.bind(
-        archive._a(), items, training, entry or "", bool(strict), bool(allow_training)
+        archive._a(), items, training, entry or "", bool(strict), bool(allow_training),
+        str(archive_prefix), str(module_prefix),
     )
     return BindReport(bound, missing, unexpected, mismatched)
 

@@ -2,7 +2,7 @@
 import collections.abc
 import json
 import os
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Sequence
 
 import torch
 
@@ -93,7 +93,17 @@ def _entries(obj, entry):
     )
 
 
-def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 4096) -> None:
+def _dtype_name(dtype) -> str:
+    """'' for None, else the name of a floating dtype ("float16") for PackOptions::dtype."""
+    if dtype is None:
+        return ""
+    allowed = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+    if dtype not in allowed:
+        raise ValueError(f"dtype: expected torch.float16, torch.bfloat16 or torch.float32, found {dtype!r}")
+    return allowed[dtype]
+
+
+def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 4096, dtype=None) -> None:
     """Writes ``obj`` as a .tsar archive at ``path``, atomically.
 
     ``obj`` is a state_dict (any mapping of str to Tensor; role "tensor", or
@@ -110,6 +120,11 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 409
     a half-written one. The same tensors give the same bytes as C++
     ``tsar::pack`` and as ``tsar pack`` of a torch.save of the same state_dict.
 
+    ``dtype`` (``torch.float16``, ``torch.bfloat16`` or ``torch.float32``):
+    every floating-point tensor is stored as that dtype, storage by storage, so
+    shared storages stay shared; integer, bool and complex tensors as they are
+    (``PackOptions::dtype``, ``tsar pack --dtype``).
+
     Raises:
         TypeError / OverflowError: an object or metadata value tsar cannot store.
         tsar.Error: INVALID_ARGUMENT (bad names, alignment), UNSUPPORTED
@@ -117,7 +132,7 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 409
     """
     entries, entry_meta = _entries(obj, entry)
     meta = entry_meta + [("", k, v) for k, v in _metadata_items(metadata)]
-    _tsar.save(os.fspath(path), entries, meta, int(alignment))
+    _tsar.save(os.fspath(path), entries, meta, int(alignment), _dtype_name(dtype))
 
 
 class PackSummary(NamedTuple):
@@ -127,7 +142,20 @@ class PackSummary(NamedTuple):
     notes: List[str]  # what the inputs held that was skipped, "<input>: <what>"
 
 
-def pack(src, dst, *, entry: str = "model", strict: bool = False, alignment: int = 4096, metadata=None) -> PackSummary:
+def pack(
+    src,
+    dst,
+    *,
+    entry: str = "model",
+    strict: bool = False,
+    alignment: int = 4096,
+    metadata=None,
+    dtype=None,
+    only: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    strip_prefix: str = "",
+    arch=None,
+) -> PackSummary:
     """What ``tsar pack`` does: imports files and writes one archive at ``dst``.
 
     ``src`` is a file (torch.save, TorchScript, safetensors or its sharded
@@ -141,6 +169,11 @@ def pack(src, dst, *, entry: str = "model", strict: bool = False, alignment: int
     HDF5 and safetensors values that metadata cannot hold (else skipped, listed
     in ``notes``). The output is byte-identical to the CLI's.
 
+    The options are those of ``tsar pack``: ``dtype`` (``--dtype``, a torch
+    floating dtype), ``only``/``exclude`` (entry names, ``--only``/``--exclude``),
+    ``strip_prefix`` (``--strip-prefix``) and ``arch`` (``--arch``: a path where
+    the TorchScript input's architecture is written without its weights).
+
     Raises tsar.Error: BAD_INPUT naming the input file (and offset where known),
     INVALID_ARGUMENT, IO.
     """
@@ -151,6 +184,8 @@ def pack(src, dst, *, entry: str = "model", strict: bool = False, alignment: int
     else:
         sources = [("", os.fspath(s)) for s in src]
     tensors, entries, nbytes, notes = _tsar.pack(
-        sources, os.fspath(dst), entry, bool(strict), int(alignment), _metadata_items(metadata)
+        sources, os.fspath(dst), entry, bool(strict), int(alignment), _metadata_items(metadata),
+        _dtype_name(dtype), [str(x) for x in only], [str(x) for x in exclude], str(strip_prefix),
+        "" if arch is None else os.fspath(arch),
     )
     return PackSummary(tensors, entries, nbytes, notes)

@@ -20,9 +20,8 @@ trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 "$here/make_model.py" "$work"
 mkdir -p "$out/models"
 rm -f "$out/models/resnet18.tsar" "$out/resnet18_arch_ts.pt"
-"$tsar" pack -q "$work/resnet18.pt" -o "$out/models/resnet18.tsar"
+"$tsar" pack -q "$work/resnet18_ts.pt" -o "$out/models/resnet18.tsar" --arch "$out/resnet18_arch_ts.pt"
 "$tsar" verify "$out/models/resnet18.tsar" > /dev/null
-cp "$work/resnet18_arch_ts.pt" "$out/resnet18_arch_ts.pt"
 chmod 0444 "$out/models/resnet18.tsar" "$out/resnet18_arch_ts.pt"
 touch -h -d "@$epoch" "$out/models/resnet18.tsar" "$out/resnet18_arch_ts.pt"
 echo "build.sh: $(sha256sum "$out/models/resnet18.tsar" | cut -c1-16)...  $out/models/resnet18.tsar"

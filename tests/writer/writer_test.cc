@@ -99,6 +99,41 @@ TEST_F(WriterTest, RefusesWhatItCannotPackNamingTheTensor) {
       Throws([&] { w.add_metadata("k", int64_t{1}, "no-such-entry"); }, ErrorCode::kNotFound));
 }
 
+TEST_F(WriterTest, DtypeConvertsFloatingStoragesAndSaysWhatItLeft) {
+  at::manual_seed(3);
+  const at::Tensor w = at::randn({4, 6});
+  const at::Tensor raw = at::randn({8});
+  PackOptions o;
+  o.dtype = at::kHalf;
+  std::vector<std::string> notes;
+  o.note = [&](const std::string& line) { notes.push_back(line); };
+  Writer wr(Path("h.tsar"), o);
+  wr.add("w", w);
+  wr.add("w_t", w.t());
+  wr.add("raw", raw);
+  wr.add("raw_bits", raw.view(at::kInt));  // one storage, two dtypes: kept
+  wr.add("step", at::scalar_tensor(7, at::kLong));
+  wr.finish();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("dtype float16: converted 2 floating-point tensors in 1 storage "
+                          "(from float32: 2), 96 B -> 48 B"),
+            std::string::npos)
+      << notes[0];
+  EXPECT_NE(notes[0].find("viewed with another dtype: raw"), std::string::npos) << notes[0];
+  const Archive a = Archive::open(Path("h.tsar"));
+  EXPECT_TRUE(at::equal(a.tensor("w"), w.to(at::kHalf)));
+  EXPECT_TRUE(at::equal(a.tensor("w_t"), w.t().to(at::kHalf)));
+  EXPECT_EQ(a.info("w").storage, a.info("w_t").storage);
+  EXPECT_EQ(a.tensor("raw").scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(a.tensor("raw_bits"), raw.view(at::kInt)));
+  EXPECT_EQ(a.tensor("step").item<int64_t>(), 7);
+  PackOptions bad;
+  bad.dtype = at::kInt;
+  EXPECT_TRUE(
+      Throws([&] { Writer x(Path("x.tsar"), bad); }, ErrorCode::kInvalidArgument,
+             "PackOptions::dtype: expected float16, bfloat16, float32 or float64, found Int"));
+}
+
 TEST_F(WriterTest, SparseTensorsRoundTripAsSparseRecords) {
   at::manual_seed(5);
   const at::Tensor dense = at::randn({6, 5}) * at::bernoulli(at::full({6, 5}, 0.3));
