@@ -5,6 +5,8 @@
 
 #include <chrono>
 
+#include "cli/torch_side.h"
+
 namespace tsar::cli {
 namespace {
 double Now() {
@@ -69,5 +71,15 @@ void Progress::Done() {
   }
   enabled_ = false;
 }
+
+namespace {
+std::vector<std::string>& Args() {
+  static std::vector<std::string> args;
+  return args;
+}
+}  // namespace
+
+void SetCommandLine(int argc, char** argv) { Args().assign(argv, argv + argc); }
+const std::vector<std::string>& CommandLine() { return Args(); }
 
 }  // namespace tsar::cli

@@ -4,33 +4,29 @@
 #include <cstdio>
 #include <sstream>
 
-#include "writer/importer.h"
+#include "writer/detect.h"
 
 namespace tsar::cli {
 
-Archive OpenArchive(const std::string& path, const OpenOptions& options) {
+void ExplainNotAnArchive(const std::string& path, const Error& e) {
+  if (e.code() != ErrorCode::kBadMagic) return;
+  importer::InputKind kind = importer::InputKind::kUnknown;
   try {
-    return Archive::open(path, options);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kBadMagic) throw;
-    importer::InputKind kind = importer::InputKind::kUnknown;
-    try {
-      kind = importer::Detect(path);
-    } catch (const Error&) {
-    }
-    // Any JSON text is taken for an index by content; only one named like
-    // an index is called one here.
-    const bool index_name =
-        path.size() > 11 && path.compare(path.size() - 11, 11, ".index.json") == 0;
-    if (kind == importer::InputKind::kUnknown ||
-        (kind == importer::InputKind::kSafetensorsIndex && !index_name))
-      throw;
-    throw Error(ErrorCode::kBadMagic, path, std::nullopt,
-                std::string("this is ") + (kind == importer::InputKind::kHdf5 ? "an " : "a ") +
-                    importer::InputKindName(kind) +
-                    " file, not a tsar archive; pack it first: tsar pack " + path +
-                    " -o ARCHIVE.tsar");
+    kind = importer::Detect(path);
+  } catch (const Error&) {
   }
+  // Any JSON text is taken for an index by content; only one named like
+  // an index is called one here.
+  const bool index_name =
+      path.size() > 11 && path.compare(path.size() - 11, 11, ".index.json") == 0;
+  if (kind == importer::InputKind::kUnknown ||
+      (kind == importer::InputKind::kSafetensorsIndex && !index_name))
+    return;
+  throw Error(ErrorCode::kBadMagic, path, std::nullopt,
+              std::string("this is ") + (kind == importer::InputKind::kHdf5 ? "an " : "a ") +
+                  importer::InputKindName(kind) +
+                  " file, not a tsar archive; pack it first: tsar pack " + path +
+                  " -o ARCHIVE.tsar");
 }
 
 std::string Dims(const std::vector<int64_t>& v) {

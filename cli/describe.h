@@ -6,14 +6,30 @@
 #include <string>
 #include <vector>
 
-#include "tsar/archive.h"
+#include "tsar/archive_file.h"
 
 namespace tsar::cli {
 
-// Archive::open, and for a file that is not an archive but an input of
-// `tsar pack` (torch.save, TorchScript, safetensors, HDF5), an error that
-// says so and how to pack it instead of the magic bytes it does not have.
-Archive OpenArchive(const std::string& path, const OpenOptions& options = {});
+// For a file that is not an archive (`e` is kBadMagic) but an input of
+// `tsar pack` (torch.save, TorchScript, safetensors, HDF5), throws an error
+// that says so and how to pack it, instead of the magic bytes it does not
+// have; else returns.
+void ExplainNotAnArchive(const std::string& path, const Error& e);
+
+// A::open (ArchiveFile, or Archive on the LibTorch side) with the error of
+// ExplainNotAnArchive for a pack input.
+template <typename A>
+A OpenAs(const std::string& path, const OpenOptions& options = {}) {
+  try {
+    return A::open(path, options);
+  } catch (const Error& e) {
+    ExplainNotAnArchive(path, e);
+    throw;
+  }
+}
+inline ArchiveFile OpenArchive(const std::string& path, const OpenOptions& options = {}) {
+  return OpenAs<ArchiveFile>(path, options);
+}
 
 // "[2, 3]".
 std::string Dims(const std::vector<int64_t>& v);

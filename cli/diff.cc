@@ -12,7 +12,7 @@
 #include "cli/common.h"
 #include "cli/describe.h"
 #include "cli/element_diff.h"
-#include "tsar/archive.h"
+#include "tsar/archive_file.h"
 
 namespace tsar::cli {
 namespace {
@@ -227,7 +227,7 @@ std::string Count(size_t n, const char* one, const char* many) {
 }
 
 // Where a tensor's element [0, ..., 0] lies in this process.
-const uint8_t* Origin(const Archive& a, const std::vector<StorageInfo>& storages,
+const uint8_t* Origin(const ArchiveFile& a, const std::vector<StorageInfo>& storages,
                       const TensorInfo& t) {
   return static_cast<const uint8_t*>(a.data()) + storages[t.storage].offset +
          t.storage_offset * ElementSize(t.dtype);
@@ -264,7 +264,7 @@ struct Report {
 
 // Metadata of one scope (entry "" = archive-level); an entry that one side
 // lacks has no keys there.
-void DiffMetadata(const Archive& a, const Archive& b, const std::string& entry, bool in_a,
+void DiffMetadata(const ArchiveFile& a, const ArchiveFile& b, const std::string& entry, bool in_a,
                   bool in_b, Report& r) {
   using Items = std::vector<std::pair<std::string, MetadataValue>>;
   const Items ma = in_a ? a.metadata_items(entry) : Items{};
@@ -286,7 +286,7 @@ void DiffMetadata(const Archive& a, const Archive& b, const std::string& entry, 
   r.keys += ma.size();
 }
 
-Report Compare(const Archive& a, const Archive& b, bool show_progress,
+Report Compare(const ArchiveFile& a, const ArchiveFile& b, bool show_progress,
                const std::vector<TensorInfo>& ia, const std::vector<TensorInfo>& ib,
                const DiffOptions& options) {
   Report r;
@@ -465,7 +465,7 @@ void PrintJson(const Report& r) {
 }
 
 int RunDiff(const std::string& pa, const std::string& pb, bool json, const DiffOptions& options) {
-  std::optional<Archive> a, b;
+  std::optional<ArchiveFile> a, b;
   try {
     a = OpenArchive(pa);
     b = OpenArchive(pb);

@@ -1,44 +1,9 @@
-// `tsar export ARCHIVE -o OUT`: back to torch.save (.pt), safetensors or HDF5.
+// `tsar export ARCHIVE -o OUT`: its command line (RunExport, in
+// cli/export_run.cc, writes torch.save (.pt), safetensors or HDF5).
 #include "cli/commands.h"
-#include "cli/common.h"
-#include "cli/describe.h"
-#include "writer/exporter.h"
+#include "cli/torch_side.h"
 
 namespace tsar::cli {
-namespace {
-
-struct ExportArgs {
-  std::string archive, output, format;
-  bool materialize_shared = false;
-  bool no_verify = false;
-  bool quiet = false;
-};
-
-int RunExport(const ExportArgs& a) {
-  const exporter::Format f =
-      a.format.empty() ? exporter::FormatFromPath(a.output) : exporter::FormatFromName(a.format);
-  exporter::ExportOptions o;
-  o.materialize_shared = a.materialize_shared;
-  const Archive archive = OpenArchive(a.archive);
-  if (!a.no_verify) {
-    // A damaged archive would be exported as it is, and the new file's own
-    // checksums (or none) would then vouch for the damage.
-    try {
-      archive.verify();
-    } catch (const Error& e) {
-      throw Error(e.code(), "", std::nullopt,
-                  std::string(e.what()) + " (export --no-verify writes it as it is)");
-    }
-  }
-  const auto notes = exporter::Export(archive, a.output, f, o);
-  if (!a.quiet) {
-    for (const auto& n : notes) std::fprintf(stderr, "tsar: note: %s\n", n.c_str());
-    std::printf("exported %zu tensors to %s\n", archive.infos().size(), a.output.c_str());
-  }
-  return kExitOk;
-}
-
-}  // namespace
 
 Run AddExport(CLI::App& app) {
   auto args = std::make_shared<ExportArgs>();

@@ -8,7 +8,7 @@
 #include "cli/common.h"
 #include "cli/describe.h"
 #include "format/reader.h"
-#include "tsar/archive.h"
+#include "tsar/archive_file.h"
 #include "writer/json_util.h"
 
 namespace tsar::cli {
@@ -270,7 +270,7 @@ nlohmann::ordered_json ValueJson(const Value& v) {
 }
 
 int RunInspect(const std::string& path, bool json) {
-  const Archive a = OpenArchive(path);
+  const ArchiveFile a = OpenArchive(path);
   const auto infos = a.infos();
   const auto storages = a.storages();
   std::vector<int> users(storages.size());

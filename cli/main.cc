@@ -1,17 +1,19 @@
 // `tsar`: pack, inspect and verify tensor archives. Parses the command line,
-// runs one subcommand, and maps errors to the documented exit codes.
-#include <c10/util/Exception.h>
-
+// runs one subcommand, and maps errors to the documented exit codes. The
+// same main() is tsar (no LibTorch: pack and export are handed to tsar-torch,
+// cli/forward.cc) and tsar-torch (cli/pack_run.cc, cli/export_run.cc).
 #include <algorithm>
 #include <map>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/suggest.h"
+#include "cli/torch_side.h"
 #include "tsar/version.h"
 
 int main(int argc, char** argv) {
   using namespace tsar::cli;
+  SetCommandLine(argc, argv);
   CLI::App app{
       "tsar: the tensor archive. Packs PyTorch weights into one read-only, page-aligned,\n"
       "checksummed file that model servers map zero-copy and share through the page cache.",
@@ -71,9 +73,6 @@ int main(int argc, char** argv) {
   } catch (const tsar::Error& e) {
     PrintError(e.what());
     return ExitCodeFor(e);
-  } catch (const c10::Error& e) {
-    PrintError(e.what_without_backtrace());
-    return kExitBadInput;
   } catch (const std::exception& e) {
     PrintError(e.what());
     return kExitBadInput;

@@ -1,108 +1,11 @@
-// `tsar pack INPUT... -o OUTPUT`: import torch.save, TorchScript, safetensors
-// and HDF5 files (detected by content) and write one archive atomically.
-#include <unistd.h>
-
-#include <chrono>
+// `tsar pack INPUT... -o OUTPUT`: its command line (RunPack, in
+// cli/pack_run.cc, imports the inputs and writes the archive).
 #include <cstdlib>
 
 #include "cli/commands.h"
-#include "cli/common.h"
-#include "format/reader.h"
-#include "loader/scalar_type.h"
-#include "tsar/writer.h"
-#include "writer/pack_files.h"
+#include "cli/torch_side.h"
 
 namespace tsar::cli {
-namespace {
-
-struct PackArgs {
-  std::vector<std::string> inputs;
-  std::vector<std::string> entries;  // NAME=FILE
-  std::vector<std::string> meta;     // KEY=VALUE
-  std::vector<std::string> only, exclude;
-  std::string strip_prefix;
-  std::string dtype;  // "" = as they are
-  std::string arch;   // --arch FILE
-  std::string output;
-  uint32_t align = 4096;
-  bool strict = false;
-  bool quiet = false;
-};
-
-std::pair<std::string, std::string> SplitPair(const std::string& s, const char* flag) {
-  const size_t eq = s.find('=');
-  if (eq == std::string::npos || eq == 0) {
-    throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
-                std::string(flag) + " " + format::Quote(s) + ": expected " +
-                    (std::string(flag) == "--entry" ? "NAME=FILE" : "KEY=VALUE"));
-  }
-  return {s.substr(0, eq), s.substr(eq + 1)};
-}
-
-// --meta values: an integer if the whole value parses as one, else a float,
-// else the string itself.
-MetadataValue ParseMeta(const std::string& v) {
-  if (!v.empty()) {
-    char* end = nullptr;
-    errno = 0;
-    const long long i = std::strtoll(v.c_str(), &end, 10);
-    if (errno == 0 && *end == '\0') return int64_t{i};
-    const double d = std::strtod(v.c_str(), &end);
-    if (*end == '\0') return d;
-  }
-  return v;
-}
-
-int RunPack(const PackArgs& a) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<PackSource> sources;
-  for (const auto& p : a.inputs) sources.push_back({"", p});
-  for (const auto& e : a.entries) {
-    auto [name, file] = SplitPair(e, "--entry");
-    sources.push_back({name, file});
-  }
-  PackFilesOptions options;
-  options.pack.alignment = a.align;
-  options.strict = a.strict;
-  options.only = a.only;
-  options.exclude = a.exclude;
-  options.strip_prefix = a.strip_prefix;
-  options.architecture = a.arch;
-  if (!a.dtype.empty()) options.pack.dtype = ToScalarType(*DTypeFromName(a.dtype), "--dtype");
-  std::unique_ptr<Progress> progress;
-  options.pack.progress = [&](uint64_t done, uint64_t all) {
-    if (!progress) progress = std::make_unique<Progress>("packing", all, !a.quiet);
-    progress->Update(done);
-  };
-  if (!a.quiet) {
-    options.note = [](const std::string& line) {
-      std::fprintf(stderr, "tsar: note: %s\n", line.c_str());
-    };
-  }
-  for (const auto& m : a.meta) {
-    auto [k, v] = SplitPair(m, "--meta");
-    for (const auto& [seen, unused] : options.metadata) {
-      if (seen == k) {
-        throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
-                    "--meta " + format::Quote(k) + ": given twice; each key takes one value");
-      }
-    }
-    options.metadata.emplace_back(k, ParseMeta(v));
-  }
-  const PackSummary summary = PackFiles(sources, a.output, options);
-  if (progress) progress->Done();
-  if (!a.quiet) {
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const size_t n = summary.entries.size();
-    std::printf("packed %zu tensors in %zu entr%s (%s of data) into %s in %.2f s\n",
-                summary.tensors, n, n == 1 ? "y" : "ies", HumanBytes(summary.nbytes).c_str(),
-                a.output.c_str(), secs);
-  }
-  return kExitOk;
-}
-
-}  // namespace
 
 Run AddPack(CLI::App& app) {
   auto args = std::make_shared<PackArgs>();

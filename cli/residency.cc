@@ -19,7 +19,7 @@
 #include "cli/common.h"
 #include "cli/describe.h"
 #include "loader/open_file.h"
-#include "tsar/archive.h"
+#include "tsar/archive_file.h"
 
 namespace tsar::cli {
 namespace {

@@ -7,21 +7,21 @@
 #include "cli/common.h"
 #include "cli/describe.h"
 #include "format/checksum.h"
-#include "tsar/archive.h"
+#include "tsar/archive_file.h"
 
 namespace tsar::cli {
 namespace {
 
 int VerifyOne(const std::string& path) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::optional<Archive> opened;
+  std::optional<ArchiveFile> opened;
   try {
     opened = OpenArchive(path);
   } catch (const Error& e) {
     PrintError(e.what());
     return kExitBadInput;
   }
-  const Archive& a = *opened;
+  const ArchiveFile& a = *opened;
   const auto storages = a.storages();
   uint64_t total = 0, done = 0;
   for (const auto& s : storages) total += s.nbytes;

@@ -1,50 +1,14 @@
-// tsar::Archive: open, validate, map, and wrap storages as c10::Storage views
-// of the mapping (spec/FORMAT.md §4, §6).
+// tsar::Archive: an ArchiveFile whose storages become c10::Storage views of
+// the mapping, and its tensors views of those (spec/FORMAT.md §4).
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-
-#include "format/checksum.h"
 #include "format/reader.h"
-#include "format/value_tree.h"
 #include "loader/archive_impl.h"
-#include "loader/open_file.h"
 #include "loader/scalar_type.h"
-#include "loader/value_tree.h"
 
 namespace tsar {
 namespace {
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-void PreadAll(int fd, uint8_t* out, uint64_t n, const std::string& path) {
-  uint64_t done = 0;
-  while (done < n) {
-    const ssize_t got =
-        pread(fd, out + done, static_cast<size_t>(n - done), static_cast<off_t>(done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0)
-      throw Error(ErrorCode::kIo, path, done, std::string("cannot read: ") + std::strerror(errno));
-    if (got == 0) throw Error(ErrorCode::kTruncated, path, done, "file shrank while being read");
-    done += static_cast<uint64_t>(got);
-  }
-}
 
 void DeleteCoreRef(void* ctx) { delete static_cast<std::shared_ptr<const ArchiveCore>*>(ctx); }
 
@@ -58,54 +22,16 @@ c10::Storage MakeStorage(const std::shared_ptr<const ArchiveCore>& core,
                       /*allocator=*/nullptr, /*resizable=*/false);
 }
 
-std::string QuoteName(const std::string& s) { return format::Quote(s); }
-
 }  // namespace
 
-ArchiveCore::ArchiveCore(std::string p, format::Index i, std::unique_ptr<Mapping> m)
-    : path(std::move(p)), index(std::move(i)), mapping(std::move(m)) {
-  RegisterMapping(this);
-}
-ArchiveCore::~ArchiveCore() { UnregisterMapping(this); }
-
 Archive Archive::open(const std::string& path, const OpenOptions& options) {
-  struct stat st;
-  Fd fd(OpenRegularFile(path, &st, ErrorCode::kInvalidArgument));
-  const auto file_size = static_cast<uint64_t>(st.st_size);
-
-  // Header first, then exactly [0, data_offset) into private memory: the
-  // index is validated on bytes no other process can change afterwards.
-  uint8_t first[format::kHeaderSize];
-  const uint64_t first_n = std::min<uint64_t>(file_size, sizeof first);
-  PreadAll(fd.get(), first, first_n, path);
-  const format::Header h = format::DecodeHeader(first, first_n, file_size, path);
-  std::vector<uint8_t> head(h.data_offset);
-  PreadAll(fd.get(), head.data(), head.size(), path);
-  format::Index index = format::Index::Parse(std::move(head), file_size, path);
-
-  bool refused = false;
-  std::unique_ptr<Mapping> mapping =
-      Mapping::Create(fd.get(), file_size, options.mode, options.prefetch, path, &refused);
-  if (refused) {
-    if (!options.fallback_to_read) {
-      throw Error(ErrorCode::kIo, path, std::nullopt,
-                  std::string("cannot mmap: ") + std::strerror(errno));
-    }
-    std::fprintf(stderr,
-                 "tsar: warning: %s: mmap refused (%s); reading into private memory instead\n",
-                 path.c_str(), std::strerror(errno));
-    mapping =
-        Mapping::Create(fd.get(), file_size, MapMode::kRead, options.prefetch, path, &refused);
-  }
-
+  ArchiveFile file = ArchiveFile::open(path, options);
   auto impl = std::make_shared<Impl>();
-  impl->core = std::make_shared<const ArchiveCore>(path, std::move(index), std::move(mapping));
+  impl->core = file.core();
   const size_t storage_count = impl->core->index.storages().size();
   impl->storages.resize(storage_count);
   impl->storage_once = std::make_unique<std::once_flag[]>(storage_count);
-  Archive archive(std::move(impl));
-  if (options.verify == VerifyMode::kFull) archive.verify();
-  return archive;
+  return Archive(std::move(file), std::move(impl));
 }
 
 const c10::Storage& Archive::Impl::Storage(uint32_t i) const {
@@ -113,72 +39,10 @@ const c10::Storage& Archive::Impl::Storage(uint32_t i) const {
   return storages[i];
 }
 
-uint32_t Archive::Impl::BindEntry(const std::string& entry) const {
-  const auto& entries = index().entries();
-  if (!entry.empty() || entries.size() <= 1) return Entry(entry);
-  // Several entries (a checkpoint: model, optimizer state, ema...): never
-  // whichever came first. "model", else the one entry of parameters or
-  // buffers, else the caller must say.
-  const uint32_t model = index().FindEntry("model");
-  if (model != format::kNone) return model;
-  std::vector<uint32_t> modules;
-  for (uint32_t e = 0; e < entries.size(); ++e) {
-    for (uint32_t i = 0; i < entries[e].tensor_count; ++i) {
-      const auto role = index().tensors()[entries[e].first_tensor + i].role;
-      if (role == format::Role::kParameter || role == format::Role::kBuffer) {
-        modules.push_back(e);
-        break;
-      }
-    }
-  }
-  if (modules.size() == 1) return modules[0];
-  std::string have;
-  for (const auto& x : entries) have += (have.empty() ? "" : ", ") + QuoteName(std::string(x.name));
-  throw Error(ErrorCode::kNotFound, core->path, std::nullopt,
-              "bind: which entry? The archive has " + std::to_string(entries.size()) +
-                  " entries (" + have + "), none named \"model\" and " +
-                  (modules.empty() ? std::string("none") : std::to_string(modules.size())) +
-                  " of parameters or buffers; name one with BindOptions::entry (Python: "
-                  "entry=, CLI: --entry)");
-}
-
-uint32_t Archive::Impl::Entry(const std::string& entry) const {
-  const auto& entries = index().entries();
-  if (entry.empty()) {
-    if (entries.empty())
-      throw Error(ErrorCode::kNotFound, core->path, std::nullopt, "the archive has no entries");
-    return 0;
-  }
-  const uint32_t e = index().FindEntry(entry);
-  if (e == format::kNone) {
-    std::string have;
-    for (const auto& x : entries)
-      have += (have.empty() ? "" : ", ") + QuoteName(std::string(x.name));
-    throw Error(ErrorCode::kNotFound, core->path, std::nullopt,
-                "entry " + QuoteName(entry) + ": expected one of " + have);
-  }
-  return e;
-}
-
-uint32_t Archive::Impl::Find(const std::string& name, const std::string& entry) const {
-  const uint32_t e = Entry(entry);
-  const uint32_t t = index().FindTensor(e, name);
-  if (t == format::kNone) {
-    throw Error(ErrorCode::kNotFound, core->path, std::nullopt,
-                "tensor " + QuoteName(name) + ": not in entry " +
-                    QuoteName(std::string(index().entries()[e].name)));
-  }
-  return t;
-}
-
-std::string Archive::Impl::QualifiedName(uint32_t tensor) const {
-  const auto& t = index().tensors()[tensor];
-  return std::string(index().entries()[t.entry].name) + "/" + std::string(t.name);
-}
-
 at::Tensor Archive::Impl::Make(uint32_t i) const {
   const format::TensorRecord& t = index().tensors()[i];
-  const c10::ScalarType type = ToScalarType(t.dtype, "tensor " + QuoteName(std::string(t.name)));
+  const c10::ScalarType type =
+      ToScalarType(t.dtype, "tensor " + format::Quote(std::string(t.name)));
   // make_tensor skips the dispatcher (as LibTorch's own unpickler does);
   // the index validation (§6 R53) already proved the view in bounds.
   at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
@@ -189,83 +53,6 @@ at::Tensor Archive::Impl::Make(uint32_t i) const {
                               c10::IntArrayRef(index().strides(t), t.ndim));
   impl->set_storage_offset(static_cast<int64_t>(t.storage_offset));
   if (t.requires_grad) out.set_requires_grad(true);
-  return out;
-}
-
-const char* RoleName(Role role) noexcept {
-  switch (role) {
-    case Role::kParameter:
-      return "parameter";
-    case Role::kBuffer:
-      return "buffer";
-    case Role::kSparseComponent:
-      return "sparse_component";
-    case Role::kTensor:
-      break;
-  }
-  return "tensor";
-}
-
-const std::string& Archive::path() const { return impl_->core->path; }
-MapMode Archive::mode() const { return impl_->core->mapping->mode(); }
-uint16_t Archive::format_major() const { return impl_->index().header().major; }
-uint16_t Archive::format_minor() const { return impl_->index().header().minor; }
-uint32_t Archive::alignment() const { return impl_->index().header().alignment; }
-uint64_t Archive::file_size() const { return impl_->index().header().file_size; }
-const void* Archive::data() const { return impl_->core->mapping->data(); }
-uint64_t Archive::mapped_size() const { return impl_->core->mapping->size(); }
-
-std::vector<std::string> Archive::entries() const {
-  std::vector<std::string> out;
-  for (const auto& e : impl_->index().entries()) out.emplace_back(e.name);
-  return out;
-}
-
-std::vector<std::string> Archive::names(const std::string& entry) const {
-  std::vector<std::string> out;
-  impl_->ForEachVisible(impl_->Entry(entry),
-                        [&](std::string_view name, uint32_t, uint32_t) { out.emplace_back(name); });
-  return out;
-}
-
-bool Archive::contains(const std::string& name, const std::string& entry) const {
-  const uint32_t e = impl_->Entry(entry);
-  return impl_->index().FindTensor(e, name) != format::kNone ||
-         impl_->FindSparse(e, name) != format::kNone;
-}
-
-namespace {
-TensorInfo MakeInfo(const format::Index& index, uint32_t i) {
-  const auto& t = index.tensors()[i];
-  TensorInfo info;
-  info.name = std::string(t.name);
-  info.entry = std::string(index.entries()[t.entry].name);
-  info.dtype = t.dtype;
-  info.sizes.assign(index.sizes(t), index.sizes(t) + t.ndim);
-  info.strides.assign(index.strides(t), index.strides(t) + t.ndim);
-  info.storage_offset = t.storage_offset;
-  info.storage = t.storage;
-  info.role = static_cast<Role>(t.role);
-  info.requires_grad = t.requires_grad;
-  return info;
-}
-}  // namespace
-
-TensorInfo Archive::info(const std::string& name, const std::string& entry) const {
-  return MakeInfo(impl_->index(), impl_->Find(name, entry));
-}
-
-std::vector<TensorInfo> Archive::infos() const {
-  std::vector<TensorInfo> out;
-  for (uint32_t i = 0; i < impl_->index().tensors().size(); ++i)
-    out.push_back(MakeInfo(impl_->index(), i));
-  return out;
-}
-
-std::vector<StorageInfo> Archive::storages() const {
-  std::vector<StorageInfo> out;
-  const auto& s = impl_->index().storages();
-  for (uint32_t i = 0; i < s.size(); ++i) out.push_back({i, s[i].offset, s[i].nbytes, s[i].xxh3});
   return out;
 }
 
@@ -284,92 +71,6 @@ torch::OrderedDict<std::string, at::Tensor> Archive::state_dict(const std::strin
     out.insert(std::string(name), t != format::kNone ? impl_->Make(t) : impl_->MakeSparse(s));
   });
   return out;
-}
-
-namespace {
-MetadataValue ToValue(const format::MetadataRecord& m) {
-  switch (m.type) {
-    case format::MetaType::kString:
-      return std::string(m.bytes);
-    case format::MetaType::kInt:
-      return m.int_value;
-    case format::MetaType::kFloat:
-      return m.float_value;
-    case format::MetaType::kBytes:
-      return Bytes{std::string(m.bytes)};
-  }
-  return int64_t{0};
-}
-}  // namespace
-
-bool Archive::has_value_tree() const { return !impl_->index().values().empty(); }
-
-Value Archive::value() const {
-  if (has_value_tree()) return format::DecodeTree(impl_->index());
-  // Each entry's "torch._metadata", found in one pass over the metadata.
-  const auto& index = impl_->index();
-  std::vector<std::optional<std::string>> torch_metadata(index.entries().size());
-  for (const auto& m : index.metadata()) {
-    if (m.entry != format::kNone && m.key == "torch._metadata" &&
-        m.type == format::MetaType::kString)
-      torch_metadata[m.entry] = std::string(m.bytes);
-  }
-  return ImpliedValue(
-      entries(), [&](const std::string& e) { return torch_metadata[index.FindEntry(e)]; },
-      metadata_items());
-}
-
-std::optional<MetadataValue> Archive::metadata(const std::string& key,
-                                               const std::string& entry) const {
-  const uint32_t e = entry.empty() ? format::kNone : impl_->Entry(entry);
-  for (const auto& m : impl_->index().metadata()) {
-    if (m.entry == e && m.key == key) return ToValue(m);
-  }
-  return std::nullopt;
-}
-
-std::vector<std::pair<std::string, MetadataValue>> Archive::metadata_items(
-    const std::string& entry) const {
-  const uint32_t e = entry.empty() ? format::kNone : impl_->Entry(entry);
-  std::vector<std::pair<std::string, MetadataValue>> out;
-  for (const auto& m : impl_->index().metadata()) {
-    if (m.entry == e) out.emplace_back(std::string(m.key), ToValue(m));
-  }
-  return out;
-}
-
-std::vector<std::string> Archive::damaged() const {
-  const auto& index = impl_->index();
-  std::vector<bool> bad(index.storages().size());
-  for (uint32_t i = 0; i < index.storages().size(); ++i) {
-    const auto& s = index.storages()[i];
-    bad[i] = format::Xxh3(impl_->core->mapping->data() + s.offset, s.nbytes) != s.xxh3;
-  }
-  std::vector<std::string> out;
-  for (uint32_t t = 0; t < index.tensors().size(); ++t) {
-    if (bad[index.tensors()[t].storage]) out.push_back(impl_->QualifiedName(t));
-  }
-  return out;
-}
-
-void Archive::verify() const {
-  const auto& index = impl_->index();
-  for (uint32_t i = 0; i < index.storages().size(); ++i) {
-    const auto& s = index.storages()[i];
-    const uint64_t got = format::Xxh3(impl_->core->mapping->data() + s.offset, s.nbytes);
-    if (got == s.xxh3) continue;
-    std::string tensors;
-    for (uint32_t t = 0; t < index.tensors().size(); ++t) {
-      if (index.tensors()[t].storage == i)
-        tensors += (tensors.empty() ? "" : ", ") + QuoteName(impl_->QualifiedName(t));
-    }
-    char want[24], found[24];
-    std::snprintf(want, sizeof want, "0x%016llx", static_cast<unsigned long long>(s.xxh3));
-    std::snprintf(found, sizeof found, "0x%016llx", static_cast<unsigned long long>(got));
-    throw Error(ErrorCode::kChecksumMismatch, path(), s.offset,
-                "storage #" + std::to_string(i) + " (tensors " + tensors + "): xxh3: expected " +
-                    want + ", found " + found);
-  }
 }
 
 }  // namespace tsar

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "loader/archive_impl.h"
+#include "loader/archive_core.h"
 
 namespace tsar {
 namespace {

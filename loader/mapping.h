@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "tsar/archive.h"
+#include "tsar/archive_file.h"
 
 namespace tsar {
 

@@ -10,14 +10,6 @@
 
 namespace tsar {
 
-uint32_t Archive::Impl::FindSparse(uint32_t entry, std::string_view name) const {
-  const auto& sparse = index().sparse();
-  for (uint32_t i = 0; i < sparse.size(); ++i) {
-    if (sparse[i].entry == entry && sparse[i].name == name) return i;
-  }
-  return format::kNone;
-}
-
 at::Tensor Archive::Impl::MakeSparse(uint32_t s) const {
   const format::SparseRecord& sp = index().sparse()[s];
   const std::string what = "sparse tensor " + format::Quote(std::string(sp.name));

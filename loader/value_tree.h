@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "tsar/archive.h"
+#include "tsar/archive_file.h"
 #include "tsar/value.h"
 
 namespace tsar {

@@ -27,4 +27,7 @@ echo "pkg-config app: $out"
 [[ "$out" == *"tensors, first"*"format 1.0" ]]
 "$tmp/prefix/bin/tsar" --version | grep -q "format 1.0"
 "$tmp/prefix/bin/tsar" inspect "$archive" > /dev/null
+# export runs in libexec/tsar/tsar-torch, which the installed tsar must find.
+"$tmp/prefix/bin/tsar" export -q "$archive" -o "$tmp/back.safetensors"
+[[ -s "$tmp/back.safetensors" ]]
 echo "install ok"

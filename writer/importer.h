@@ -13,15 +13,13 @@
 
 #include "tsar/archive.h"
 #include "tsar/value.h"
+#include "writer/detect.h"
 
 namespace tsar::zip {
 class Reader;
 }
 
 namespace tsar::importer {
-
-enum class InputKind { kUnknown, kTorchSave, kTorchScript, kSafetensors, kSafetensorsIndex, kHdf5 };
-const char* InputKindName(InputKind kind);
 
 struct ImportOptions {
   // Refuse what cannot be kept as it is: objects that a torch.save file would
@@ -57,12 +55,9 @@ struct Imported {
   // the top of a dict and each state_dict's _metadata, which the implied tree
   // turns back into them).
   std::vector<Meta> metadata;
-  std::vector<std::string> skipped;  // one line each: what was skipped and why, without the input's path
+  std::vector<std::string>
+      skipped;  // one line each: what was skipped and why, without the input's path
 };
-
-// Detects the kind of `path` from its first bytes (and, for zip files, its
-// records). Throws kNotFound / kIo when it cannot be read.
-InputKind Detect(const std::string& path);
 
 // Detects and imports. Throws kBadInput naming the file, the offset where
 // known, what was wrong and what was expected; kBadInput "not a ... file"

@@ -1,124 +1,32 @@
 // tsar::Archive: opens a .tsar file (spec/FORMAT.md) with mmap and hands out
-// its tensors zero-copy. See bind.h to rebind a module's parameters in place.
+// its tensors zero-copy. See bind.h to rebind a module's parameters in place;
+// archive_file.h for everything but tensors, without LibTorch.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <torch/ordered_dict.h>
 
-#include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
-#include <variant>
-#include <vector>
 
-#include "tsar/dtype.h"
-#include "tsar/error.h"
-#include "tsar/value.h"
+#include "tsar/archive_file.h"
 
 namespace tsar {
 
-// How the file's bytes become memory.
-enum class MapMode {
-  // PROT_READ + MAP_SHARED: every process mapping the file shares its
-  // page-cache pages. Tensors alias READ-ONLY memory: any in-place write
-  // (add_, copy_, BatchNorm in train()) kills the process with SIGSEGV.
-  kShared,
-  // PROT_READ|PROT_WRITE + MAP_PRIVATE: writes are private copy-on-write
-  // pages; the file never changes.
-  kCopyOnWrite,
-  // pread() into private heap memory: for file systems where mmap fails or
-  // is slow (FUSE, some network file systems). Costs a full copy.
-  kRead,
-};
-
-enum class Prefetch {
-  kNone,      // pages come in on first touch
-  kWillNeed,  // madvise(MADV_WILLNEED): asynchronous read-ahead
-  kPopulate,  // MAP_POPULATE: every page mapped before open() returns
-  kLock,      // mlock: populated and pinned in RAM (needs RLIMIT_MEMLOCK)
-};
-
-enum class VerifyMode {
-  kIndex,  // header and index checksum only (always done)
-  kFull,   // also every storage's XXH3-64 before open() returns
-};
-
-struct OpenOptions {
-  MapMode mode = MapMode::kShared;
-  // When mmap is refused (ENODEV, EACCES...), fall back to kRead with a
-  // warning on stderr instead of throwing.
-  bool fallback_to_read = true;
-  Prefetch prefetch = Prefetch::kNone;
-  VerifyMode verify = VerifyMode::kIndex;
-};
-
-// Role of a tensor in its entry (spec §4.5).
-enum class Role : uint8_t { kTensor = 0, kParameter = 1, kBuffer = 2, kSparseComponent = 3 };
-// "tensor", "parameter", "buffer", "sparse_component": as inspect --json and
-// Python's TensorInfo.role spell it.
-const char* RoleName(Role role) noexcept;
-
-// What the index says about one tensor, without touching its bytes.
-struct TensorInfo {
-  std::string name;
-  std::string entry;
-  DType dtype;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
-  uint64_t storage_offset;  // in elements
-  uint32_t storage;         // equal for tensors that share a storage
-  Role role;
-  bool requires_grad;
-};
-
-struct StorageInfo {
-  uint32_t id;
-  uint64_t offset;  // absolute file offset
-  uint64_t nbytes;
-  uint64_t xxh3;
-};
-
-// Bytes metadata values (type 4), distinct from UTF-8 strings (type 1).
-struct Bytes {
-  std::string data;
-  bool operator==(const Bytes& o) const { return data == o.data; }
-};
-using MetadataValue = std::variant<std::string, int64_t, double, Bytes>;
-
-// An open archive. Cheap to copy (copies share the mapping). Immutable after
-// open(): every const member may be called from many threads at once.
+// An open archive: an ArchiveFile (index, metadata, value tree, verify) that
+// also hands out tensors. Cheap to copy (copies share the mapping).
+// Immutable after open(): every const member may be called from many threads
+// at once.
 //
 // Every tensor returned keeps the mapping alive, so the Archive may be
 // destroyed right after use; the mapping goes away with the last tensor.
-// In kShared mode tensors alias read-only memory (see MapMode). If the file
-// is truncated while mapped, touching a lost page raises SIGBUS: replace
-// archives by renaming a new file over the old one (as `tsar pack` does),
-// never by rewriting in place.
-class Archive {
+// In kShared mode tensors alias read-only memory (see MapMode).
+class Archive : public ArchiveFile {
  public:
   // Opens and validates header and index (spec §6) before any tensor exists.
   // Throws tsar::Error: kNotFound / kIo for the file, any decode code for
   // bad bytes, kChecksumMismatch under VerifyMode::kFull.
   static Archive open(const std::string& path, const OpenOptions& options = {});
-
-  const std::string& path() const;
-  MapMode mode() const;  // kRead after a fallback
-  uint16_t format_major() const;
-  uint16_t format_minor() const;
-  uint32_t alignment() const;
-  uint64_t file_size() const;
-
-  // Entry names in file order. Functions taking `entry` use the first entry
-  // when it is empty. An unknown entry throws kNotFound. Names are those a
-  // user sees: a sparse tensor (spec §4.6) by its own name, in the place of
-  // its first component; its components only through infos().
-  std::vector<std::string> entries() const;
-  std::vector<std::string> names(const std::string& entry = "") const;
-  bool contains(const std::string& name, const std::string& entry = "") const;
-  TensorInfo info(const std::string& name, const std::string& entry = "") const;
-  std::vector<TensorInfo> infos() const;  // every tensor of every entry
-  std::vector<StorageInfo> storages() const;
 
   // The tensor, a zero-copy view of the mapping (kNotFound if absent). A
   // sparse tensor is built over zero-copy views of its components, after
@@ -129,45 +37,13 @@ class Archive {
   // Every tensor of an entry in file order (the state_dict order packed).
   torch::OrderedDict<std::string, at::Tensor> state_dict(const std::string& entry = "") const;
 
-  // Metadata; entry "" is archive-level (not the first entry here).
-  std::optional<MetadataValue> metadata(const std::string& key,
-                                        const std::string& entry = "") const;
-  std::vector<std::pair<std::string, MetadataValue>> metadata_items(
-      const std::string& entry = "") const;
-
-  // What was packed, as a typed tree (spec §4.10): for a checkpoint, its dicts
-  // (key order kept), lists, tuples, numbers, strings, bytes, opaque objects,
-  // with each tensor named by (entry, name) for tensor() and each state_dict
-  // as an entry. An archive packed without one (every format 1.0 archive, and
-  // any whose structure its entries and metadata already say) gives the tree
-  // they imply: its one entry's state_dict, or a dict of the entries' state_dicts
-  // and the archive-level metadata.
-  Value value() const;
-  // True when the archive stores a tree (format 1.1, feature bit 0).
-  bool has_value_tree() const;
-
-  // Recomputes every storage's XXH3-64. Throws kChecksumMismatch naming the
-  // first damaged storage and every tensor in it; damaged() lists them all.
-  void verify() const;
-  // Names ("entry/name") of every tensor whose storage fails its checksum.
-  std::vector<std::string> damaged() const;
-
-  // For diagnostics: where the data lies in this process.
-  const void* data() const;
-  uint64_t mapped_size() const;
-
   struct Impl;
   const Impl& impl() const { return *impl_; }
 
  private:
-  explicit Archive(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  Archive(ArchiveFile file, std::shared_ptr<const Impl> impl)
+      : ArchiveFile(std::move(file)), impl_(std::move(impl)) {}
   std::shared_ptr<const Impl> impl_;
 };
-
-// Installs a SIGSEGV/SIGBUS handler that, when a fault hits a live tsar
-// mapping, prints "tsar: write to read-only archive <path>: storage #i used by
-// tensor "<name>"..." before the process dies with the default action. Opt-in;
-// chains to a previously installed handler for faults elsewhere.
-void InstallFaultHandler();
 
 }  // namespace tsar

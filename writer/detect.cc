@@ -1,0 +1,96 @@
+// Input detection by content (writer/detect.h). No LibTorch.
+#include "writer/detect.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "format/endian.h"
+#include "loader/mapping.h"
+#include "loader/open_file.h"
+#include "tsar/error.h"
+#include "writer/zip_reader.h"
+
+namespace tsar::importer {
+
+const char* InputKindName(InputKind kind) {
+  switch (kind) {
+    case InputKind::kTorchSave:
+      return "torch.save";
+    case InputKind::kTorchScript:
+      return "TorchScript";
+    case InputKind::kSafetensors:
+      return "safetensors";
+    case InputKind::kSafetensorsIndex:
+      return "safetensors index";
+    case InputKind::kHdf5:
+      return "HDF5";
+    case InputKind::kUnknown:
+      break;
+  }
+  return "unknown";
+}
+
+// A zip whose central directory names TorchScript's records.
+bool IsTorchScript(const zip::Reader& zip) {
+  return zip.Find(zip.prefix() + "constants.pkl") || zip.Find(zip.prefix() + "code/__torch__.py");
+}
+
+InputKind DetectByBytes(const std::string& path) {
+  struct stat st;
+  const int fd = OpenRegularFile(path, &st, ErrorCode::kBadInput);
+  uint8_t b[16] = {0};
+  const ssize_t n = pread(fd, b, sizeof b, 0);
+  const off_t size = lseek(fd, 0, SEEK_END);
+  close(fd);
+  if (n < 0)
+    throw Error(ErrorCode::kIo, path, std::nullopt,
+                std::string("cannot read: ") + std::strerror(errno));
+  static const uint8_t kHdf5[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  if (n >= 8 && std::memcmp(b, kHdf5, 8) == 0) return InputKind::kHdf5;
+  if (n >= 4 && b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4) return InputKind::kTorchSave;
+  if (n >= 9) {
+    const uint64_t header = format::LoadU64(b);
+    // A header starting with whitespace is not valid safetensors, but it is
+    // meant to be: the importer says what is wrong with it.
+    const bool json_start =
+        b[8] == '{' || b[8] == ' ' || b[8] == '\n' || b[8] == '\t' || b[8] == '\r';
+    if (json_start && header >= 2 && header <= static_cast<uint64_t>(size) - 8)
+      return InputKind::kSafetensors;
+  }
+  size_t i = 0;
+  while (i < static_cast<size_t>(n) && std::isspace(b[i])) ++i;
+  if (i < static_cast<size_t>(n) && b[i] == '{') return InputKind::kSafetensorsIndex;
+  return InputKind::kUnknown;
+}
+
+InputKind Detect(const std::string& path) {
+  const InputKind kind = DetectByBytes(path);
+  if (kind != InputKind::kTorchSave) return kind;
+  try {
+    struct stat st;
+    const int fd = OpenRegularFile(path, &st, ErrorCode::kBadInput);
+    bool refused = false;
+    std::unique_ptr<Mapping> map;
+    try {
+      map = Mapping::Create(fd, static_cast<uint64_t>(st.st_size), MapMode::kShared,
+                            Prefetch::kNone, path, &refused);
+    } catch (...) {
+      close(fd);
+      throw;
+    }
+    close(fd);
+    if (!refused && IsTorchScript(zip::Reader(map->data(), map->size(), path)))
+      return InputKind::kTorchScript;
+  } catch (const Error&) {
+    // A damaged or foreign zip: the torch.save importer names what is wrong.
+  }
+  return InputKind::kTorchSave;
+}
+
+}  // namespace tsar::importer

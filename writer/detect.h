@@ -1,0 +1,28 @@
+// What kind of input of `tsar pack` a file is, by content, without LibTorch
+// (the `tsar` command uses it to say what a file is that is not an archive).
+#pragma once
+
+#include <string>
+
+namespace tsar::zip {
+class Reader;
+}
+
+namespace tsar::importer {
+
+enum class InputKind { kUnknown, kTorchSave, kTorchScript, kSafetensors, kSafetensorsIndex, kHdf5 };
+// "torch.save", "TorchScript", "safetensors", "safetensors index", "HDF5", "unknown".
+const char* InputKindName(InputKind kind);
+
+// What the first bytes say; every zip is kTorchSave here. Throws kNotFound /
+// kIo when the file cannot be read, kBadInput when it is not a regular file.
+InputKind DetectByBytes(const std::string& path);
+
+// A zip whose central directory names TorchScript's records.
+bool IsTorchScript(const zip::Reader& zip);
+
+// DetectByBytes, and for a zip whether it is TorchScript (its central
+// directory read through a read-only mapping).
+InputKind Detect(const std::string& path);
+
+}  // namespace tsar::importer
