@@ -29,6 +29,27 @@ void ExplainNotAnArchive(const std::string& path, const Error& e) {
                   " -o ARCHIVE.tsar");
 }
 
+std::string Printable(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  char buf[8];
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const bool c1 = c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(s[i + 1]) <= 0x9f;
+    if (c < 0x20 || c == 0x7f) {
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else if (c1) {
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(s[++i]));
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 std::string Dims(const std::vector<int64_t>& v) {
   std::ostringstream o;
   o << "[";

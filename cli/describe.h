@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tsar/archive_file.h"
@@ -30,6 +31,11 @@ A OpenAs(const std::string& path, const OpenOptions& options = {}) {
 inline ArchiveFile OpenArchive(const std::string& path, const OpenOptions& options = {}) {
   return OpenAs<ArchiveFile>(path, options);
 }
+
+// `s` for a terminal: control characters (C0, DEL, and C1 as UTF-8) as
+// \xNN, so a name in a hostile archive cannot move the cursor, clear the
+// screen or retitle the terminal; everything else (UTF-8 included) as it is.
+std::string Printable(std::string_view s);
 
 // "[2, 3]".
 std::string Dims(const std::vector<int64_t>& v);

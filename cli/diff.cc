@@ -367,15 +367,16 @@ Report Compare(const ArchiveFile& a, const ArchiveFile& b, bool show_progress,
 }
 
 std::string MetaName(const MetaDiff& m) {
-  return m.entry.empty() ? m.key : m.key + " (entry \"" + m.entry + "\")";
+  return Printable(m.entry.empty() ? m.key : m.key + " (entry \"" + m.entry + "\")");
 }
 
 void PrintHuman(const std::string& pa, const std::string& pb, const Report& r) {
-  for (const auto& e : r.removed_entries) std::printf("removed entry \"%s\"\n", e.c_str());
-  for (const auto& e : r.added_entries) std::printf("added entry \"%s\"\n", e.c_str());
+  for (const auto& e : r.removed_entries)
+    std::printf("removed entry \"%s\"\n", Printable(e).c_str());
+  for (const auto& e : r.added_entries) std::printf("added entry \"%s\"\n", Printable(e).c_str());
   auto tensors = [](const char* how, const std::vector<const TensorInfo*>& v) {
     for (const TensorInfo* t : v) {
-      std::printf("%s %s/%s: %s %s\n", how, t->entry.c_str(), t->name.c_str(),
+      std::printf("%s %s/%s: %s %s\n", how, Printable(t->entry).c_str(), Printable(t->name).c_str(),
                   std::string(DTypeName(t->dtype)).c_str(), Dims(t->sizes).c_str());
     }
   };
@@ -384,7 +385,7 @@ void PrintHuman(const std::string& pa, const std::string& pb, const Report& r) {
   for (const auto& c : r.changed) {
     std::string list;
     for (const auto& w : c.what) list += (list.empty() ? "" : "; ") + w;
-    std::printf("changed %s: %s\n", c.name.c_str(), list.c_str());
+    std::printf("changed %s: %s\n", Printable(c.name).c_str(), list.c_str());
   }
   size_t meta_added = 0, meta_removed = 0, meta_changed = 0;
   for (const auto& m : r.metadata) {

@@ -172,12 +172,12 @@ std::string ValueLine(const Value& v) {
       return std::string(v.ordered() ? "OrderedDict" : "dict") + " of " +
              std::to_string(v.pairs().size()) + (v.attributes() ? ", with attributes" : "");
     case K::kTensor:
-      return "tensor " + v.entry() + "/" + v.name();
+      return "tensor " + Printable(v.entry()) + "/" + Printable(v.name());
     case K::kEntry:
       return std::string(v.ordered() ? "OrderedDict" : "dict") + ": the tensors of entry \"" +
-             v.entry() + "\"" + (v.attributes() ? ", with attributes" : "");
+             Printable(v.entry()) + "\"" + (v.attributes() ? ", with attributes" : "");
     case K::kOpaque:
-      return "opaque " + v.bytes() + " (" + std::to_string(OpaqueBytes(v)) +
+      return "opaque " + Printable(v.bytes()) + " (" + std::to_string(OpaqueBytes(v)) +
              " bytes of pickle, never run by tsar; " + std::to_string(v.items().size()) +
              " tensors)";
   }
@@ -401,7 +401,7 @@ int RunInspect(const std::string& path, bool json) {
     std::string shape = Dims(t.sizes);
     if (!Contiguous(t)) shape += " strides " + Dims(t.strides);
     if (t.storage_offset) shape += " +" + std::to_string(t.storage_offset);
-    rows.push_back({t.name, std::string(DTypeName(t.dtype)), shape,
+    rows.push_back({Printable(t.name), std::string(DTypeName(t.dtype)), shape,
                     "#" + std::to_string(t.storage) + (users[t.storage] > 1 ? " shared" : ""),
                     HumanBytes(static_cast<double>(TensorBytes(t))),
                     std::string(RoleName(t.role)) + (t.requires_grad ? " requires_grad" : "")});
@@ -411,11 +411,11 @@ int RunInspect(const std::string& path, bool json) {
   std::map<std::string, std::vector<size_t>> by_entry;
   for (size_t i = 0; i < infos.size(); ++i) by_entry[infos[i].entry].push_back(i);
   for (const auto& e : a.entries()) {
-    std::printf("\nentry \"%s\"\n", e.c_str());
+    std::printf("\nentry \"%s\"\n", Printable(e).c_str());
     columns.Print(header);
     for (size_t i : by_entry[e]) columns.Print(rows[i]);
     for (const auto& [k, v] : a.metadata_items(e))
-      std::printf("  metadata %s = %s\n", k.c_str(), MetaText(v).c_str());
+      std::printf("  metadata %s = %s\n", Printable(k).c_str(), MetaText(v).c_str());
   }
   const Totals totals = Sum(infos, storages);
   std::printf("\ntotals: %s elements in %zu tensors", Grouped(totals.elements).c_str(),
@@ -436,7 +436,8 @@ int RunInspect(const std::string& path, bool json) {
   const auto meta = a.metadata_items();
   if (!meta.empty()) {
     std::printf("\nmetadata\n");
-    for (const auto& [k, v] : meta) std::printf("  %s = %s\n", k.c_str(), MetaText(v).c_str());
+    for (const auto& [k, v] : meta)
+      std::printf("  %s = %s\n", Printable(k).c_str(), MetaText(v).c_str());
   }
   if (a.has_value_tree()) {  // format 1.1: what the packed checkpoint was, as a whole
     std::printf("\nvalue (the packed object; tsar export -o FILE.pt gives it back)\n");

@@ -89,9 +89,11 @@ struct Reach {
 };
 
 // The tensors an export to .pt writes: those the value tree reaches (spec
-// §4.10; every tensor for an archive without a stored tree), each once. A key
-// a dict repeats keeps its last value, as in Python (§4.10.3): the values it
-// replaced are not reached.
+// §4.10; for an archive without a stored tree, the tree its entries and
+// metadata imply), each once. A key a dict repeats keeps its last value, as
+// in Python (§4.10.3): the values it replaced are not reached. (An implied
+// tree repeats a key when an archive-level metadata key equals an entry
+// name: the metadata value replaces that entry's state_dict.)
 void Reached(const tsar::Archive& a, const tsar::Value& v, Reach& r) {
   using K = tsar::Value::Kind;
   r.opaque = r.opaque || v.is(K::kOpaque);
@@ -120,9 +122,9 @@ void Reached(const tsar::Archive& a, const tsar::Value& v, Reach& r) {
 
 void RoundTrip(const tsar::Archive& a, ex::Format format, const std::string& name) {
   std::vector<Fingerprint> want;
-  // With a stored tree, a .pt holds what the tree reaches, and a tensor object
+  // A .pt holds what the tree (stored or implied) reaches, and a tensor object
   // met twice is read back once: compare the sets of tensors, not the lists.
-  const bool tree = format == ex::Format::kTorchSave && a.has_value_tree();
+  const bool tree = format == ex::Format::kTorchSave;
   Reach reach;
   if (tree) {
     Reached(a, a.value(), reach);

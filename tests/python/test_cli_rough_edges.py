@@ -202,3 +202,19 @@ def test_pack_selects_entries_and_strips_a_prefix(cli, tmp_path):
     loaded = torch.load(back)
     assert list(loaded["model"]) == list(net.state_dict()) and loaded["epoch"] == 3
     assert loaded["optimizer"]["param_groups"] == opt.state_dict()["param_groups"]
+
+
+def test_inspect_and_diff_escape_control_characters_in_names(cli, tmp_path):
+    # A hostile archive's names must not reach the terminal raw (cursor moves,
+    # screen clears, title changes): control characters come out as \xNN.
+    evil = "w\x1b[2J\x07\u009b"
+    tsar.save({evil: torch.ones(2), "ok": torch.zeros(1)}, tmp_path / "a.tsar", metadata={"k\x1b]0;t": 1})
+    tsar.save({"ok": torch.zeros(1)}, tmp_path / "b.tsar")
+    text = run(cli, "inspect", tmp_path / "a.tsar").stdout
+    assert "\x1b" not in text and "\x07" not in text and "\u009b" not in text
+    assert "w\\x1b[2J\\x07\\u009b" in text and "k\\x1b]0;t = 1 (int)" in text, text
+    diff = run(cli, "diff", tmp_path / "a.tsar", tmp_path / "b.tsar", code=1).stdout
+    assert "\x1b" not in diff and "removed model/w\\x1b[2J" in diff, diff
+    # JSON keeps the names exactly (its own escaping).
+    doc = json.loads(run(cli, "inspect", "--json", tmp_path / "a.tsar").stdout)
+    assert evil in [t["name"] for t in doc["tensors"]]
