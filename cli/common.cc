@@ -14,28 +14,6 @@ double Now() {
 }
 }  // namespace
 
-std::string HumanBytes(uint64_t n) {
-  if (n < 1024) return std::to_string(n) + " B";
-  return HumanBytes(static_cast<double>(n));
-}
-
-std::string HumanBytes(double n) {
-  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB"};
-  double v = n;
-  int u = 0;
-  while (v >= 1024 && u < 7) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[48];
-  if (u == 0) {
-    std::snprintf(buf, sizeof buf, "%.0f B", v);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
-  }
-  return buf;
-}
-
 void PrintError(const std::string& what) { std::fprintf(stderr, "tsar: %s\n", what.c_str()); }
 
 int ExitCodeFor(const Error& e) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "format/reader.h"
 #include "tsar/error.h"
 
 namespace tsar::cli {
@@ -17,9 +18,7 @@ inline constexpr int kExitCheckFailed = 1;  // verify found damage, diff found d
 inline constexpr int kExitUsage = 2;        // bad command line
 inline constexpr int kExitBadInput = 3;     // unreadable or invalid input, I/O errors
 
-// "1.5 MiB", "812 B".
-std::string HumanBytes(uint64_t n);
-std::string HumanBytes(double n);  // for sizes past 2^64 (logical bytes of broadcast views)
+using format::HumanBytes;  // "1.5 MiB", "812 B" (format/reader.h)
 // Prints "tsar: <what>" on one line to stderr.
 void PrintError(const std::string& what);
 // The exit code for an error: 2 for kInvalidArgument, else 3.

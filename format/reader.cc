@@ -35,6 +35,28 @@ std::string Quote(std::string_view s) {
   return out + "\"";
 }
 
+std::string HumanBytes(uint64_t n) {
+  if (n < 1024) return std::to_string(n) + " B";
+  return HumanBytes(static_cast<double>(n));
+}
+
+std::string HumanBytes(double n) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB"};
+  double v = n;
+  int u = 0;
+  while (v >= 1024 && u < 7) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[48];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%.0f B", v);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
+  }
+  return buf;
+}
+
 bool IsValidUtf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const size_t n = s.size();

@@ -74,6 +74,9 @@ inline bool CheckedMul(uint64_t a, uint64_t b, uint64_t* out) {
 std::string HexBytes(const uint8_t* p, size_t n);
 // A name quoted for messages: printable ASCII kept, other bytes as \xNN, cut at 80.
 std::string Quote(std::string_view s);
+// A byte count for people: "812 B", "1.5 MiB" (1024-based units up to ZiB).
+std::string HumanBytes(uint64_t n);
+std::string HumanBytes(double n);  // for sizes past 2^64 (logical bytes of broadcast views)
 // True when s is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
 bool IsValidUtf8(std::string_view s);
 

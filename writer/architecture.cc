@@ -11,6 +11,7 @@
 
 #include "tsar/error.h"
 #include "writer/atomic_file.h"
+#include "writer/importer.h"
 
 namespace tsar::writer {
 
@@ -20,11 +21,6 @@ struct Architecture::State {
 };
 
 namespace {
-
-std::string FirstLine(const c10::Error& e) {
-  const std::string s = e.what_without_backtrace();
-  return s.substr(0, s.find('\n'));
-}
 
 // Makes `t` a stride-0 view of one zero of its dtype, keeping its sizes.
 void Strip(at::Tensor t) {
@@ -42,7 +38,7 @@ Architecture::Architecture(const std::string& torchscript, const std::string& ou
     m = torch::jit::load(torchscript, c10::Device(c10::kCPU));
   } catch (const c10::Error& e) {
     throw Error(ErrorCode::kBadInput, torchscript, std::nullopt,
-                "--arch: not a loadable TorchScript archive: " + FirstLine(e));
+                "--arch: not a loadable TorchScript archive: " + importer::FirstLine(e));
   }
   {
     c10::NoGradGuard no_grad;  // set_ on a leaf that requires grad
@@ -62,7 +58,7 @@ Architecture::Architecture(const std::string& torchscript, const std::string& ou
     m.save(bytes);
   } catch (const c10::Error& e) {
     throw Error(ErrorCode::kIo, output, std::nullopt,
-                "--arch: could not save the architecture: " + FirstLine(e));
+                "--arch: could not save the architecture: " + importer::FirstLine(e));
   }
   const std::string data = std::move(bytes).str();
   state_->file.CheckSpace(data.size());

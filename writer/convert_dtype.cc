@@ -8,26 +8,16 @@
 #include <c10/core/Storage.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <unordered_map>
 
+#include "format/reader.h"
 #include "loader/scalar_type.h"
 
 namespace tsar::writer {
 namespace {
 
 std::string Name(at::ScalarType t) { return std::string(DTypeName(*FromScalarType(t))); }
-
-std::string Bytes(uint64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  for (; v >= 1024 && u < 4; ++u) v /= 1024;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
 
 // `t` as a fresh leaf with `like`'s requires_grad.
 at::Tensor WithGrad(at::Tensor t, const at::Tensor& like) {
@@ -109,7 +99,7 @@ std::string ConvertFloating(const std::vector<ConvertItem>& items, at::ScalarTyp
   if (n > 0) {
     note += "converted " + std::to_string(n) + " floating-point tensor" + (n == 1 ? "" : "s") +
             " in " + std::to_string(storages) + " storage" + (storages == 1 ? "" : "s") + " (" +
-            from + "), " + Bytes(before) + " -> " + Bytes(after);
+            from + "), " + format::HumanBytes(before) + " -> " + format::HumanBytes(after);
   } else {
     note += "converted no tensor";
   }

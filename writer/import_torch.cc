@@ -28,13 +28,6 @@ namespace {
 // larger one is refused before it is inflated.
 constexpr uint64_t kMaxDataPkl = uint64_t{256} << 20;
 
-// The first line of a c10::Error, without LibTorch's C++ backtrace.
-std::string FirstLine(const std::exception& e) {
-  std::string s = e.what();
-  const size_t nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
-
 struct Walker {
   const std::string& path;
   const ImportOptions& options;
@@ -242,6 +235,12 @@ struct Walker {
 };
 
 }  // namespace
+
+std::string FirstLine(const std::exception& e) {
+  std::string s = e.what();
+  const size_t nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
 
 Imported ImportTorchSave(const std::string& path, const ImportOptions& options) {
   const auto input = MappedInput::Open(path);

@@ -64,6 +64,10 @@ struct Imported {
 // listing the accepted kinds for anything else.
 Imported Import(const std::string& path, const ImportOptions& options = {});
 
+// The first line of an exception's message: a c10::Error without LibTorch's
+// C++ backtrace.
+std::string FirstLine(const std::exception& e);
+
 Imported ImportTorchScript(const std::string& path, const ImportOptions& options);
 Imported ImportSafetensors(const std::string& path, const ImportOptions& options);
 Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& options);

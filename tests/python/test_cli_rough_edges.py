@@ -2,17 +2,11 @@
 columns in `tsar inspect`, inputs of `tsar pack` named as such, ..."""
 import json
 import re
-import subprocess
 
 import torch
 
 import tsar
-
-
-def run(cli, *args, code=0):
-    r = subprocess.run([cli, *map(str, args)], capture_output=True, text=True)
-    assert r.returncode == code, (args, r.stdout, r.stderr)
-    return r
+from tsar_testutil import run_cli as run
 
 
 def small_net():

@@ -2,18 +2,12 @@
 and `tsar pack --arch` (a TorchScript architecture without its weight bytes,
 LSTM included), with their Python forms; `tsar.load_into`'s name prefixes."""
 import os
-import subprocess
 
 import pytest
 import torch
 
 import tsar
-
-
-def run(cli, *args, code=0):
-    r = subprocess.run([cli, *map(str, args)], capture_output=True, text=True)
-    assert r.returncode == code, (args, r.stdout, r.stderr)
-    return r
+from tsar_testutil import run_cli as run
 
 
 def mixed_state_dict():

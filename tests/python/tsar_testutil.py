@@ -130,6 +130,13 @@ def child_env():
     return env
 
 
+def run_cli(cli, *args, code=0):
+    """Runs the tsar command line; asserts its exit code and returns the result (text)."""
+    r = subprocess.run([cli, *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == code, (args, r.stdout, r.stderr)
+    return r
+
+
 def run_python(code, *args, timeout=120):
     """Runs `python -c code args...` and returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
