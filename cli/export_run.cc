@@ -1,22 +1,25 @@
-// `tsar export` on the LibTorch side (tsar-torch): an archive back to
-// torch.save (.pt), safetensors or HDF5.
-#include <c10/util/Exception.h>
-
+// `tsar export`: an archive back to torch.save (.pt), safetensors or HDF5.
+// `tsar` writes safetensors and HDF5 itself, without LibTorch; a .pt goes to
+// tsar-torch (cli/torch_side.h), whose zip writer is LibTorch's.
 #include "cli/common.h"
 #include "cli/describe.h"
 #include "cli/torch_side.h"
-#include "tsar/archive.h"
+#include "tsar/archive_file.h"
 #include "writer/exporter.h"
 
 namespace tsar::cli {
-namespace {
 
-int Export(const ExportArgs& a) {
+int RunExport(const ExportArgs& a) {
   const exporter::Format f =
       a.format.empty() ? exporter::FormatFromPath(a.output) : exporter::FormatFromName(a.format);
   exporter::ExportOptions o;
   o.materialize_shared = a.materialize_shared;
-  const Archive archive = OpenAs<Archive>(a.archive);
+  if (f == exporter::Format::kTorchSave) {
+    const TorchSide* torch = LinkedTorchSide();
+    if (!torch) ForwardToTorchSide("export", "writing a torch.save file");
+    o.torch_save = torch->export_torch_save;
+  }
+  const ArchiveFile archive = OpenArchive(a.archive);
   if (!a.no_verify) {
     // A damaged archive would be exported as it is, and the new file's own
     // checksums (or none) would then vouch for the damage.
@@ -33,16 +36,6 @@ int Export(const ExportArgs& a) {
     std::printf("exported %zu tensors to %s\n", archive.infos().size(), a.output.c_str());
   }
   return kExitOk;
-}
-
-}  // namespace
-
-int RunExport(const ExportArgs& a) {
-  try {
-    return Export(a);
-  } catch (const c10::Error& e) {
-    throw Error(ErrorCode::kBadInput, "", std::nullopt, e.what_without_backtrace());
-  }
 }
 
 }  // namespace tsar::cli

@@ -1,7 +1,7 @@
-// The lean `tsar`'s pack and export: the command line, already parsed and
-// validated here, is handed unchanged to tsar-torch, which links LibTorch
-// (cli/torch_side.h). tsar-torch lies next to this executable (the build
-// tree), or in PREFIX/libexec/tsar/ when installed in PREFIX/bin/.
+// The lean `tsar`'s way to LibTorch: none linked (LinkedTorchSide() is null),
+// so a pack or export that needs it hands its command line, unchanged, to
+// tsar-torch (cli/torch_side.h). tsar-torch lies next to this executable (the
+// build tree), or in PREFIX/libexec/tsar/ when installed in PREFIX/bin/.
 #include <limits.h>
 #include <unistd.h>
 
@@ -25,12 +25,15 @@ std::string SelfDirectory() {
   return self.substr(0, self.rfind('/'));
 }
 
-[[noreturn]] void Forward(const char* command) {
+}  // namespace
+
+const TorchSide* LinkedTorchSide() { return nullptr; }
+
+void ForwardToTorchSide(const std::string& command, const std::string& why) {
 #ifdef TSAR_NO_TORCH_SIDE
   throw Error(ErrorCode::kUnsupported, "", std::nullopt,
-              std::string("tsar ") + command +
-                  " needs tsar-torch, which this build of tsar does not have (built with "
-                  "-DTSAR_WITH_TORCH=OFF); inspect, verify, diff and residency work");
+              "tsar " + command + ": " + why +
+                  " needs LibTorch, and this tsar was built without it (-DTSAR_WITH_TORCH=OFF)");
 #endif
   const std::string dir = SelfDirectory();
   const std::vector<std::string> candidates = {dir + "/tsar-torch",
@@ -46,16 +49,11 @@ std::string SelfDirectory() {
     if (errno != ENOENT) err = errno;
   }
   throw Error(ErrorCode::kIo, "", std::nullopt,
-              std::string("tsar ") + command +
+              "tsar " + command + ": " + why +
                   " runs in tsar-torch, the part of tsar that links LibTorch, and it could not "
                   "be started (" +
                   std::strerror(err) + "; looked for " + candidates[0] + " and " + candidates[1] +
                   "): is tsar installed completely?");
 }
-
-}  // namespace
-
-int RunPack(const PackArgs&) { Forward("pack"); }
-int RunExport(const ExportArgs&) { Forward("export"); }
 
 }  // namespace tsar::cli

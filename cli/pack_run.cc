@@ -1,21 +1,26 @@
-// `tsar pack` on the LibTorch side (tsar-torch): imports torch.save,
-// TorchScript, safetensors and HDF5 files (detected by content) and writes
-// one archive atomically.
-#include <c10/util/Exception.h>
+// `tsar pack`: imports torch.save, TorchScript, safetensors and HDF5 files
+// (detected by content) and writes one archive atomically. `tsar` runs it
+// itself, without LibTorch, unless an input is TorchScript or --arch is
+// given: those go to tsar-torch (cli/torch_side.h).
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 
 #include "cli/common.h"
 #include "cli/torch_side.h"
 #include "format/reader.h"
-#include "loader/scalar_type.h"
-#include "tsar/writer.h"
+#include "writer/detect.h"
 #include "writer/pack_files.h"
 
 namespace tsar::cli {
 namespace {
+
+// Thrown by the lean tsar's TorchScript importer: the pack goes to tsar-torch.
+struct NeedsLibTorch {
+  std::string input;
+};
 
 std::pair<std::string, std::string> SplitPair(const std::string& s, const char* flag) {
   const size_t eq = s.find('=');
@@ -56,7 +61,29 @@ int Pack(const PackArgs& a) {
   options.exclude = a.exclude;
   options.strip_prefix = a.strip_prefix;
   options.architecture = a.arch;
-  if (!a.dtype.empty()) options.pack.dtype = ToScalarType(*DTypeFromName(a.dtype), "--dtype");
+  if (!a.dtype.empty()) options.pack.dtype = DTypeFromName(a.dtype);
+  if (const TorchSide* torch = LinkedTorchSide()) {
+    options.torch = torch->pack;
+  } else {
+    if (!a.arch.empty()) ForwardToTorchSide("pack", "--arch");
+    // A TorchScript input is found when it is imported, before anything is
+    // written. Among several inputs, look first: the notes of the inputs
+    // before it would be printed twice.
+    if (sources.size() > 1) {
+      for (const PackSource& s : sources) {
+        importer::InputKind kind = importer::InputKind::kUnknown;
+        try {
+          kind = importer::Detect(s.path);
+        } catch (const Error&) {  // PackFiles says what is wrong with it
+        }
+        if (kind == importer::InputKind::kTorchScript) throw NeedsLibTorch{s.path};
+      }
+    }
+    options.torch.import_torchscript = [](const std::string& path,
+                                          const importer::ImportOptions&) -> importer::Imported {
+      throw NeedsLibTorch{path};
+    };
+  }
   std::unique_ptr<Progress> progress;
   options.pack.progress = [&](uint64_t done, uint64_t all) {
     if (!progress) progress = std::make_unique<Progress>("packing", all, !a.quiet);
@@ -95,8 +122,8 @@ int Pack(const PackArgs& a) {
 int RunPack(const PackArgs& a) {
   try {
     return Pack(a);
-  } catch (const c10::Error& e) {  // LibTorch refusing an input (TorchScript)
-    throw Error(ErrorCode::kBadInput, "", std::nullopt, e.what_without_backtrace());
+  } catch (const NeedsLibTorch& n) {
+    ForwardToTorchSide("pack", n.input + " is a TorchScript archive: reading it");
   }
 }
 

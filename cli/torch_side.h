@@ -1,14 +1,19 @@
-// The commands whose work needs LibTorch today (pack, export): their parsed
-// arguments, and the entry points that do the work. The `tsar` executable
-// parses and validates their command lines like any other, then hands the
-// same command line to tsar-torch (cli/forward.cc), which links LibTorch and
-// runs them (cli/pack_run.cc, cli/export_run.cc): `tsar inspect` and the
-// other commands never load LibTorch.
+// pack and export, the commands whose work may need LibTorch: their parsed
+// arguments and the entry points that do the work (cli/pack_run.cc,
+// cli/export_run.cc, in both executables). Most of it needs no LibTorch and
+// runs in `tsar` itself; what does (a TorchScript input, --arch, export to
+// .pt) comes from LinkedTorchSide() in tsar-torch (cli/torch_linked.cc). In
+// `tsar` there is none (cli/forward.cc), and such a command hands its whole
+// command line to tsar-torch with ForwardToTorchSide.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "writer/exporter.h"
+#include "writer/pack_files.h"
 
 namespace tsar::cli {
 
@@ -35,6 +40,18 @@ struct ExportArgs {
 
 int RunPack(const PackArgs& args);
 int RunExport(const ExportArgs& args);
+
+// What LibTorch does for pack and export, where it is linked.
+struct TorchSide {
+  TorchSupport pack;
+  std::function<std::vector<std::string>(const ArchiveFile&, const std::string&)> export_torch_save;
+};
+// tsar-torch: its TorchSide. tsar: nullptr.
+const TorchSide* LinkedTorchSide();
+// tsar: runs this process's command line in tsar-torch instead (execv; never
+// returns), or throws (kUnsupported in a build without LibTorch, kIo when
+// tsar-torch cannot be started). `why` says what needs LibTorch.
+[[noreturn]] void ForwardToTorchSide(const std::string& command, const std::string& why);
 
 // The command line of this process (set by main()), for the forward to
 // tsar-torch.

@@ -40,7 +40,7 @@ std::optional<uint64_t> ContiguousBytes(const TensorInfo& t) {
   return n;
 }
 
-std::vector<std::string> Export(const Archive& archive, const std::string& path, Format format,
+std::vector<std::string> Export(const ArchiveFile& archive, const std::string& path, Format format,
                                 const ExportOptions& options) {
   // Sparse tensors: torch.save files get their component tensors (with a
   // note); safetensors and HDF5 have no way to say they belong together.
@@ -58,7 +58,12 @@ std::vector<std::string> Export(const Archive& archive, const std::string& path,
   }
   switch (format) {
     case Format::kTorchSave: {
-      std::vector<std::string> notes = ExportTorchSave(archive, path);
+      if (!options.torch_save) {
+        throw Error(ErrorCode::kUnsupported, path, std::nullopt,
+                    "writing a torch.save file needs LibTorch, and this tsar was built without "
+                    "it (TSAR_WITH_TORCH=OFF); export to .safetensors or .h5");
+      }
+      std::vector<std::string> notes = options.torch_save(archive, path);
       if (!components.empty()) {
         notes.push_back("sparse tensors written as their component tensors: " + components);
       }

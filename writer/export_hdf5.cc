@@ -4,7 +4,6 @@
 // temporary file (it can only write to a path: AtomicFile::WritablePath), one
 // bounded piece of a tensor at a time (writer/pieces.h), so exporting needs
 // no memory in proportion to the model; the file is published when done.
-#include <ATen/core/Tensor.h>
 #include <hdf5.h>
 
 #include "format/reader.h"
@@ -154,7 +153,7 @@ void Attribute(hid_t loc, const std::string& key, const MetadataValue& v,
 }
 
 // HDF5 names are C strings, and '/' separates the components of a path.
-void CheckName(const Archive& a, const std::string& what, const std::string& name) {
+void CheckName(const ArchiveFile& a, const std::string& what, const std::string& name) {
   if (name.find('\0') != std::string::npos) {
     throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
                 what + " " + format::Quote(name) +
@@ -182,12 +181,13 @@ std::vector<std::string> Split(const std::string& name) {
 
 }  // namespace
 
-std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
+std::vector<std::string> ExportHdf5(const ArchiveFile& a, const std::string& path) {
   AtomicFile out(path, /*named=*/true);  // first: a bad destination fails before any work
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   std::vector<std::string> notes;
   const auto entries = a.entries();
   const auto infos = a.infos();
+  const std::vector<StorageInfo> storages = a.storages();
   const bool single = entries.size() == 1;
   // Names and sizes first: nothing is written for an archive HDF5 cannot hold.
   uint64_t total = 0;
@@ -266,7 +266,7 @@ std::vector<std::string> ExportHdf5(const Archive& a, const std::string& path) {
                         "'.'), which HDF5 groups cannot express");
       }
       if (!ds.ok()) Fail(path, "cannot create dataset " + format::Quote(t.name));
-      ForEachPiece(a.tensor(t.name, t.entry), [&](const Piece& p) {
+      ForEachPiece(ViewOf(a, storages, t), [&](const Piece& p) {
         if (t.sizes.empty()) {
           if (H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data) < 0)
             Fail(path, "cannot write dataset " + format::Quote(t.name));

@@ -10,16 +10,15 @@
 
 namespace tsar::exporter {
 
-std::vector<std::string> ExportTorchSave(const Archive& archive, const std::string& path);
-std::vector<std::string> ExportSafetensors(const Archive& archive, const std::string& path,
+std::vector<std::string> ExportSafetensors(const ArchiveFile& archive, const std::string& path,
                                            const ExportOptions& options);
-std::vector<std::string> ExportHdf5(const Archive& archive, const std::string& path);
+std::vector<std::string> ExportHdf5(const ArchiveFile& archive, const std::string& path);
 
 // The name a tensor gets in a flat namespace: "name" when the archive has one
 // entry, "entry/name" otherwise. Counts the entries once, not per name.
 class FlatNames {
  public:
-  explicit FlatNames(const Archive& archive) : single_(archive.entries().size() == 1) {}
+  explicit FlatNames(const ArchiveFile& archive) : single_(archive.entries().size() == 1) {}
   std::string operator()(const TensorInfo& t) const {
     return single_ ? t.name : t.entry + "/" + t.name;
   }

@@ -53,7 +53,7 @@ const char* StorageClass(DType dt) {
 // the same Python object again); each opaque value's segments as they are.
 class TreeWriter {
  public:
-  TreeWriter(const Archive& a, const std::vector<TensorInfo>& infos,
+  TreeWriter(const ArchiveFile& a, const std::vector<TensorInfo>& infos,
              const std::vector<StorageInfo>& storages, pickle::Pickler& p)
       : a_(a), p_(p), infos_(infos), storages_(storages) {
     for (uint32_t i = 0; i < infos.size(); ++i) {
@@ -196,7 +196,7 @@ class TreeWriter {
     memo_.emplace(key, id);
   }
 
-  const Archive& a_;
+  const ArchiveFile& a_;
   pickle::Pickler& p_;
   const std::vector<TensorInfo>& infos_;
   const std::vector<StorageInfo>& storages_;
@@ -208,7 +208,7 @@ class TreeWriter {
 
 }  // namespace
 
-std::vector<std::string> ExportTorchSave(const Archive& a, const std::string& path) {
+std::vector<std::string> ExportTorchSave(const ArchiveFile& a, const std::string& path) {
   std::vector<std::string> notes;
   const auto infos = a.infos();
   const auto storages = a.storages();

@@ -2,8 +2,6 @@
 // (padded with spaces to a multiple of 8, as the reference writer does), and
 // each tensor's contiguous bytes in tensor order. safetensors forbids shared
 // storage, so aliasing tensors are refused or, on request, copied apart.
-#include <ATen/core/Tensor.h>
-
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -57,7 +55,7 @@ const char* Code(DType dt) {
 
 }  // namespace
 
-std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& path,
+std::vector<std::string> ExportSafetensors(const ArchiveFile& a, const std::string& path,
                                            const ExportOptions& options) {
   AtomicFile out(path);  // first: a bad destination fails before any work
   std::vector<std::string> notes;
@@ -152,8 +150,9 @@ std::vector<std::string> ExportSafetensors(const Archive& a, const std::string& 
   out.WriteAt(8, json.data(), json.size());
   uint64_t pos = 8 + json.size();
   // One tensor at a time, strided ones a bounded piece at a time.
+  const std::vector<StorageInfo> storages = a.storages();
   for (const auto& t : infos) {
-    ForEachPiece(a.tensor(t.name, t.entry), [&](const Piece& p) {
+    ForEachPiece(ViewOf(a, storages, t), [&](const Piece& p) {
       out.WriteAt(pos, p.data, p.nbytes);
       pos += p.nbytes;
     });

@@ -14,6 +14,12 @@
 
 namespace tsar::importer {
 
+std::string FirstLine(const std::exception& e) {
+  std::string s = e.what();
+  const size_t nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
 Imported Import(const std::string& path, const ImportOptions& options) {
   const InputKind kind = DetectByBytes(path);
   if (kind == InputKind::kTorchSave) {
@@ -21,8 +27,14 @@ Imported Import(const std::string& path, const ImportOptions& options) {
     // and to import (100,000 records take a tenth of a second).
     const auto input = MappedInput::Open(path);
     const zip::Reader zip(input->data(), input->size(), path);
-    return IsTorchScript(zip) ? ImportTorchScript(path, options)
-                              : ImportTorchSave(path, input, zip, options);
+    if (!IsTorchScript(zip)) return ImportTorchSave(path, input, zip, options);
+    if (!options.torchscript) {
+      throw Error(ErrorCode::kUnsupported, path, std::nullopt,
+                  "a TorchScript archive: reading one needs LibTorch, and this tsar was built "
+                  "without it (TSAR_WITH_TORCH=OFF); pack it with a tsar built with LibTorch, or "
+                  "save the weights with torch.save(model.state_dict(), ...) or as safetensors");
+    }
+    return options.torchscript(path, options);
   }
   switch (kind) {
     case InputKind::kTorchSave:

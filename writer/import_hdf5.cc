@@ -1,7 +1,6 @@
 // Input reader for HDF5 files laid out as h5py writes them: one dataset per
 // tensor, groups as dotted name prefixes, attributes as archive metadata.
 // Uses the HDF5 C API; every handle is closed by an RAII wrapper on every path.
-#include <ATen/ops/empty.h>
 #include <hdf5.h>
 #include <sys/stat.h>
 
@@ -20,7 +19,6 @@
 #include <vector>
 
 #include "format/reader.h"
-#include "loader/scalar_type.h"
 #include "tsar/dtype.h"
 #include "tsar/error.h"
 #include "writer/importer.h"
@@ -38,6 +36,19 @@ constexpr uint64_t kMaxExpansion = 1100;
 constexpr uint64_t kFreeBytes = uint64_t{1} << 20;
 // Fixed-length string attributes longer than this are skipped.
 constexpr size_t kMaxStringAttribute = size_t{16} << 20;
+
+// Row-major strides in elements, zero sizes counting as one. Computed in
+// unsigned arithmetic: a shape past 2^63 elements gets strides that
+// MakeView refuses (R49, R50, R78) rather than undefined behaviour here.
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  uint64_t stride = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = static_cast<int64_t>(stride);
+    stride *= static_cast<uint64_t>(std::max<int64_t>(sizes[d], 1));
+  }
+  return strides;
+}
 
 // The serial HDF5 library is not thread-safe, and error printing is global.
 std::mutex hdf5_mutex;
@@ -420,23 +431,25 @@ class Hdf5Importer {
            ", also the name of dataset " + Quote(it->second));
     }
 
-    at::Tensor t = MappedView(dataset, dcpl.get(), type.get(), numeric, sizes, nbytes, what);
-    if (!t.defined()) {
+    std::optional<writer::TensorRef> t =
+        MappedView(dataset, dcpl.get(), type.get(), numeric, sizes, nbytes, what);
+    if (!t) {
       // Chunked, compressed or converted: read into memory.
-      const c10::ScalarType scalar = ToScalarType(numeric.dtype, path_ + ": " + what);
-      t = at::empty(sizes, at::TensorOptions().dtype(scalar));
+      std::vector<uint8_t> bytes(static_cast<size_t>(nbytes));
       if (nbytes > 0 &&
-          H5Dread(dataset, numeric.memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()) < 0) {
+          H5Dread(dataset, numeric.memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()) < 0) {
         Fail(what + ": cannot read: " + Hdf5Message());
       }
+      t = MakeView(writer::Storage::Owning(std::move(bytes)), numeric.dtype, sizes,
+                   ContiguousStrides(sizes), 0, what, path_);
     }
     if (numeric.dtype == DType::kBool) {
-      const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+      const uint8_t* p = t->storage->data;
       for (uint64_t i = 0; i < nbytes; ++i) {
         if (p[i] > 1) Fail(what + ": expected bool values 0 or 1, found " + std::to_string(p[i]));
       }
     }
-    out_.entries.back().tensors.push_back({name, std::move(t), Role::kTensor});
+    out_.entries.back().tensors.push_back({name, std::move(*t), Role::kTensor});
   }
 
   static bool IsValidName(const std::string& s) { return format::IsValidUtf8(s); }
@@ -444,29 +457,24 @@ class Hdf5Importer {
   // A dataset stored contiguously, unfiltered and in exactly the bytes of its
   // memory type (h5py's default layout) is a zero-copy view of the mapped
   // file, like the tensors of a torch.save or safetensors input: packing it
-  // holds no copy. Undefined for any other dataset.
-  at::Tensor MappedView(hid_t dataset, hid_t dcpl, hid_t type, const Numeric& numeric,
-                        const std::vector<int64_t>& sizes, uint64_t nbytes,
-                        const std::string& what) {
+  // holds no copy. Nullopt for any other dataset.
+  std::optional<writer::TensorRef> MappedView(hid_t dataset, hid_t dcpl, hid_t type,
+                                              const Numeric& numeric,
+                                              const std::vector<int64_t>& sizes, uint64_t nbytes,
+                                              const std::string& what) {
     if (nbytes == 0 || H5Pget_layout(dcpl) != H5D_CONTIGUOUS || H5Pget_nfilters(dcpl) != 0 ||
         H5Tequal(type, numeric.memory.get()) <= 0) {
-      return {};
+      return std::nullopt;
     }
     const haddr_t at = H5Dget_offset(dataset);
-    if (at == HADDR_UNDEF) return {};
+    if (at == HADDR_UNDEF) return std::nullopt;
     if (!input_) input_ = MappedInput::Open(path_);
     if (at > input_->size() || nbytes > input_->size() - at) {
       Fail(what + ": expected its " + std::to_string(nbytes) + " bytes at offset " +
            std::to_string(at) + " inside the file of " + std::to_string(input_->size()) + " bytes");
     }
-    std::vector<int64_t> strides(sizes.size());
-    int64_t stride = 1;
-    for (size_t d = sizes.size(); d-- > 0;) {
-      strides[d] = stride;
-      stride *= std::max<int64_t>(sizes[d], 1);
-    }
-    return MakeView(MappedInput::Storage(input_, at, nbytes), numeric.dtype, sizes, strides, 0,
-                    what, path_);
+    return MakeView(MappedInput::Storage(input_, at, nbytes), numeric.dtype, sizes,
+                    ContiguousStrides(sizes), 0, what, path_);
   }
 
   void ReadAttributes(hid_t object, const std::string& h5path, const std::string& dotted) {

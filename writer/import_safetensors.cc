@@ -387,7 +387,7 @@ Parsed ParseFile(const std::string& path) {
 
 void AppendTensors(const Parsed& p, std::vector<Imported::Tensor>* out) {
   for (const TensorSpec& t : p.tensors) {
-    c10::Storage storage = MappedInput::Storage(p.file, p.data_start + t.begin, t.end - t.begin);
+    auto storage = MappedInput::Storage(p.file, p.data_start + t.begin, t.end - t.begin);
     out->push_back({t.name,
                     MakeView(storage, t.dtype, t.shape, t.strides, 0, "tensor " + Quote(t.name),
                              p.file->path()),

@@ -4,22 +4,26 @@
 // the format allows, so packing never holds a second copy of the model.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "tsar/archive.h"
+#include "tsar/archive_file.h"
 #include "tsar/value.h"
 #include "writer/detect.h"
+#include "writer/tensor_ref.h"
 
 namespace tsar::zip {
 class Reader;
 }
 
 namespace tsar::importer {
+
+struct Imported;
+struct ImportOptions;
+using ImportFunction = std::function<Imported(const std::string&, const ImportOptions&)>;
 
 struct ImportOptions {
   // Refuse what cannot be kept as it is: objects that a torch.save file would
@@ -28,12 +32,16 @@ struct ImportOptions {
   bool strict = false;
   // Entry name for inputs that hold a single state_dict.
   std::string default_entry = "model";
+  // Reads a TorchScript file: needs LibTorch, so it is ImportTorchScript
+  // (writer/torchscript.h) where LibTorch is linked (tsar-torch, the Python
+  // package) and unset elsewhere, where a TorchScript input is kUnsupported.
+  ImportFunction torchscript;
 };
 
 struct Imported {
   struct Tensor {
     std::string name;
-    at::Tensor tensor;
+    writer::TensorRef tensor;
     Role role = Role::kTensor;
   };
   struct Entry {
@@ -68,7 +76,6 @@ Imported Import(const std::string& path, const ImportOptions& options = {});
 // C++ backtrace.
 std::string FirstLine(const std::exception& e);
 
-Imported ImportTorchScript(const std::string& path, const ImportOptions& options);
 Imported ImportSafetensors(const std::string& path, const ImportOptions& options);
 Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& options);
 Imported ImportHdf5(const std::string& path, const ImportOptions& options);
@@ -83,10 +90,10 @@ class MappedInput {
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
-  // A CPU storage over bytes [offset, offset + nbytes) of the file; the
-  // caller has checked the range. The storage holds a reference to `self`.
-  static c10::Storage Storage(const std::shared_ptr<const MappedInput>& self, uint64_t offset,
-                              uint64_t nbytes);
+  // A storage over bytes [offset, offset + nbytes) of the file; the caller
+  // has checked the range. The storage holds a reference to `self`.
+  static std::shared_ptr<const writer::Storage> Storage(
+      const std::shared_ptr<const MappedInput>& self, uint64_t offset, uint64_t nbytes);
 
  private:
   MappedInput() = default;
@@ -101,13 +108,14 @@ Imported ImportTorchSave(const std::string& path, const ImportOptions& options);
 Imported ImportTorchSave(const std::string& path, const std::shared_ptr<const MappedInput>& input,
                          const zip::Reader& zip, const ImportOptions& options);
 
-// A tensor of `dtype` viewing `storage` (no copy, no dispatcher); sizes and
-// strides in elements. The caller has validated the extent against the
-// storage. Throws kBadInput naming `path` and `what` for a view the spec's
-// rules R48-R52, R78 refuse (LibTorch cannot build it either: sizes whose
-// non-zero product passes 2^63 - 1, even when a size is 0).
-at::Tensor MakeView(const c10::Storage& storage, DType dtype, const std::vector<int64_t>& sizes,
-                    const std::vector<int64_t>& strides, uint64_t storage_offset,
-                    const std::string& what, const std::string& path);
+// A tensor of `dtype` viewing `storage`; sizes and strides in elements. The
+// caller has validated the extent against the storage. Throws kBadInput
+// naming `path` and `what` for a view the spec's rules R48-R52, R78 refuse
+// (LibTorch could not build it: sizes whose non-zero product passes
+// 2^63 - 1, even when a size is 0).
+writer::TensorRef MakeView(std::shared_ptr<const writer::Storage> storage, DType dtype,
+                           const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+                           uint64_t storage_offset, const std::string& what,
+                           const std::string& path);
 
 }  // namespace tsar::importer

@@ -8,7 +8,7 @@
 #include "format/encode.h"
 #include "format/reader.h"
 #include "loader/value_tree.h"
-#include "writer/architecture.h"
+#include "writer/archive_writer.h"
 #include "writer/importer.h"
 
 namespace tsar {
@@ -126,8 +126,8 @@ bool AllFloatingBroadcast(const importer::Imported& in) {
       if (!t.tensor.is_floating_point()) continue;
       ++floating;
       bool broadcast = false;
-      for (int64_t d = 0; d < t.tensor.dim(); ++d) {
-        broadcast = broadcast || (t.tensor.stride(d) == 0 && t.tensor.size(d) > 1);
+      for (size_t d = 0; d < t.tensor.sizes.size(); ++d) {
+        broadcast = broadcast || (t.tensor.strides[d] == 0 && t.tensor.sizes[d] > 1);
       }
       if (!broadcast) return false;
     }
@@ -221,7 +221,12 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     if (options.pack.note) options.pack.note(line);
     if (options.note) options.note(line);
   };
-  Writer writer(output, pack);
+  if (!options.architecture.empty() && !options.torch.architecture) {
+    throw Error(ErrorCode::kUnsupported, output, std::nullopt,
+                "--arch: writing an architecture file needs LibTorch, and this tsar was built "
+                "without it (TSAR_WITH_TORCH=OFF)");
+  }
+  writer::ArchiveWriter writer(output, pack);
   std::unordered_map<std::string, std::string> entry_inputs;  // entry name: its input
   std::unordered_set<std::string> selectors_matched;          // --only/--exclude names seen
   size_t stripped = 0;                                        // names --strip-prefix changed
@@ -231,6 +236,7 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     importer::ImportOptions io;
     io.strict = options.strict;
     io.default_entry = s.entry.empty() ? options.pack.entry : s.entry;
+    io.torchscript = options.torch.import_torchscript;
     importer::Imported in = importer::Import(s.path, io);
     if (!options.architecture.empty() && in.kind != importer::InputKind::kTorchScript) {
       throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
@@ -324,12 +330,12 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
                     ": no tensor name starts with it");
   }
   for (const auto& [key, value] : options.metadata) writer.add_metadata(key, value);
-  std::unique_ptr<writer::Architecture> architecture;
+  std::function<void(bool)> publish_architecture;
   if (!options.architecture.empty()) {
-    architecture = std::make_unique<writer::Architecture>(sources[0].path, options.architecture);
+    publish_architecture = options.torch.architecture(sources[0].path, options.architecture);
   }
   writer.finish();
-  if (architecture) architecture->Publish(options.pack.durable);
+  if (publish_architecture) publish_architecture(options.pack.durable);
   return summary;
 }
 

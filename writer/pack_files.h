@@ -9,9 +9,23 @@
 #include <utility>
 #include <vector>
 
-#include "tsar/writer.h"
+#include "tsar/archive_file.h"
+#include "tsar/pack_options.h"
+#include "writer/importer.h"
 
 namespace tsar {
+
+// What needs LibTorch: reading TorchScript inputs and writing --arch files.
+// writer/torchscript.h's LibTorchSupport() fills it where LibTorch is linked
+// (tsar-torch, the Python package). Left empty, as in the `tsar` command, a
+// TorchScript input or PackFilesOptions::architecture is kUnsupported.
+struct TorchSupport {
+  importer::ImportFunction import_torchscript;
+  // Starts the architecture file of TorchScript file `input` at `output`;
+  // the function it returns publishes it (durably when given true).
+  std::function<std::function<void(bool)>(const std::string& input, const std::string& output)>
+      architecture;
+};
 
 struct PackSource {
   std::string entry;  // "" = entry names come from the file (single state_dict: options.pack.entry)
@@ -37,6 +51,7 @@ struct PackFilesOptions {
   std::string architecture;
   // Called once per value an input held that was skipped ("<input>: <what>").
   std::function<void(const std::string&)> note;
+  TorchSupport torch;
 };
 
 struct PackSummary {
@@ -46,10 +61,12 @@ struct PackSummary {
   std::vector<std::string> notes;    // what was skipped or looks wrong, "<input>: <what>"
 };
 
-// Imports every source in order and publishes `output` atomically (Writer).
+// Imports every source in order and publishes `output` atomically
+// (writer::ArchiveWriter, the Torch-free half of tsar::Writer).
 // A source with an entry name and several entries in its file gets entries
 // "<entry>.<name>". Throws tsar::Error: kBadInput (an input), kInvalidArgument
-// (two inputs giving one entry name, bad options), kIo. Not thread-safe.
+// (two inputs giving one entry name, bad options), kUnsupported (TorchScript
+// without `torch`), kIo. Not thread-safe.
 PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string& output,
                       const PackFilesOptions& options);
 

@@ -6,7 +6,6 @@
 #include <torch/ordered_dict.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "tsar/archive.h"
+#include "tsar/pack_options.h"
 #include "tsar/value.h"
 
 namespace torch::nn {
@@ -25,33 +25,12 @@ struct Module;
 
 namespace tsar {
 
-struct PackOptions {
-  // Storages of at least this many bytes start on a multiple of it; smaller
-  // ones on 64 bytes. A power of two in [64, 2^30].
-  uint32_t alignment = 4096;
-  // Entry that tensors go to when no add_entry() was called.
-  std::string entry = "model";
-  // Called as bytes are written: (bytes done, bytes total).
-  std::function<void(uint64_t, uint64_t)> progress;
-  // fsync the file and its directory before returning (off only in tests).
-  bool durable = true;
-  // When set (float16, bfloat16, float32 or float64): every floating-point
-  // tensor (float64, float32, float16, bfloat16) is stored as this dtype,
-  // converted storage by storage, so tensors that shared a storage still
-  // share one. Integer, bool and complex tensors are stored as they are, and
-  // so is a storage that tensors view with two dtypes. The converted storages
-  // are held in memory until finish() has written them.
-  std::optional<at::ScalarType> dtype;
-  // Called with a line about what finish() changed (what `dtype` converted).
-  std::function<void(const std::string&)> note;
-};
-
 // Collects tensors and metadata, then writes the archive in finish():
 // to an unnamed temporary file in the destination directory, flushed, then
 // renamed into place and the directory flushed. Nothing is visible at `path`
 // until finish() succeeds; an existing file there is replaced atomically or
 // left untouched. Tensors are read where they are at finish() (no copy of
-// the model in RAM; CUDA tensors are copied to the host storage by storage).
+// the model in RAM; CUDA tensors are copied to the host 4 MiB at a time).
 // Tensors sharing a storage are written once, only the byte span they cover.
 // Sparse COO, CSR and CSC tensors are written as a sparse record plus their
 // component tensors (spec §4.6) and load back as sparse tensors.

@@ -14,6 +14,7 @@
 #include "tsar/archive.h"
 #include "tsar/writer.h"
 #include "writer/pack_files.h"
+#include "writer/torchscript.h"
 
 namespace py = pybind11;
 
@@ -43,11 +44,11 @@ MetadataValue FromPython(const py::handle& v, const std::string& key) {
 }
 
 // "" = as they are; else a floating dtype name ("float16"), as PackOptions::dtype.
-std::optional<at::ScalarType> FloatingDtype(const std::string& name) {
+std::optional<DType> FloatingDtype(const std::string& name) {
   if (name.empty()) return std::nullopt;
   const std::optional<DType> d = DTypeFromName(name);
   if (!d) throw Error(ErrorCode::kInvalidArgument, "", std::nullopt, "dtype: unknown " + name);
-  return ToScalarType(*d, "dtype");
+  return d;
 }
 
 py::object Dtype(DType d) {
@@ -197,6 +198,7 @@ PYBIND11_MODULE(_tsar, m) {
         o.exclude = exclude;
         o.strip_prefix = strip_prefix;
         o.architecture = architecture;
+        o.torch = writer::LibTorchSupport();
         for (const auto& item : metadata) {
           const auto t = item.cast<py::tuple>();
           const auto key = t[0].cast<std::string>();

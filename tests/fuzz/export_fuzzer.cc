@@ -15,6 +15,7 @@
 #include "fuzz_util.h"
 #include "tsar/archive.h"
 #include "writer/exporter.h"
+#include "writer/from_tensor.h"
 #include "writer/importer.h"
 
 namespace {
@@ -138,6 +139,7 @@ void RoundTrip(const tsar::Archive& a, ex::Format format, const std::string& nam
   const std::string out = tsar::fuzz::ScratchDir() + "/" + name;
   ex::ExportOptions options;
   options.materialize_shared = true;
+  options.torch_save = ex::ExportTorchSave;
   try {
     ex::Export(a, out, format, options);
   } catch (const tsar::Error&) {
@@ -146,7 +148,7 @@ void RoundTrip(const tsar::Archive& a, ex::Format format, const std::string& nam
   const tsar::importer::Imported back = tsar::importer::Import(out);
   std::vector<Fingerprint> got;
   for (const auto& e : back.entries) {
-    for (const auto& t : e.tensors) got.push_back(Print(t.tensor));
+    for (const auto& t : e.tensors) got.push_back(Print(tsar::writer::ToTensor(t.tensor)));
   }
   std::sort(want.begin(), want.end());
   std::sort(got.begin(), got.end());

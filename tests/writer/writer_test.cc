@@ -104,7 +104,7 @@ TEST_F(WriterTest, DtypeConvertsFloatingStoragesAndSaysWhatItLeft) {
   const at::Tensor w = at::randn({4, 6});
   const at::Tensor raw = at::randn({8});
   PackOptions o;
-  o.dtype = at::kHalf;
+  o.dtype = DType::kFloat16;
   std::vector<std::string> notes;
   o.note = [&](const std::string& line) { notes.push_back(line); };
   Writer wr(Path("h.tsar"), o);
@@ -128,10 +128,10 @@ TEST_F(WriterTest, DtypeConvertsFloatingStoragesAndSaysWhatItLeft) {
   EXPECT_TRUE(at::equal(a.tensor("raw_bits"), raw.view(at::kInt)));
   EXPECT_EQ(a.tensor("step").item<int64_t>(), 7);
   PackOptions bad;
-  bad.dtype = at::kInt;
+  bad.dtype = DType::kInt32;
   EXPECT_TRUE(
       Throws([&] { Writer x(Path("x.tsar"), bad); }, ErrorCode::kInvalidArgument,
-             "PackOptions::dtype: expected float16, bfloat16, float32 or float64, found Int"));
+             "PackOptions::dtype: expected float16, bfloat16, float32 or float64, found int32"));
 }
 
 TEST_F(WriterTest, SparseTensorsRoundTripAsSparseRecords) {

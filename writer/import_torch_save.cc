@@ -1,8 +1,6 @@
-// Importers for Python torch.save zip files (read with minizip,
-// writer/zip_reader.h, and our restricted pickle reader, never executing
-// anything) and TorchScript archives (torch::jit::load).
-#include <torch/csrc/jit/serialization/import.h>
-
+// The importer of Python torch.save zip files, without LibTorch: the zip is
+// read with minizip (writer/zip_reader.h), data.pkl with our restricted
+// pickle reader (writer/pickle.h), which never executes anything.
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <unordered_set>
@@ -32,15 +30,15 @@ struct Walker {
   const std::string& path;
   const ImportOptions& options;
   const pickle::Result& pk;
-  const std::vector<c10::Storage>& storages;
+  const std::vector<std::shared_ptr<const writer::Storage>>& storages;
   Imported& out;
 
-  at::Tensor Tensor(const pickle::Value& v, const std::string& name) const {
+  writer::TensorRef Tensor(const pickle::Value& v, const std::string& name) const {
     const pickle::TensorRef& t = v.tensor;
     const pickle::StorageRef& s = pk.storages[t.storage];
     const DType dt = *DTypeFromName(s.dtype);  // checked when the storage was mapped
-    at::Tensor out = MakeView(storages[t.storage], dt, t.sizes, t.strides, t.storage_offset,
-                              "tensor " + format::Quote(name), path);
+    writer::TensorRef out = MakeView(storages[t.storage], dt, t.sizes, t.strides, t.storage_offset,
+                                     "tensor " + format::Quote(name), path);
     if (t.requires_grad) {
       if (!format::DTypeCodeMayRequireGrad(static_cast<uint16_t>(dt))) {  // as spec R77
         Bad(path, std::nullopt,
@@ -49,7 +47,7 @@ struct Walker {
                 "complex dtype, found " +
                 std::string(DTypeName(dt)) + " (torch.load refuses this tensor too)");
       }
-      out.set_requires_grad(true);
+      out.requires_grad = true;
     }
     return out;
   }
@@ -236,12 +234,6 @@ struct Walker {
 
 }  // namespace
 
-std::string FirstLine(const std::exception& e) {
-  std::string s = e.what();
-  const size_t nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
-
 Imported ImportTorchSave(const std::string& path, const ImportOptions& options) {
   const auto input = MappedInput::Open(path);
   const zip::Reader zip(input->data(), input->size(), path);
@@ -259,7 +251,7 @@ Imported ImportTorchSave(const std::string& path, const std::shared_ptr<const Ma
   const pickle::Result pk =
       pickle::Parse(reinterpret_cast<const uint8_t*>(pkl.data()), pkl.size(), path + ":data.pkl");
 
-  std::vector<c10::Storage> storages;
+  std::vector<std::shared_ptr<const writer::Storage>> storages;
   for (const auto& s : pk.storages) {
     const auto dt = DTypeFromName(s.dtype);
     if (!dt)
@@ -287,32 +279,6 @@ Imported ImportTorchSave(const std::string& path, const std::shared_ptr<const Ma
   out.value = w.Build(pk.root, "");
   w.RootMetadata(pk.root);
   if (!w.loose.tensors.empty()) out.entries.insert(out.entries.begin(), std::move(w.loose));
-  return out;
-}
-
-Imported ImportTorchScript(const std::string& path, const ImportOptions& options) {
-  torch::jit::Module m;
-  try {
-    m = torch::jit::load(path, c10::Device(c10::kCPU));
-  } catch (const c10::Error& e) {
-    Bad(path, std::nullopt, "not a loadable TorchScript archive: " + FirstLine(e));
-  }
-  Imported out;
-  out.kind = InputKind::kTorchScript;
-  Imported::Entry e{options.default_entry, {}};
-  // state_dict() order: per module its parameters, its buffers, then children.
-  std::function<void(const torch::jit::Module&, const std::string&)> walk =
-      [&](const torch::jit::Module& mod, const std::string& prefix) {
-        for (const auto& p : mod.named_parameters(false))
-          e.tensors.push_back({prefix + p.name, p.value, Role::kParameter});
-        for (const auto& b : mod.named_buffers(false))
-          e.tensors.push_back({prefix + b.name, b.value, Role::kBuffer});
-        for (const auto& c : mod.named_children()) walk(c.value, prefix + c.name + ".");
-      };
-  walk(m, "");
-  if (e.tensors.empty())
-    Bad(path, std::nullopt, "expected parameters or buffers in the TorchScript module, found none");
-  out.entries.push_back(std::move(e));
   return out;
 }
 

@@ -1,0 +1,39 @@
+// tsar::PackOptions: how an archive is written (tsar/writer.h, and `tsar
+// pack` through tsar::PackFiles). No LibTorch here.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "tsar/dtype.h"
+
+namespace tsar {
+
+struct PackOptions {
+  // Storages of at least this many bytes start on a multiple of it; smaller
+  // ones on 64 bytes. A power of two in [64, 2^30].
+  uint32_t alignment = 4096;
+  // Entry that tensors go to when no add_entry() was called.
+  std::string entry = "model";
+  // Called as bytes are written: (bytes done, bytes total).
+  std::function<void(uint64_t, uint64_t)> progress;
+  // fsync the file and its directory before returning (off only in tests).
+  bool durable = true;
+  // When set (kFloat16, kBFloat16, kFloat32 or kFloat64): every floating-point
+  // tensor (float64, float32, float16, bfloat16) is stored as this dtype,
+  // converted storage by storage, so tensors that shared a storage still
+  // share one. Integer, bool and complex tensors are stored as they are, and
+  // so is a storage that tensors view with two dtypes. Values are rounded to
+  // nearest, ties to even, as LibTorch's .to() rounds them (float64 to a
+  // 16-bit dtype through float32, as there). A NaN stays a NaN: float16
+  // sign | 0x7E00, bfloat16 0x7FC0, float32 and float64 quieted with their
+  // payload. The converted storages are held in memory until finish() has
+  // written them.
+  std::optional<DType> dtype;
+  // Called with a line about what finish() changed (what `dtype` converted).
+  std::function<void(const std::string&)> note;
+};
+
+}  // namespace tsar

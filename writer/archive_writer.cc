@@ -1,0 +1,268 @@
+// writer::ArchiveWriter (writer/archive_writer.h): dedupes storages, writes
+// only the byte span each storage's tensors cover, hashes while writing,
+// publishes atomically. Layout and encoding are format/encode.cc's.
+#include "writer/archive_writer.h"
+
+#include <algorithm>
+#include <optional>
+#include <unordered_map>
+
+#include "format/checksum.h"
+#include "format/encode.h"
+#include "format/reader.h"
+#include "format/value_tree.h"
+#include "writer/atomic_file.h"
+#include "writer/convert_dtype.h"
+
+namespace tsar::writer {
+
+struct ArchiveWriter::State {
+  struct Item {
+    std::string name;
+    TensorRef tensor;
+    Role role;
+    int sparse = -1;  // index in `sparse` for a sparse tensor's component
+  };
+  // A sparse tensor (spec §4.6): its components follow as consecutive items.
+  struct Sparse {
+    std::string name;
+    format::SparseLayout layout;
+    bool coalesced;
+    std::vector<int64_t> sizes;
+  };
+  struct Entry {
+    std::string name;
+    std::vector<Item> items;
+  };
+  std::string path;
+  PackOptions options;
+  std::vector<Entry> entries;
+  std::unordered_map<std::string, uint32_t> entry_index;  // name -> position in entries
+  std::vector<Sparse> sparse;
+  std::vector<std::pair<std::string, std::pair<std::string, MetadataValue>>>
+      metadata;  // entry, key, value
+  std::optional<Value> value;
+  bool finished = false;
+};
+
+namespace {
+
+// Runs a builder call; its misuse errors carry no file, so name the output.
+template <typename F>
+void WithPath(const std::string& path, F&& f) {
+  try {
+    f();
+  } catch (const Error& err) {
+    if (!err.path().empty()) throw;
+    throw Error(err.code(), path, std::nullopt, err.what());
+  }
+}
+
+format::MetadataSpec MetadataSpecOf(const std::string& key, const MetadataValue& value) {
+  format::MetadataSpec m;
+  m.key = key;
+  m.entry = format::kNone;
+  if (const auto* s = std::get_if<std::string>(&value)) {
+    m.type = format::MetaType::kString;
+    m.bytes = *s;
+  } else if (const auto* i = std::get_if<int64_t>(&value)) {
+    m.type = format::MetaType::kInt;
+    m.int_value = *i;
+  } else if (const auto* d = std::get_if<double>(&value)) {
+    m.type = format::MetaType::kFloat;
+    m.float_value = *d;
+  } else {
+    m.type = format::MetaType::kBytes;
+    m.bytes = std::get<Bytes>(value).data;
+  }
+  return m;
+}
+
+}  // namespace
+
+ArchiveWriter::ArchiveWriter(std::string path, PackOptions options)
+    : state_(std::make_unique<State>()) {
+  state_->path = std::move(path);
+  state_->options = std::move(options);
+  WithPath(state_->path, [&] { format::IndexBuilder check(state_->options.alignment); });
+  const auto& dtype = state_->options.dtype;
+  if (dtype && !IsConvertibleFloating(*dtype)) {
+    throw Error(ErrorCode::kInvalidArgument, state_->path, std::nullopt,
+                "PackOptions::dtype: expected float16, bfloat16, float32 or float64, found " +
+                    std::string(DTypeName(*dtype)));
+  }
+}
+
+ArchiveWriter::~ArchiveWriter() = default;
+
+const std::string& ArchiveWriter::path() const { return state_->path; }
+
+void ArchiveWriter::set_value(Value root) { state_->value = std::move(root); }
+
+void ArchiveWriter::add_entry(const std::string& name) {
+  if (!state_->entry_index.emplace(name, static_cast<uint32_t>(state_->entries.size())).second) {
+    throw Error(ErrorCode::kDuplicateName, state_->path, std::nullopt,
+                "entry " + format::Quote(name) + ": expected a unique entry name, found it twice");
+  }
+  state_->entries.push_back({name, {}});
+}
+
+void ArchiveWriter::add(const std::string& name, TensorRef tensor, Role role) {
+  if (state_->entries.empty()) add_entry(state_->options.entry);
+  state_->entries.back().items.push_back({name, std::move(tensor), role});
+}
+
+void ArchiveWriter::add_sparse(const std::string& name, SparseRef sparse) {
+  if (state_->entries.empty()) add_entry(state_->options.entry);
+  state_->sparse.push_back({name, sparse.layout, sparse.coalesced, std::move(sparse.sizes)});
+  const int id = static_cast<int>(state_->sparse.size() - 1);
+  for (auto& [suffix, part] : sparse.components) {
+    state_->entries.back().items.push_back(
+        {name + suffix, std::move(part), Role::kSparseComponent, id});
+  }
+}
+
+void ArchiveWriter::add_metadata(const std::string& key, MetadataValue value,
+                                 const std::string& entry) {
+  if (!entry.empty() && !state_->entry_index.count(entry)) {
+    throw Error(ErrorCode::kNotFound, state_->path, std::nullopt,
+                "metadata " + format::Quote(key) + ": no entry " + format::Quote(entry));
+  }
+  state_->metadata.push_back({entry, {key, std::move(value)}});
+}
+
+void ArchiveWriter::finish() {
+  State& st = *state_;
+  if (st.finished)
+    throw Error(ErrorCode::kInvalidArgument, st.path, std::nullopt, "finish() called twice");
+  st.finished = true;
+  if (st.options.dtype) {
+    std::vector<ConvertItem> items;
+    for (auto& e : st.entries) {
+      for (auto& item : e.items) items.push_back({&item.name, &item.tensor});
+    }
+    const std::string note = ConvertFloating(items, *st.options.dtype);
+    if (!note.empty() && st.options.note) st.options.note(note);
+  }
+  format::IndexBuilder b(st.options.alignment);
+
+  // Storages in order of first use; each keeps the span its tensors cover.
+  struct Span {
+    const Storage* storage;
+    uint64_t begin = UINT64_MAX, end = 0;
+  };
+  std::unordered_map<const Storage*, uint32_t> storage_ids;
+  std::vector<Span> spans;
+  for (const auto& e : st.entries) {
+    for (const auto& item : e.items) {
+      const Storage* key = item.tensor.storage.get();
+      auto [it, inserted] = storage_ids.emplace(key, static_cast<uint32_t>(spans.size()));
+      if (inserted) spans.push_back({key});
+      uint64_t begin, end;
+      item.tensor.ByteSpan(&begin, &end);
+      Span& s = spans[it->second];
+      s.begin = std::min(s.begin, begin);
+      s.end = std::max(s.end, end);
+    }
+  }
+  // A span starts on a multiple of 16 (the largest element size), so every
+  // tensor's offset within it stays a whole number of its own elements.
+  for (Span& s : spans) {
+    s.begin &= ~uint64_t{15};
+    b.AddStorage(s.end - s.begin);
+  }
+  uint32_t tensor_index = 0;                             // in the archive's tensor table
+  std::unordered_map<std::string, uint32_t> tensor_ids;  // "entry\0name", for the value tree
+  std::vector<uint32_t> sparse_ids(st.sparse.size(), format::kNone);
+  for (const auto& e : st.entries) {
+    b.AddEntry(e.name);
+    for (const auto& item : e.items) {
+      const TensorRef& t = item.tensor;
+      if (item.sparse >= 0 && sparse_ids[item.sparse] == format::kNone) {
+        const State::Sparse& sp = st.sparse[item.sparse];
+        format::SparseSpec s;
+        s.name = sp.name;
+        s.layout = sp.layout;
+        s.coalesced = sp.coalesced;
+        s.sizes = sp.sizes;
+        s.first_component = tensor_index;
+        WithPath(st.path, [&] { sparse_ids[item.sparse] = b.AddSparse(std::move(s)); });
+      }
+      const uint32_t sid = storage_ids.at(t.storage.get());
+      uint64_t begin, end;
+      t.ByteSpan(&begin, &end);
+      format::TensorSpec spec;
+      spec.name = item.name;
+      spec.storage = sid;
+      spec.dtype = t.dtype;
+      spec.role = static_cast<format::Role>(item.role);
+      spec.requires_grad = t.requires_grad;
+      spec.sizes = t.sizes;
+      spec.strides = t.strides;
+      spec.storage_offset = (begin - spans[sid].begin) / ElementSize(t.dtype);
+      spec.device_type = t.storage->device_type;
+      spec.device_index = t.storage->device_index;
+      if (item.sparse >= 0) spec.sparse = sparse_ids[item.sparse];
+      WithPath(st.path, [&] { b.AddTensor(std::move(spec)); });
+      if (st.value && item.sparse < 0) tensor_ids.emplace(e.name + '\0' + item.name, tensor_index);
+      ++tensor_index;
+    }
+  }
+  for (const auto& [entry, kv] : st.metadata) {
+    format::MetadataSpec m = MetadataSpecOf(kv.first, kv.second);
+    if (!entry.empty()) {
+      auto it = st.entry_index.find(entry);
+      if (it != st.entry_index.end()) m.entry = it->second;
+    }
+    WithPath(st.path, [&] { b.AddMetadata(std::move(m)); });
+  }
+  if (st.value) {
+    WithPath(st.path, [&] {
+      b.SetValues(format::EncodeTree(
+          *st.value,
+          [&](const std::string& entry, const std::string& name) {
+            auto it = tensor_ids.find(entry + '\0' + name);
+            return it == tensor_ids.end() ? format::kNone : it->second;
+          },
+          [&](const std::string& entry) {
+            auto it = st.entry_index.find(entry);
+            return it == st.entry_index.end() ? format::kNone : it->second;
+          }));
+    });
+  }
+  WithPath(st.path, [&] { b.Plan(); });
+
+  AtomicFile out(st.path);
+  out.Resize(b.file_size());
+  uint64_t total = 0, done = 0;
+  for (const Span& s : spans) total += s.end - s.begin;
+  // Hash and write in cache-sized chunks: each chunk is read from RAM once.
+  constexpr uint64_t kChunk = 4u << 20;
+  std::vector<uint8_t> fetched;  // a chunk of a storage without host bytes (CUDA)
+  for (uint32_t i = 0; i < spans.size(); ++i) {
+    const Span& s = spans[i];
+    const uint64_t n = s.end - s.begin;
+    format::Xxh3Stream hash;
+    for (uint64_t off = 0; off < n; off += kChunk) {
+      const uint64_t len = std::min(kChunk, n - off);
+      const uint8_t* src;
+      if (s.storage->data != nullptr) {
+        src = s.storage->data + s.begin + off;
+      } else {
+        fetched.resize(static_cast<size_t>(len));
+        s.storage->fetch(s.begin + off, len, fetched.data());
+        src = fetched.data();
+      }
+      hash.Update(src, static_cast<size_t>(len));
+      out.WriteAt(b.storage_offset(i) + off, src, len);
+      done += len;
+      if (st.options.progress) st.options.progress(done, total);
+    }
+    b.SetStorageChecksum(i, hash.Digest());
+  }
+  const std::vector<uint8_t> head = b.EncodeHead();
+  out.WriteAt(0, head.data(), head.size());
+  out.Publish(st.options.durable);
+}
+
+}  // namespace tsar::writer
