@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -224,6 +225,27 @@ int RunCommand(const std::vector<std::string>& argv, bool keep_output) {
   const pid_t pid = Spawn(argv, -1, null_fd);
   if (null_fd >= 0) close(null_fd);
   return Wait(pid);
+}
+
+int RunCommandPeakAnon(const std::vector<std::string>& argv, uint64_t* peak_anon_kb) {
+  const int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  const pid_t pid = Spawn(argv, -1, null_fd);
+  close(null_fd);
+  *peak_anon_kb = 0;
+  const std::string status_path = "/proc/" + std::to_string(pid) + "/status";
+  for (;;) {
+    int status = 0;
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done < 0 && errno != EINTR) Die(Errno("waitpid"));
+    if (done == pid) return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    std::ifstream in(status_path);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("RssAnon:", 0) == 0) {
+        *peak_anon_kb = std::max<uint64_t>(*peak_anon_kb, std::strtoull(line.c_str() + 8, nullptr, 10));
+      }
+    }
+    usleep(1000);
+  }
 }
 
 std::map<std::string, uint64_t> SmapsRollup(pid_t pid) {

@@ -103,6 +103,10 @@ class Child {
 // Runs argv to completion; returns its exit status. Output goes to /dev/null
 // unless keep_output.
 int RunCommand(const std::vector<std::string>& argv, bool keep_output = false);
+// The same, sampling the child's RssAnon (/proc/PID/status) every millisecond:
+// *peak_anon_kb is the largest seen, the anonymous memory it used beyond the
+// file pages it mapped (a short peak between two samples can be missed).
+int RunCommandPeakAnon(const std::vector<std::string>& argv, uint64_t* peak_anon_kb);
 
 // Fields of /proc/PID/smaps_rollup in kB ("Pss", "Rss", "Private_Dirty"...).
 std::map<std::string, uint64_t> SmapsRollup(pid_t pid);

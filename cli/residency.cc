@@ -37,7 +37,7 @@ struct FileId {
 // mapping in maps and smaps; false for any other line.
 bool ParseMapping(const char* line, uintptr_t* lo, uintptr_t* hi, FileId* id) {
   unsigned long a, b;
-  if (std::sscanf(line, "%lx-%lx %*s %*lx %x:%x %lu", &a, &b, &id->major, &id->minor, &id->inode) !=
+  if (std::sscanf(line, "%lx-%lx %*s %*s %x:%x %lu", &a, &b, &id->major, &id->minor, &id->inode) !=
       5)
     return false;
   *lo = a;

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # run-tests.sh: set-up (scripts/setup.sh), then every test: the main suite
-# (ctest in build/), then everything again under ASan + UBSan with clang, with
-# the libFuzzer targets run for a bounded time (build-fuzz/).
+# (ctest in build/), the build without LibTorch (build-notorch/), then
+# everything again under ASan + UBSan with clang, with the libFuzzer targets
+# run for a bounded time (build-fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
 ctest --test-dir build --output-on-failure -j "$(nproc)"
+scripts/test-without-torch.sh build-notorch build/cli/tsar
 
 # Sanitizers and fuzzing: everything again with clang, ASan + UBSan and
 # libFuzzer coverage (LibTorch-linked tests included), then each fuzzer for
