@@ -96,11 +96,41 @@ hid_t FileType(DType dt, bool* owned) {
   }
 }
 
-// The group for the dotted prefix of `name` under `root`, creating it.
-hid_t GroupFor(hid_t root, const std::vector<std::string>& parts, std::vector<hid_t>& opened,
-               const std::string& path, const std::string& tensor) {
-  hid_t g = root;
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+// The groups of the last tensor's dotted prefix, kept open: consecutive
+// tensors share most of their prefix (layers.7.mlp.weight, layers.7.mlp.bias),
+// and opening each level again per tensor was most of an export's time.
+class GroupChain {
+ public:
+  GroupChain(hid_t root, hid_t gcpl) : root_(root), gcpl_(gcpl) {}
+  ~GroupChain() { CloseFrom(0); }
+  GroupChain(const GroupChain&) = delete;
+  GroupChain& operator=(const GroupChain&) = delete;
+
+  // The group for the dotted prefix of `name` (parts but the last) under
+  // the root, creating what is missing.
+  hid_t For(const std::vector<std::string>& parts, const std::string& path,
+            const std::string& tensor);
+
+ private:
+  void CloseFrom(size_t depth) {
+    while (open_.size() > depth) {
+      H5Gclose(open_.back().second);
+      open_.pop_back();
+    }
+  }
+  hid_t root_, gcpl_;
+  std::vector<std::pair<std::string, hid_t>> open_;  // part, its group; open_[i] under open_[i-1]
+};
+
+hid_t GroupChain::For(const std::vector<std::string>& parts, const std::string& path,
+                      const std::string& tensor) {
+  size_t keep = 0;
+  while (keep < open_.size() && keep + 1 < parts.size() && open_[keep].first == parts[keep]) {
+    ++keep;
+  }
+  CloseFrom(keep);
+  hid_t g = keep == 0 ? root_ : open_[keep - 1].second;
+  for (size_t i = keep; i + 1 < parts.size(); ++i) {
     const std::string& p = parts[i];
     if (H5Lexists(g, p.c_str(), H5P_DEFAULT) > 0) {
       H5O_info_t info;
@@ -112,10 +142,10 @@ hid_t GroupFor(hid_t root, const std::vector<std::string>& parts, std::vector<hi
       }
       g = H5Gopen2(g, p.c_str(), H5P_DEFAULT);
     } else {
-      g = H5Gcreate2(g, p.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      g = H5Gcreate2(g, p.c_str(), H5P_DEFAULT, gcpl_, H5P_DEFAULT);
     }
     if (g < 0) Fail(path, "cannot create group for " + format::Quote(tensor));
-    opened.push_back(g);
+    open_.emplace_back(p, g);
   }
   return g;
 }
@@ -214,12 +244,20 @@ std::vector<std::string> ExportHdf5(const ArchiveFile& a, const std::string& pat
   const H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   H5Pset_file_locking(fapl.get(), false, true);  // the file is ours alone until published
   const std::string writable = out.WritablePath();
-  H5 file(H5Fcreate(writable.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  // No modification times in object headers (h5py's default too): the same
+  // archive exports to the same bytes.
+  const H5 fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+  const H5 gcpl(H5Pcreate(H5P_GROUP_CREATE), H5Pclose);
+  const H5 dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  for (hid_t pl : {fcpl.get(), gcpl.get(), dcpl.get()}) {
+    if (pl < 0 || H5Pset_obj_track_times(pl, false) < 0) Fail(path, "cannot set up HDF5");
+  }
+  H5 file(H5Fcreate(writable.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()), H5Fclose);
   if (!file.ok()) Fail(path, "cannot create the file");
   for (const auto& [k, v] : a.metadata_items()) Attribute(file.get(), k, v, notes, path);
   for (const auto& e : entries) {
     H5 entry_group(
-        single ? -1 : H5Gcreate2(file.get(), e.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+        single ? -1 : H5Gcreate2(file.get(), e.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT),
         H5Gclose);
     const hid_t root = single ? file.get() : entry_group.get();
     if (root < 0) Fail(path, "cannot create group " + format::Quote(e));
@@ -227,6 +265,7 @@ std::vector<std::string> ExportHdf5(const ArchiveFile& a, const std::string& pat
       CheckName(a, "metadata key", k);
       Attribute(root, k, v, notes, path);
     }
+    GroupChain chain(root, gcpl.get());
     for (const auto& t : infos) {
       if (t.entry != e) continue;
       bool owned = false;
@@ -246,8 +285,7 @@ std::vector<std::string> ExportHdf5(const ArchiveFile& a, const std::string& pat
                           ": an empty name component cannot be an HDF5 path");
         }
       }
-      std::vector<hid_t> opened;
-      const hid_t g = GroupFor(root, parts, opened, path, t.name);
+      const hid_t g = chain.For(parts, path, t.name);
       const bool taken = H5Lexists(g, parts.back().c_str(), H5P_DEFAULT) > 0;
       std::vector<hsize_t> dims(t.sizes.begin(), t.sizes.end());
       const H5 space(t.sizes.empty()
@@ -256,9 +294,8 @@ std::vector<std::string> ExportHdf5(const ArchiveFile& a, const std::string& pat
                      H5Sclose);
       const H5 ds(taken ? -1
                         : H5Dcreate2(g, parts.back().c_str(), type, space.get(), H5P_DEFAULT,
-                                     H5P_DEFAULT, H5P_DEFAULT),
+                                     dcpl.get(), H5P_DEFAULT),
                   H5Dclose);
-      for (auto it = opened.rbegin(); it != opened.rend(); ++it) H5Gclose(*it);
       if (taken) {
         throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
                     "tensor " + format::Quote(t.name) +
@@ -266,8 +303,9 @@ std::vector<std::string> ExportHdf5(const ArchiveFile& a, const std::string& pat
                         "'.'), which HDF5 groups cannot express");
       }
       if (!ds.ok()) Fail(path, "cannot create dataset " + format::Quote(t.name));
+      const uint64_t whole = *ContiguousBytes(t);
       ForEachPiece(ViewOf(a, storages, t), [&](const Piece& p) {
-        if (t.sizes.empty()) {
+        if (p.nbytes == whole) {  // one piece: no selection to make
           if (H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data) < 0)
             Fail(path, "cannot write dataset " + format::Quote(t.name));
           return;

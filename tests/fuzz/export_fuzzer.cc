@@ -156,11 +156,14 @@ void RoundTrip(const tsar::Archive& a, ex::Format format, const std::string& nam
     want.erase(std::unique(want.begin(), want.end()), want.end());
     got.erase(std::unique(got.begin(), got.end()), got.end());
   }
-  // Without a model of what Python keeps, each side bounds the other only.
-  if (reach.opaque && reach.dropped) return;
-  if (reach.opaque) {
-    tsar::fuzz::Check(std::includes(got.begin(), got.end(), want.begin(), want.end()));
-  } else if (reach.dropped) {
+  // An opaque value's segments are pickle code that no reader interprets
+  // (spec §4.10.4): the export writes them back as they are, and a segment
+  // that is not a well-formed fragment (one a fuzzer made) can swallow or
+  // rebuild anything around it. Export and import must still end cleanly
+  // (above), but what the .pt holds then is the segments' business.
+  if (reach.opaque) return;
+  // Without a model of what Python keeps, one side bounds the other only.
+  if (reach.dropped) {
     tsar::fuzz::Check(std::includes(want.begin(), want.end(), got.begin(), got.end()));
   } else {
     tsar::fuzz::Check(want == got);
