@@ -245,14 +245,7 @@ void ArchiveWriter::finish() {
     format::Xxh3Stream hash;
     for (uint64_t off = 0; off < n; off += kChunk) {
       const uint64_t len = std::min(kChunk, n - off);
-      const uint8_t* src;
-      if (s.storage->data != nullptr) {
-        src = s.storage->data + s.begin + off;
-      } else {
-        fetched.resize(static_cast<size_t>(len));
-        s.storage->fetch(s.begin + off, len, fetched.data());
-        src = fetched.data();
-      }
+      const uint8_t* src = s.storage->Bytes(s.begin + off, len, fetched);
       hash.Update(src, static_cast<size_t>(len));
       out.WriteAt(b.storage_offset(i) + off, src, len);
       done += len;

@@ -153,9 +153,8 @@ std::string ConvertFloating(const std::vector<ConvertItem>& items, DType to) {
     std::shared_ptr<const Storage> span;
     if (hi > 0) {
       const uint64_t n = hi - lo;
-      std::vector<uint8_t> in(n * in_size), out(n * out_size);
-      source.Read(lo * in_size, n * in_size, in.data());
-      ConvertElements(from, in.data(), to, out.data(), n);
+      std::vector<uint8_t> fetched, out(n * out_size);  // fetched: a CUDA storage's span
+      ConvertElements(from, source.Bytes(lo * in_size, n * in_size, fetched), to, out.data(), n);
       before += n * in_size;
       after += n * out_size;
       auto s = Storage::Owning(std::move(out));

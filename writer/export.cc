@@ -60,8 +60,8 @@ std::vector<std::string> Export(const ArchiveFile& archive, const std::string& p
     case Format::kTorchSave: {
       if (!options.torch_save) {
         throw Error(ErrorCode::kUnsupported, path, std::nullopt,
-                    "writing a torch.save file needs LibTorch, and this tsar was built without "
-                    "it (TSAR_WITH_TORCH=OFF); export to .safetensors or .h5");
+                    "a torch.save file is written with LibTorch's zip writer, and none was "
+                    "given (ExportOptions::torch_save); export to .safetensors or .h5");
       }
       std::vector<std::string> notes = options.torch_save(archive, path);
       if (!components.empty()) {

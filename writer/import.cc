@@ -30,9 +30,9 @@ Imported Import(const std::string& path, const ImportOptions& options) {
     if (!IsTorchScript(zip)) return ImportTorchSave(path, input, zip, options);
     if (!options.torchscript) {
       throw Error(ErrorCode::kUnsupported, path, std::nullopt,
-                  "a TorchScript archive: reading one needs LibTorch, and this tsar was built "
-                  "without it (TSAR_WITH_TORCH=OFF); pack it with a tsar built with LibTorch, or "
-                  "save the weights with torch.save(model.state_dict(), ...) or as safetensors");
+                  "a TorchScript archive: only LibTorch reads one, and no TorchScript reader was "
+                  "given (ImportOptions::torchscript); save the weights with "
+                  "torch.save(model.state_dict(), ...) or as safetensors instead");
     }
     return options.torchscript(path, options);
   }

@@ -223,8 +223,8 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
   };
   if (!options.architecture.empty() && !options.torch.architecture) {
     throw Error(ErrorCode::kUnsupported, output, std::nullopt,
-                "--arch: writing an architecture file needs LibTorch, and this tsar was built "
-                "without it (TSAR_WITH_TORCH=OFF)");
+                "--arch: only LibTorch writes an architecture file, and no LibTorch support "
+                "was given (PackFilesOptions::torch)");
   }
   writer::ArchiveWriter writer(output, pack);
   std::unordered_map<std::string, std::string> entry_inputs;  // entry name: its input

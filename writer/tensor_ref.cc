@@ -1,8 +1,6 @@
 // writer::Storage and writer::TensorRef (writer/tensor_ref.h).
 #include "writer/tensor_ref.h"
 
-#include <cstring>
-
 namespace tsar::writer {
 
 std::shared_ptr<Storage> Storage::Owning(std::vector<uint8_t> bytes) {
@@ -14,13 +12,11 @@ std::shared_ptr<Storage> Storage::Owning(std::vector<uint8_t> bytes) {
   return s;
 }
 
-void Storage::Read(uint64_t begin, uint64_t n, uint8_t* out) const {
-  if (n == 0) return;
-  if (data != nullptr) {
-    std::memcpy(out, data + begin, static_cast<size_t>(n));
-  } else {
-    fetch(begin, n, out);
-  }
+const uint8_t* Storage::Bytes(uint64_t begin, uint64_t n, std::vector<uint8_t>& buffer) const {
+  if (data != nullptr) return data + begin;
+  buffer.resize(static_cast<size_t>(n));
+  if (n > 0) fetch(begin, n, buffer.data());
+  return buffer.data();
 }
 
 uint64_t TensorRef::numel() const {

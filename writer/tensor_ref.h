@@ -31,8 +31,9 @@ struct Storage {
 
   // A storage that owns `bytes`.
   static std::shared_ptr<Storage> Owning(std::vector<uint8_t> bytes);
-  // Bytes [begin, begin + n) into `out` (host or fetched).
-  void Read(uint64_t begin, uint64_t n, uint8_t* out) const;
+  // Bytes [begin, begin + n): in place for host bytes, else fetched into
+  // `buffer` (resized to n), which the pointer then points into.
+  const uint8_t* Bytes(uint64_t begin, uint64_t n, std::vector<uint8_t>& buffer) const;
 };
 
 // A strided view of a storage; sizes and strides in elements, checked

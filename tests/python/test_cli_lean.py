@@ -4,10 +4,8 @@ in it and never load LibTorch; only a TorchScript input, --arch and export to
 .pt go to tsar-torch, with the same command line, messages and exit codes. Both
 executables write the same bytes for the same input."""
 import hashlib
-import json
 import os
 import shutil
-import struct
 import subprocess
 
 import h5py
@@ -16,7 +14,7 @@ import pytest
 import torch
 
 import tsar
-from tsar_testutil import bits
+from tsar_testutil import bits, write_safetensors
 
 
 def loaded_libraries(cli, *args):
@@ -39,18 +37,6 @@ def sha(path):
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
-def write_safetensors(path, tensors):
-    """tensors: name -> (code, shape, raw bytes), laid out in order."""
-    header, data = {}, b""
-    for name, (code, shape, raw) in tensors.items():
-        header[name] = {"dtype": code, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    header["__metadata__"] = {"format": "pt"}
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    path.write_bytes(struct.pack("<Q", len(h)) + h + data)
-
-
 @pytest.fixture()
 def inputs(tmp_path):
     """A torch.save state_dict (views, tied weights, several dtypes), a
@@ -69,7 +55,7 @@ def inputs(tmp_path):
                tmp_path / "ckpt.pt")
     write_safetensors(tmp_path / "m.safetensors",
                       {"x": ("F32", [4, 4], np.arange(16, dtype="<f4").tobytes()),
-                       "y": ("I64", [2], np.arange(2, dtype="<i8").tobytes())})
+                       "y": ("I64", [2], np.arange(2, dtype="<i8").tobytes())}, metadata={"format": "pt"})
     with h5py.File(tmp_path / "m.h5", "w") as f:
         f["layer/weight"] = np.arange(12, dtype="f4").reshape(3, 4)
         f.create_dataset("chunked", data=np.arange(100, dtype="i4"), chunks=(10,), compression="gzip")

@@ -1,22 +1,12 @@
 """Names in an input that the format cannot hold (issue 16, item 7): an empty
 tensor name or one over 65,535 bytes is a bad input naming the input file
 (exit 3, tsar.Error BAD_INPUT), not a usage error naming the output."""
-import json
-import struct
 import subprocess
 
 import pytest
 
 import tsar
-
-
-def write_safetensors(path, names):
-    """A safetensors file (8-byte little-endian header size, JSON header, data)
-    with one float32 scalar per name."""
-    header = {n: {"dtype": "F32", "shape": [], "data_offsets": [4 * i, 4 * i + 4]} for i, n in enumerate(names)}
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(4 * len(names)))
+from tsar_testutil import write_safetensors
 
 
 @pytest.mark.parametrize("name, needle", [
@@ -25,7 +15,7 @@ def write_safetensors(path, names):
 ])
 def test_a_name_the_format_cannot_hold_is_a_bad_input(cli, tmp_path, name, needle):
     src = tmp_path / "in.safetensors"
-    write_safetensors(src, ["ok", name])
+    write_safetensors(src, {n: ("F32", [], bytes(4)) for n in ["ok", name]})
     out = tmp_path / "out.tsar"
     r = subprocess.run([cli, "pack", str(src), "-o", str(out)], capture_output=True, text=True)
     assert r.returncode == 3, r.stderr

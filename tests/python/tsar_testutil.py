@@ -1,6 +1,8 @@
 """Helpers shared by the Python tests of tsar (imported by the test modules;
 pytest puts this folder on sys.path)."""
+import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -151,3 +153,19 @@ def reference_decoder():
     finally:
         sys.path.pop(0)
     return tsar_ref
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """A safetensors file: the 8-byte little-endian header size, the JSON
+    header (padded with spaces to a multiple of 8), then the data. `tensors`
+    maps each name to (dtype code, shape, raw bytes), laid out in order."""
+    header, chunks, offset = {}, [], 0
+    for name, (code, shape, raw) in tensors.items():
+        header[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(chunks))

@@ -83,15 +83,18 @@ class ScratchFile {
   std::string path_;
 };
 
-std::string Hex(const at::Tensor& t) {
+std::string Hex(const uint8_t* p, uint64_t n) {
   static const char* kDigits = "0123456789abcdef";
-  const auto* p = static_cast<const uint8_t*>(t.data_ptr());
   std::string out;
-  for (size_t i = 0; i < t.nbytes(); ++i) {
+  for (uint64_t i = 0; i < n; ++i) {
     out += kDigits[p[i] >> 4];
     out += kDigits[p[i] & 15];
   }
   return out;
+}
+
+std::string Hex(const at::Tensor& t) {
+  return Hex(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes());
 }
 
 std::string DTypeOf(const at::Tensor& t) {
@@ -249,13 +252,9 @@ void ExpectExactWithoutLibTorch(const Imported& got, const Json& w) {
   const writer::TensorRef& t = got.entries[0].tensors[0].tensor;
   EXPECT_EQ(DTypeName(t.dtype), w["dtype"].get<std::string>());
   EXPECT_EQ(t.sizes, w["shape"].get<std::vector<int64_t>>());
-  const uint8_t* p = t.storage->data + t.storage_offset * ElementSize(t.dtype);
-  std::string hex;
-  for (uint64_t i = 0; i < t.numel() * ElementSize(t.dtype); ++i) {
-    hex += "0123456789abcdef"[p[i] >> 4];
-    hex += "0123456789abcdef"[p[i] & 15];
-  }
-  EXPECT_EQ(hex, w["hex"].get<std::string>());
+  const uint64_t esize = ElementSize(t.dtype);
+  EXPECT_EQ(Hex(t.storage->data + t.storage_offset * esize, t.numel() * esize),
+            w["hex"].get<std::string>());
 }
 
 TEST(ImportSafetensors, DtypesThisLibTorchLacksAreImportedExactly) {

@@ -8,6 +8,9 @@
 #include "format/index.h"
 #include "tests/loader/test_helpers.h"
 #include "tsar/tsar.h"
+#include "writer/exporter.h"
+#include "writer/pack_files.h"
+#include "writer/torchscript.h"
 
 namespace tsar {
 namespace {
@@ -132,6 +135,47 @@ TEST_F(WriterTest, DtypeConvertsFloatingStoragesAndSaysWhatItLeft) {
   EXPECT_TRUE(
       Throws([&] { Writer x(Path("x.tsar"), bad); }, ErrorCode::kInvalidArgument,
              "PackOptions::dtype: expected float16, bfloat16, float32 or float64, found int32"));
+}
+
+// The packer and exporters are Torch-free; what needs LibTorch comes through
+// hooks (ImportOptions::torchscript, PackFilesOptions::torch,
+// ExportOptions::torch_save). Without them: kUnsupported naming the file and
+// the hook, and nothing written.
+TEST_F(WriterTest, WithoutLibTorchHooksTorchScriptArchAndPtAreRefused) {
+  const std::string ts = testing::Fixture("tied_ts.pt");
+  EXPECT_TRUE(Throws([&] { importer::Import(ts); }, ErrorCode::kUnsupported,
+                     ts + ": a TorchScript archive: only LibTorch reads one, and no TorchScript "
+                          "reader was given (ImportOptions::torchscript)"));
+  importer::ImportOptions io;
+  io.torchscript = writer::ImportTorchScript;
+  EXPECT_FALSE(importer::Import(ts, io).entries.at(0).tensors.empty());
+
+  PackFilesOptions po;
+  po.architecture = Path("arch.pt");
+  EXPECT_TRUE(Throws(
+      [&] {
+        PackFiles({{"", ts}}, Path("m.tsar"), po);
+      },
+      ErrorCode::kUnsupported,
+      Path("m.tsar") + ": --arch: only LibTorch writes an architecture file, and no "
+                       "LibTorch support was given (PackFilesOptions::torch)"));
+  po.architecture.clear();
+  EXPECT_TRUE(Throws(
+      [&] {
+        PackFiles({{"", ts}}, Path("m.tsar"), po);
+      },
+      ErrorCode::kUnsupported, "ImportOptions::torchscript"));
+  EXPECT_TRUE(Files().empty());
+
+  pack(Path("m.tsar"), Model(1));
+  const Archive a = Archive::open(Path("m.tsar"));
+  EXPECT_TRUE(
+      Throws([&] { exporter::Export(a, Path("m.pt"), exporter::Format::kTorchSave); },
+             ErrorCode::kUnsupported,
+             Path("m.pt") +
+                 ": a torch.save file is written with LibTorch's zip writer, and none was given "
+                 "(ExportOptions::torch_save)"));
+  EXPECT_EQ(Files(), std::vector<std::string>{"m.tsar"});
 }
 
 TEST_F(WriterTest, SparseTensorsRoundTripAsSparseRecords) {
