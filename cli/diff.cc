@@ -227,9 +227,8 @@ std::string Count(size_t n, const char* one, const char* many) {
 }
 
 // Where a tensor's element [0, ..., 0] lies in this process.
-const uint8_t* Origin(const ArchiveFile& a, const std::vector<StorageInfo>& storages,
-                      const TensorInfo& t) {
-  return static_cast<const uint8_t*>(a.data()) + storages[t.storage].offset +
+const uint8_t* Origin(const ArchiveFile& a, const TensorInfo& t) {
+  return static_cast<const uint8_t*>(a.storage_data(t.storage)) +
          t.storage_offset * ElementSize(t.dtype);
 }
 
@@ -304,7 +303,6 @@ Report Compare(const ArchiveFile& a, const ArchiveFile& b, bool show_progress,
   std::map<std::pair<std::string, std::string>, const TensorInfo*> by_name_b, by_name_a;
   for (const auto& t : ib) by_name_b[{t.entry, t.name}] = &t;
   for (const auto& t : ia) by_name_a[{t.entry, t.name}] = &t;
-  const auto sa = a.storages(), sb = b.storages();
   // Tensors in both, with what differs so far; plans for those whose bytes
   // are still to compare (index into `pending`).
   std::vector<std::pair<const TensorInfo*, std::vector<std::string>>> pending;
@@ -330,7 +328,7 @@ Report Compare(const ArchiveFile& a, const ArchiveFile& b, bool show_progress,
     }
     if (t.dtype == u.dtype && t.sizes == u.sizes) {
       plans.emplace_back(pending.size(),
-                         MakePlan(Origin(a, sa, t), t, Origin(b, sb, u), u, ElementSize(t.dtype)));
+                         MakePlan(Origin(a, t), t, Origin(b, u), u, ElementSize(t.dtype)));
     }
     pending.emplace_back(&t, std::move(what));
   }

@@ -13,7 +13,8 @@ Run AddPack(CLI::App& app) {
       app.add_subcommand("pack", "Pack model weights into a .tsar archive (atomically)");
   sub->add_option("inputs", args->inputs,
                   "Input files, detected by content: torch.save (.pt/.pth/.bin), TorchScript,\n"
-                  "safetensors (or a sharded *.safetensors.index.json), HDF5 (h5py)");
+                  "safetensors (or a sharded *.safetensors.index.json), HDF5 (h5py), or a tsar\n"
+                  "archive (repacked: flattened, rebased, converted with --dtype)");
   sub->add_option("-o,--output", args->output,
                   "Archive to write; replaced atomically, never half-written")
       ->required();
@@ -51,6 +52,18 @@ Run AddPack(CLI::App& app) {
             return ok ? "" : "expected a power of two in [64, 2^30], found " + v;
           },
           "POW2"));
+  auto* base = sub->add_option(
+      "--base", args->base,
+      "BASE.tsar: write a layer over this archive: storages whose bytes equal one of\n"
+      "BASE's (compared byte for byte) are not written but taken from BASE, whose\n"
+      "pages every process opening any layer over it shares. The layer records\n"
+      "BASE's path relative to OUTPUT and BASE's identity: it opens only with\n"
+      "exactly that file (found there, or in TSAR_BASE_PATH directories)");
+  sub->add_flag("--flatten", args->flatten,
+                "Inputs are tsar archives (layers): write them standalone, with every\n"
+                "storage of their bases copied in (the default for an archive input without\n"
+                "--base; the flag says so and checks it)")
+      ->excludes(base);
   sub->add_flag("--strict", args->strict,
                 "Refuse what cannot be kept as it is: objects of a torch.save file that would\n"
                 "be kept as opaque pickle fragments (classes, numpy, Path...), HDF5 and\n"
@@ -65,6 +78,8 @@ Run AddPack(CLI::App& app) {
       "  tsar pack ckpt.pt --only model --strip-prefix module. -o model.tsar\n"
       "  tsar pack model.safetensors --dtype bfloat16 -o model-bf16.tsar\n"
       "  tsar pack model_ts.pt -o model.tsar --arch model_arch.pt   # for a C++ server\n"
+      "  tsar pack finetuned.pt --base base.tsar -o finetuned.tsar   # a layer\n"
+      "  tsar pack --flatten finetuned.tsar -o finetuned-full.tsar\n"
       "A torch.save dict like {\"model\": sd, \"ema\": sd2, \"step\": 10} becomes entries\n"
       "model and ema and the metadata step=10. Nothing in the input is ever executed.");
   return [args] { return RunPack(*args); };

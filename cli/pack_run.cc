@@ -61,6 +61,17 @@ int Pack(const PackArgs& a) {
   options.exclude = a.exclude;
   options.strip_prefix = a.strip_prefix;
   options.architecture = a.arch;
+  options.pack.base = a.base;
+  if (a.flatten) {
+    for (const PackSource& s : sources) {
+      if (importer::DetectByBytes(s.path) != importer::InputKind::kTsar) {
+        throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
+                    "--flatten: expected a tsar archive (a layer to write standalone), found " +
+                        std::string(importer::InputKindName(importer::Detect(s.path))) +
+                        " input");
+      }
+    }
+  }
   if (!a.dtype.empty()) options.pack.dtype = DTypeFromName(a.dtype);
   if (const TorchSide* torch = LinkedTorchSide()) {
     options.torch = torch->pack;

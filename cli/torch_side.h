@@ -25,6 +25,8 @@ struct PackArgs {
   std::string strip_prefix;
   std::string dtype;  // "" = as they are
   std::string arch;   // --arch FILE
+  std::string base;   // --base FILE: write a layer over it
+  bool flatten = false;
   std::string output;
   uint32_t align = 4096;
   bool strict = false;

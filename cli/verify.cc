@@ -26,14 +26,14 @@ int VerifyOne(const std::string& path) {
   uint64_t total = 0, done = 0;
   for (const auto& s : storages) total += s.nbytes;
   Progress progress("verifying " + path, total, true);
-  const auto* base = static_cast<const uint8_t*>(a.data());
   std::vector<uint32_t> bad;
   constexpr uint64_t kChunk = 16u << 20;
-  for (const auto& s : storages) {
+  for (const auto& s : storages) {  // a layer's base storages too, in the base file
+    const auto* bytes = static_cast<const uint8_t*>(a.storage_data(s.id));
     format::Xxh3Stream h;
     for (uint64_t off = 0; off < s.nbytes; off += kChunk) {
       const uint64_t n = std::min(kChunk, s.nbytes - off);
-      h.Update(base + s.offset + off, static_cast<size_t>(n));
+      h.Update(bytes + off, static_cast<size_t>(n));
       done += n;
       progress.Update(done);
     }
@@ -42,8 +42,11 @@ int VerifyOne(const std::string& path) {
   progress.Done();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (bad.empty()) {
-    std::printf("ok %s: %zu storages, %s verified in %.3f s\n", path.c_str(), storages.size(),
-                HumanBytes(total).c_str(), secs);
+    const auto layers = a.layers();
+    std::string through;
+    for (size_t i = 1; i < layers.size(); ++i) through += (i == 1 ? ", through " : ", ") + layers[i];
+    std::printf("ok %s: %zu storages%s, %s verified in %.3f s\n", path.c_str(), storages.size(),
+                through.c_str(), HumanBytes(total).c_str(), secs);
     return kExitOk;
   }
   std::map<uint32_t, std::vector<std::string>> names;
@@ -51,9 +54,13 @@ int VerifyOne(const std::string& path) {
   for (uint32_t id : bad) {
     std::string list;
     for (const auto& n : names[id]) list += (list.empty() ? "" : ", ") + ("\"" + n + "\"");
-    std::printf("DAMAGED %s: storage #%u at offset %llu (%s): tensors %s\n", path.c_str(), id,
-                static_cast<unsigned long long>(storages[id].offset),
-                HumanBytes(storages[id].nbytes).c_str(), list.c_str());
+    const StorageInfo& s = storages[id];
+    const std::string where =
+        s.layer == 0 ? "" : " of base " + a.layers()[s.layer] + " (its storage #" +
+                                std::to_string(s.layer_storage) + ")";
+    std::printf("DAMAGED %s: storage #%u at offset %llu%s (%s): tensors %s\n", path.c_str(), id,
+                static_cast<unsigned long long>(s.offset), where.c_str(),
+                HumanBytes(s.nbytes).c_str(), list.c_str());
   }
   PrintError(path + ": " + std::to_string(bad.size()) + " of " + std::to_string(storages.size()) +
              " storages fail their XXH3-64 checksum");

@@ -11,6 +11,11 @@ namespace tsar::format {
 
 uint64_t Xxh3(const void* data, size_t size) { return XXH3_64bits(data, size); }
 
+Hash128 Xxh3x128(const void* data, size_t size) {
+  const XXH128_hash_t h = XXH3_128bits(data, size);
+  return {h.low64, h.high64};
+}
+
 uint64_t IndexChecksum(const uint8_t* head, uint64_t index_end) {
   Xxh3Stream s;
   s.Update(head, kOffIndexXxh3);

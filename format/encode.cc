@@ -86,9 +86,60 @@ uint32_t IndexBuilder::AddEntry(const std::string& name) {
 
 uint32_t IndexBuilder::AddStorage(uint64_t nbytes) {
   RequireNotPlanned("AddStorage");
+  if (!base_storages_.empty()) {  // tensors name own storages first
+    Misuse(ErrorCode::kInvalidArgument,
+           "AddStorage: expected every own storage before the first AddBaseStorage");
+  }
   storage_nbytes_.push_back(nbytes);
   storage_xxh3_.push_back(Xxh3(nullptr, 0));
   return static_cast<uint32_t>(storage_nbytes_.size() - 1);
+}
+
+void IndexBuilder::SetLayer(LayerSpec layer) {
+  RequireNotPlanned("SetLayer");
+  if (has_layer_) Misuse(ErrorCode::kInvalidArgument, "SetLayer: called twice");
+  if (layer.depth < 1 || layer.depth > kMaxLayerDepth) {  // R96
+    Misuse(ErrorCode::kInvalidArgument, "layer depth: expected 1 to " + Dec(kMaxLayerDepth) +
+                                            " (1 + the depth of the base), found " +
+                                            Dec(layer.depth));
+  }
+  CheckName("layer", layer.base_path, "base_path");  // R97
+  if (!IsRelativePath(layer.base_path)) {
+    Misuse(ErrorCode::kInvalidArgument,
+           "layer base_path: expected a relative path ('/'-separated names, none empty, no "
+           "NUL, not starting with '/'), found " +
+               Quote(layer.base_path));
+  }
+  layer_ = std::move(layer);
+  has_layer_ = true;
+}
+
+uint32_t IndexBuilder::AddBaseStorage(uint32_t base_storage, uint64_t nbytes, uint64_t xxh3) {
+  RequireNotPlanned("AddBaseStorage");
+  if (!has_layer_) {
+    Misuse(ErrorCode::kInvalidArgument, "AddBaseStorage: expected SetLayer before it");
+  }
+  const std::string what = "base storage #" + Dec(base_storages_.size()) + ": ";
+  if (base_storage >= layer_.base_storage_count) {  // R99
+    Misuse(ErrorCode::kInvalidArgument,
+           what + "base_storage: expected less than base_storage_count " +
+               Dec(layer_.base_storage_count) + ", found " + Dec(base_storage));
+  }
+  if (nbytes > layer_.base_file_size) {  // R100
+    Misuse(ErrorCode::kInvalidArgument, what + "nbytes: expected at most base_file_size " +
+                                            Dec(layer_.base_file_size) + ", found " +
+                                            Dec(nbytes));
+  }
+  if (AnyStorageCount() >= kNone) {
+    Misuse(ErrorCode::kInvalidArgument, what + "expected fewer than 2^32 - 1 storages");
+  }
+  base_storages_.push_back({base_storage, nbytes, xxh3});
+  return static_cast<uint32_t>(AnyStorageCount() - 1);
+}
+
+uint64_t IndexBuilder::AnyStorageNbytes(uint32_t i) const {
+  return i < storage_nbytes_.size() ? storage_nbytes_[i]
+                                    : base_storages_[i - storage_nbytes_.size()].nbytes;
 }
 
 uint32_t IndexBuilder::AddTensor(TensorSpec t) {
@@ -99,9 +150,9 @@ uint32_t IndexBuilder::AddTensor(TensorSpec t) {
   }
   CheckName("tensor", t.name);
   const std::string what = "tensor " + Quote(t.name) + ": ";
-  if (t.storage >= storage_nbytes_.size()) {  // R36
+  if (t.storage >= AnyStorageCount()) {  // R36
     Misuse(ErrorCode::kInvalidArgument, what + "storage: expected less than storage_count " +
-                                            Dec(storage_nbytes_.size()) + ", found " +
+                                            Dec(AnyStorageCount()) + ", found " +
                                             Dec(t.storage));
   }
   const auto dtype = static_cast<uint16_t>(t.dtype);
@@ -159,9 +210,9 @@ uint32_t IndexBuilder::AddTensor(TensorSpec t) {
     Misuse(ErrorCode::kOverflow,
            what + text.field + ": expected " + text.expected + ", found " + text.found);
   }
-  if (v.end > storage_nbytes_[t.storage]) {
+  if (v.end > AnyStorageNbytes(t.storage)) {
     Misuse(ErrorCode::kInvalidArgument, what + "extent: expected at most storage nbytes " +
-                                            Dec(storage_nbytes_[t.storage]) + ", found " +
+                                            Dec(AnyStorageNbytes(t.storage)) + ", found " +
                                             Dec(v.end));
   }
   Entry& e = entries_.back();
@@ -378,6 +429,7 @@ void IndexBuilder::Plan() {
     blob += v.bytes.size();
     links += v.links.size();
   }
+  if (has_layer_) blob += layer_.base_path.size();  // §4.9 blob order item 6
   uint64_t index_size = kIndexHeaderSize + entries_.size() * kEntryRecordSize +
                         storage_nbytes_.size() * kStorageRecordSize +
                         tensors_.size() * kTensorRecordSize + sparse_.size() * kSparseRecordSize +
@@ -385,6 +437,10 @@ void IndexBuilder::Plan() {
   if (!values_.empty()) {  // §4.10: padding to 8, then the value and link tables
     index_size = ((kHeaderSize + index_size + 7) & ~uint64_t{7}) - kHeaderSize +
                  values_.size() * kValueRecordSize + links * kLinkSize;
+  }
+  if (has_layer_) {  // §4.11: padding to 8, the layer record, the base storage table
+    index_size = ((kHeaderSize + index_size + 7) & ~uint64_t{7}) - kHeaderSize +
+                 kLayerRecordSize + base_storages_.size() * kBaseStorageRecordSize;
   }
   if (index_size > kMaxIndexSize) {  // R8; it also keeps every count and blob offset in a u32
     Misuse(ErrorCode::kInvalidArgument, "index_size: expected at most " + Dec(kMaxIndexSize) +
@@ -422,9 +478,11 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
   uint8_t* p = out.data();
   std::copy(kMagic, kMagic + sizeof kMagic, p);
   StoreU16(p + kOffMajor, kMajorVersion);
-  const bool tree = !values_.empty();  // §7.5: minor 1 only when a 1.1 feature is used
-  StoreU16(p + kOffMinor, tree ? 1 : 0);
-  StoreU32(p + kOffFlags, tree ? kFeatureValueTree : 0);
+  // §7.5: the lowest minor that defines the features used (0 with none).
+  const bool tree = !values_.empty();
+  const uint32_t flags = (tree ? kFeatureValueTree : 0) | (has_layer_ ? kFeatureLayers : 0);
+  StoreU16(p + kOffMinor, MinorForFeatures(flags));
+  StoreU32(p + kOffFlags, flags);
   StoreU32(p + kOffHeaderSize, kHeaderSize);
   StoreU64(p + kOffFileSize, file_size_);
   StoreU64(p + kOffIndexOffset, kHeaderSize);
@@ -446,6 +504,7 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
     StoreU32(ih + 32, static_cast<uint32_t>(values_.size()));
     StoreU32(ih + 36, static_cast<uint32_t>(link_count_));
   }
+  if (has_layer_) StoreU32(ih + 40, static_cast<uint32_t>(base_storages_.size()));
 
   uint8_t* entry_p = ih + kIndexHeaderSize;
   uint8_t* storage_p = entry_p + entries_.size() * kEntryRecordSize;
@@ -526,11 +585,28 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
       blob += m.bytes.size();
     }
   }
+  // The tree's bytes, then the base path, come last in the blob (§4.9).
+  uint64_t blob_end = (blob_p - p) + blob + (has_layer_ ? layer_.base_path.size() : 0);
+  for (const auto& v : values_) blob_end += v.bytes.size();
+  uint64_t ext = (blob_end + 7) & ~uint64_t{7};
   if (tree) {
-    uint64_t values_bytes = 0;  // the tree's bytes come last in the blob (§4.9)
-    for (const auto& v : values_) values_bytes += v.bytes.size();
-    const uint64_t blob_end = (blob_p - p) + blob + values_bytes;
-    EncodeValues(p + ((blob_end + 7) & ~uint64_t{7}), blob_p, &blob);
+    EncodeValues(p + ext, blob_p, &blob);
+    ext += values_.size() * kValueRecordSize + link_count_ * kLinkSize;
+  }
+  if (has_layer_) {
+    uint8_t* rec = p + ext;  // a multiple of 8: value records and links leave it one
+    StoreU64(rec, layer_.base_id_low);
+    StoreU64(rec + 8, layer_.base_id_high);
+    StoreU64(rec + 16, layer_.base_file_size);
+    StoreU32(rec + 24, layer_.base_storage_count);
+    StoreU32(rec + 28, layer_.depth);
+    put_string(rec + 32, layer_.base_path);
+    for (size_t k = 0; k < base_storages_.size(); ++k) {
+      uint8_t* b = rec + kLayerRecordSize + k * kBaseStorageRecordSize;
+      StoreU32(b, base_storages_[k].base_storage);
+      StoreU64(b + 8, base_storages_[k].nbytes);
+      StoreU64(b + 16, base_storages_[k].xxh3);
+    }
   }
   StoreU64(ih + 24, blob);
   StoreU64(p + kOffIndexXxh3, IndexChecksum(p, kHeaderSize + index_size_));

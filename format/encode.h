@@ -53,6 +53,16 @@ struct MetadataSpec {
   std::string bytes;  // kString, kBytes
 };
 
+// §4.11 (format 1.2): the base an archive is a layer over.
+struct LayerSpec {
+  uint64_t base_id_low = 0;  // XXH3-128 of the base's bytes [0, data_offset)
+  uint64_t base_id_high = 0;
+  uint64_t base_file_size = 0;
+  uint32_t base_storage_count = 0;  // storages a tensor of the base may name
+  uint32_t depth = 1;               // 1 + the base's depth (0 for a plain archive)
+  std::string base_path;            // relative to the archive's directory
+};
+
 // R22-R24 for a name or key: 1 to 65535 bytes of valid UTF-8. `what` is
 // "entry", "tensor", "sparse tensor" or "metadata", `field` "name" or "key".
 // Throws kInvalidArgument ("tensor \"\": name: expected 1 to 65535 bytes...").
@@ -102,6 +112,16 @@ class IndexBuilder {
   void SetValues(std::vector<ValueSpec> values);
 
   uint32_t entry_count() const { return static_cast<uint32_t>(entries_.size()); }
+  // Makes the archive a layer over a base (format 1.2, header flag
+  // kFeatureLayers): checks R96 and R97 (kInvalidArgument). Once only.
+  void SetLayer(LayerSpec layer);
+  // Adds a storage of the base to the base storage table (after SetLayer and
+  // every AddStorage): `base_storage` is its index in the base, `nbytes` and
+  // `xxh3` its record's. Returns the index tensors name it by (own storages
+  // come first). Checks R99 and R100.
+  uint32_t AddBaseStorage(uint32_t base_storage, uint64_t nbytes, uint64_t xxh3);
+
+  // The archive's own storages (those AddStorage added).
   uint32_t storage_count() const { return static_cast<uint32_t>(storage_nbytes_.size()); }
   uint64_t storage_nbytes(uint32_t i) const { return storage_nbytes_[i]; }
 
@@ -133,7 +153,16 @@ class IndexBuilder {
     uint32_t entry;
   };
 
+  struct BaseStorage {
+    uint32_t base_storage;
+    uint64_t nbytes;
+    uint64_t xxh3;
+  };
+
   void RequireNotPlanned(const char* call) const;
+  // nbytes of storage i, own or of the base (i < storage_count() + base storages).
+  uint64_t AnyStorageNbytes(uint32_t i) const;
+  uint64_t AnyStorageCount() const { return storage_nbytes_.size() + base_storages_.size(); }
   void CheckSparse() const;
   void CheckValues() const;
   // Writes the value and link tables at `values_p` (and its bytes into the
@@ -152,6 +181,9 @@ class IndexBuilder {
   std::vector<SparseItem> sparse_;
   std::vector<MetadataSpec> metadata_;
   std::vector<ValueSpec> values_;
+  bool has_layer_ = false;
+  LayerSpec layer_;
+  std::vector<BaseStorage> base_storages_;
   uint64_t link_count_ = 0;
   uint64_t index_size_ = 0;
   uint64_t data_offset_ = 0;

@@ -61,6 +61,8 @@ const char* ErrorCodeName(ErrorCode code) noexcept {
       return "unsupported";
     case ErrorCode::kBindMismatch:
       return "bind_mismatch";
+    case ErrorCode::kBaseMismatch:
+      return "base_mismatch";
   }
   return "unknown";
 }

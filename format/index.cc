@@ -185,6 +185,9 @@ uint64_t Index::TensorRecordOffset(uint32_t i) const {
   return table_offset_[2] + uint64_t{i} * kTensorRecordSize;
 }
 uint64_t Index::StorageRecordOffset(uint32_t i) const {
+  if (i >= own_storage_count_) {
+    return table_offset_[10] + uint64_t{i - own_storage_count_} * kBaseStorageRecordSize;
+  }
   return table_offset_[1] + uint64_t{i} * kStorageRecordSize;
 }
 
@@ -217,9 +220,14 @@ void Index::Decode(const std::string& path) {
   const uint32_t dims_count = r.U32(ih + 20, "dims_count");
   const uint64_t blob_size = r.U64(ih + 24, "blob_size");
   const bool tree = (h.flags & kFeatureValueTree) != 0;
+  const bool layers = (h.flags & kFeatureLayers) != 0;
   const uint32_t value_count = tree ? r.U32(ih + 32, "value_count") : 0;
   const uint32_t link_count = tree ? r.U32(ih + 36, "link_count") : 0;
-  RequireZero(r, ih + (tree ? 40 : 32), tree ? 24 : 32, "index reserved");  // R17
+  const uint32_t ref_count = layers ? r.U32(ih + 40, "base_storage_count") : 0;
+  // R17: whatever no feature bit gives a meaning, in offset order.
+  if (!tree) RequireZero(r, ih + 32, 8, "index reserved");
+  if (!layers) RequireZero(r, ih + 40, 4, "index reserved");
+  RequireZero(r, ih + 44, 20, "index reserved");
   if (tree && value_count == 0) {                                           // R80
     r.Fail(ErrorCode::kInvalidValue, ih + 32, "value_count", "at least 1 (the root)", "0");
   }
@@ -268,6 +276,25 @@ void Index::Decode(const std::string& path) {
       table_offset_[7 + t] = ext_end;
       ext_end += tables[t];
     }
+  }
+  // §4.11: the layer record and base storage table follow, at a multiple of 8.
+  if (layers) {
+    const uint64_t layer_start = (ext_end + 7) & ~uint64_t{7};
+    if (layer_start > index_end) {  // R94
+      r.Fail(ErrorCode::kOutOfBounds, ih + 40, "base_storage_count",
+             "a layer record that fits in index_size " + Dec(h.index_size), "no room left");
+    }
+    RequireZero(r, ext_end, layer_start - ext_end, "layer padding");  // R94
+    const uint64_t bytes = kLayerRecordSize + uint64_t{ref_count} * kBaseStorageRecordSize;
+    if (bytes > index_end - layer_start) {  // R94
+      r.Fail(ErrorCode::kOutOfBounds, ih + 40, "base_storage_count",
+             "a layer record and base storage table that fit in index_size " +
+                 Dec(h.index_size),
+             Dec(ref_count) + " records of " + Dec(kBaseStorageRecordSize) + " bytes");
+    }
+    table_offset_[9] = layer_start;
+    table_offset_[10] = layer_start + kLayerRecordSize;
+    ext_end = layer_start + bytes;
   }
   if (h.minor <= kMinorVersion && ext_end != index_end) {  // R20
     r.Fail(ErrorCode::kInvalidValue, kOffIndexSize, "index_size",
@@ -348,6 +375,8 @@ void Index::Decode(const std::string& path) {
     r.Fail(ErrorCode::kInvalidValue, kOffFileSize, "file_size",
            Dec(prev_end) + " (the end of the last storage)", Dec(h.file_size));
   }
+  own_storage_count_ = storage_count;
+  if (layers) DecodeLayer(r, blob, blob_size, ref_count);
 
   // §4.8 dims, needed by tensors and sparse records.
   const auto dim_offset = [this](uint64_t k) { return table_offset_[5] + k * kDimSize; };
@@ -372,9 +401,11 @@ void Index::Decode(const std::string& path) {
         r, off, blob, blob_size, [i] { return "tensor #" + Dec(i) + " name"; }, true);  // R35
     auto field = [&](const char* f) { return TensorField(i, t.name, f); };
     t.storage = LoadU32(base + off + 8);
-    if (t.storage >= storage_count) {  // R36
+    if (t.storage >= storages_.size()) {  // R36
       r.Fail(ErrorCode::kOutOfBounds, off + 8, field("storage"),
-             "less than storage_count " + Dec(storage_count), Dec(t.storage));
+             layers ? "less than storage_count + base_storage_count " + Dec(storages_.size())
+                    : "less than storage_count " + Dec(storage_count),
+             Dec(t.storage));
     }
     const uint16_t dtype = LoadU16(base + off + 12);
     const auto dt = DTypeFromCode(dtype);
@@ -651,6 +682,50 @@ void Index::Decode(const std::string& path) {
       scope.component[i] = tensors_[i].role == Role::kSparseComponent;
     DecodeValues(r, table_offset_[7], value_count, table_offset_[8], link_count, scope, &values_,
                  &links_);
+  }
+}
+
+// §4.11 (format 1.2): the layer record (R95-R97) and the base storage table
+// (R98-R100), appended to storages_ after the archive's own storages.
+void Index::DecodeLayer(const ByteReader& r, uint64_t blob, uint64_t blob_size,
+                        uint32_t ref_count) {
+  const uint8_t* const base = head_.data();
+  const uint64_t l = table_offset_[9];
+  layer_.base_id_low = LoadU64(base + l);
+  layer_.base_id_high = LoadU64(base + l + 8);
+  layer_.base_file_size = LoadU64(base + l + 16);
+  layer_.base_storage_count = LoadU32(base + l + 24);
+  layer_.depth = LoadU32(base + l + 28);
+  RequireZero(r, l + 40, 24, "layer reserved");  // R95
+  if (layer_.depth < 1 || layer_.depth > kMaxLayerDepth) {  // R96
+    r.Fail(ErrorCode::kInvalidValue, l + 28, "layer depth",
+           "1 to " + Dec(kMaxLayerDepth) + " (1 + the depth of the base)", Dec(layer_.depth));
+  }
+  layer_.base_path = BlobString(r, l + 32, blob, blob_size, "layer base_path", true);  // R97
+  if (!IsRelativePath(layer_.base_path)) {                                              // R97
+    r.Fail(ErrorCode::kInvalidValue, l + 32, "layer base_path",
+           "a relative path: '/'-separated names, none empty, no NUL, not starting with '/'",
+           Quote(layer_.base_path));
+  }
+  storages_.resize(uint64_t{own_storage_count_} + ref_count);
+  for (uint32_t k = 0; k < ref_count; ++k) {
+    const uint64_t off = table_offset_[10] + uint64_t{k} * kBaseStorageRecordSize;
+    const auto field = [k] { return std::string("base storage #") + Dec(k); };
+    StorageRecord& s = storages_[own_storage_count_ + k];
+    s.base_storage = LoadU32(base + off);
+    s.nbytes = LoadU64(base + off + 8);
+    s.xxh3 = LoadU64(base + off + 16);
+    RequireZero(r, off + 4, 4, [&] { return field() + " reserved"; });   // R98
+    RequireZero(r, off + 24, 8, [&] { return field() + " reserved"; });  // R98
+    if (s.base_storage >= layer_.base_storage_count) {                   // R99
+      r.Fail(ErrorCode::kOutOfBounds, off, field() + " base_storage",
+             "less than the layer's base_storage_count " + Dec(layer_.base_storage_count),
+             Dec(s.base_storage));
+    }
+    if (s.nbytes > layer_.base_file_size) {  // R100
+      r.Fail(ErrorCode::kOutOfBounds, off + 8, field() + " nbytes",
+             "at most the layer's base_file_size " + Dec(layer_.base_file_size), Dec(s.nbytes));
+    }
   }
 }
 

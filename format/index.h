@@ -15,6 +15,8 @@
 
 namespace tsar::format {
 
+class ByteReader;  // format/reader.h
+
 // §4.1, decoded.
 struct Header {
   uint16_t major = 0;
@@ -36,11 +38,26 @@ struct EntryRecord {
   uint32_t tensor_count = 0;
 };
 
-// §4.4; `offset` is absolute in the file.
+// §4.4; `offset` is absolute in the file. In a layer (§4.11) the storages of
+// the base storage table follow the archive's own: their `base_storage` is the
+// storage's index in the base archive, their `offset` 0 (their bytes are in
+// the base); own storages have base_storage kNone.
 struct StorageRecord {
   uint64_t offset = 0;
   uint64_t nbytes = 0;
   uint64_t xxh3 = 0;
+  uint32_t base_storage = kNone;
+};
+
+// §4.11 (format 1.2): the layer record of an archive with header flag
+// kFeatureLayers. The base is identified by the XXH3-128 of its head.
+struct LayerRecord {
+  uint64_t base_id_low = 0;
+  uint64_t base_id_high = 0;
+  uint64_t base_file_size = 0;
+  uint32_t base_storage_count = 0;
+  uint32_t depth = 0;
+  std::string_view base_path;  // relative to the archive's directory
 };
 
 // §4.5. `dims_index` indexes Index::dims(): sizes are dims()[dims_index ..
@@ -98,7 +115,7 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
 // Move-only; immutable after Parse, so const access is thread-safe.
 class Index {
  public:
-  // Decodes and validates header and index: rules R1-R75 and R77-R93 of
+  // Decodes and validates header and index: rules R1-R75 and R77-R100 of
   // §6.3, in the order §6.3 lists them (not R76, the storage checksums). `head` holds the file's
   // bytes [0, n) with n >= the header's data_offset (extra bytes are dropped; fewer is R14,
   // kTruncated); `file_size` is the actual size of the file. Throws tsar::Error with the code,
@@ -115,7 +132,16 @@ class Index {
 
   const Header& header() const { return header_; }
   const std::vector<EntryRecord>& entries() const { return entries_; }
+  // Every storage a tensor may name: the archive's own, then (in a layer)
+  // those of its base storage table.
   const std::vector<StorageRecord>& storages() const { return storages_; }
+  uint32_t own_storage_count() const { return own_storage_count_; }
+  // §4.11: whether the archive is a layer over a base (flag kFeatureLayers),
+  // and its layer record (valid only then).
+  bool is_layer() const { return (header_.flags & kFeatureLayers) != 0; }
+  const LayerRecord& layer() const { return layer_; }
+  // The validated bytes [0, data_offset): a base's identity is their XXH3-128.
+  const std::vector<uint8_t>& head() const { return head_; }
   const std::vector<TensorRecord>& tensors() const { return tensors_; }
   const std::vector<SparseRecord>& sparse() const { return sparse_; }
   const std::vector<MetadataRecord>& metadata() const { return metadata_; }
@@ -140,15 +166,25 @@ class Index {
   }
   // Absolute file offset of tensor record i (for error messages).
   uint64_t TensorRecordOffset(uint32_t i) const;
+  // Of storage i's record: in the storage table, or for a base storage in
+  // the base storage table (§4.11).
   uint64_t StorageRecordOffset(uint32_t i) const;
+  // Absolute file offset of the layer record (§4.11); valid in a layer.
+  uint64_t LayerRecordOffset() const { return table_offset_[9]; }
 
  private:
   Index() = default;
   void Decode(const std::string& path);
+  void DecodeLayer(const ByteReader& r, uint64_t blob, uint64_t blob_size,
+                   uint32_t ref_count);
 
   std::vector<uint8_t> head_;
   Header header_;
-  uint64_t table_offset_[9] = {};  // §4.2 tables, blob, then §4.10 values and links
+  // §4.2 tables, blob, then §4.10 values and links, §4.11 layer record and
+  // base storage table.
+  uint64_t table_offset_[11] = {};
+  uint32_t own_storage_count_ = 0;
+  LayerRecord layer_;
   std::vector<EntryRecord> entries_;
   std::vector<StorageRecord> storages_;
   std::vector<TensorRecord> tensors_;

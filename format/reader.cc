@@ -93,4 +93,9 @@ bool IsValidUtf8(std::string_view s) {
   return true;
 }
 
+bool IsRelativePath(std::string_view s) {
+  if (s.empty() || s.front() == '/' || s.back() == '/') return false;
+  return s.find('\0') == std::string_view::npos && s.find("//") == std::string_view::npos;
+}
+
 }  // namespace tsar::format

@@ -79,5 +79,7 @@ std::string HumanBytes(uint64_t n);
 std::string HumanBytes(double n);  // for sizes past 2^64 (logical bytes of broadcast views)
 // True when s is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
 bool IsValidUtf8(std::string_view s);
+// §4.11 R97: '/'-separated names, none empty, no NUL, not starting with '/'.
+bool IsRelativePath(std::string_view s);
 
 }  // namespace tsar::format

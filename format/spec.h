@@ -15,14 +15,20 @@ inline constexpr uint8_t kMagic[8] = {0x89, 'T', 'S', 'A', 'R', 0x0D, 0x0A, 0x1A
 // archive that uses no feature of a later minor (§7.5), so such archives stay
 // byte-identical to what a 1.0 writer makes and readable by 1.0 readers.
 inline constexpr uint16_t kMajorVersion = 1;
-inline constexpr uint16_t kMinorVersion = 1;
+inline constexpr uint16_t kMinorVersion = 2;
 
 // §4.1, §7.5: header `flags` are required-feature bits from minor 1 on. A
 // reader refuses an archive that sets a bit it does not implement (readers of
 // 1.0 refuse every bit, R13). Bit 0 (format 1.1): the index holds a value
-// tree (§4.10).
+// tree (§4.10). Bit 1 (format 1.2): the archive is a layer over a base
+// archive (§4.11).
 inline constexpr uint32_t kFeatureValueTree = 0x1;
-inline constexpr uint32_t kKnownFeatures = kFeatureValueTree;
+inline constexpr uint32_t kFeatureLayers = 0x2;
+inline constexpr uint32_t kKnownFeatures = kFeatureValueTree | kFeatureLayers;
+// §7.5: the lowest minor version that defines every feature in `flags`.
+inline constexpr uint16_t MinorForFeatures(uint32_t flags) {
+  return (flags & kFeatureLayers) ? 2 : (flags & kFeatureValueTree) ? 1 : 0;
+}
 
 // §4.1: the v1.0 header is 64 bytes; a later minor may grow it up to 4096.
 inline constexpr uint32_t kHeaderSize = 64;
@@ -52,6 +58,12 @@ inline constexpr uint64_t kDimSize = 8;
 // §4.10 (format 1.1): the value and link tables of the index extension.
 inline constexpr uint64_t kValueRecordSize = 32;
 inline constexpr uint64_t kLinkSize = 4;
+// §4.11 (format 1.2): the layer record and the base storage table.
+inline constexpr uint64_t kLayerRecordSize = 64;
+inline constexpr uint64_t kBaseStorageRecordSize = 32;
+// §4.11: a layer's depth is 1 + its base's (a plain archive's is 0); at most
+// this many layers lie under an archive, which also rules out cycles.
+inline constexpr uint32_t kMaxLayerDepth = 8;
 
 // §4.1 / §4.4: storage alignment. Storages of at least `alignment` bytes start
 // on a multiple of `alignment`; all others on a multiple of kMinAlignment.

@@ -12,9 +12,9 @@ namespace {
 
 void DeleteCoreRef(void* ctx) { delete static_cast<std::shared_ptr<const ArchiveCore>*>(ctx); }
 
-c10::Storage MakeStorage(const std::shared_ptr<const ArchiveCore>& core,
+c10::Storage MakeStorage(const std::shared_ptr<const ArchiveCore>& core, uint32_t i,
                          const format::StorageRecord& s) {
-  uint8_t* p = core->mapping->data() + s.offset;
+  uint8_t* p = core->StorageData(i);
   c10::DataPtr dp(p, new std::shared_ptr<const ArchiveCore>(core), &DeleteCoreRef,
                   c10::Device(c10::kCPU));
   // Not resizable: an out-of-range set_ then throws instead of reallocating (a copy).
@@ -35,7 +35,7 @@ Archive Archive::open(const std::string& path, const OpenOptions& options) {
 }
 
 const c10::Storage& Archive::Impl::Storage(uint32_t i) const {
-  std::call_once(storage_once[i], [&] { storages[i] = MakeStorage(core, index().storages()[i]); });
+  std::call_once(storage_once[i], [&] { storages[i] = MakeStorage(core, i, index().storages()[i]); });
   return storages[i];
 }
 

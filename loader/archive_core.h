@@ -4,9 +4,13 @@
 // while it lives.
 #pragma once
 
+#include <sys/types.h>
+
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "format/index.h"
 #include "loader/mapping.h"
@@ -20,6 +24,22 @@ struct ArchiveCore {
   std::string path;
   format::Index index;
   std::unique_ptr<Mapping> mapping;
+
+  // Where storage i's bytes are: in this file's mapping, or (a layer, spec
+  // §4.11) in a base's, `layer` files down the chain, as storage `storage` of
+  // `owner`.
+  struct Source {
+    uint8_t* data = nullptr;
+    const ArchiveCore* owner = nullptr;
+    uint32_t storage = 0;
+    uint32_t layer = 0;
+  };
+  std::vector<Source> sources;  // one per index.storages()
+  // The base of a layer (null for a plain archive): it keeps the base's
+  // mapping, and its own base's, alive while this archive lives.
+  std::shared_ptr<const ArchiveCore> base;
+
+  uint8_t* StorageData(uint32_t i) const { return sources[i].data; }
 
   // Entry index for a user-given entry name ("" = first); throws kNotFound.
   uint32_t Entry(const std::string& entry) const;
@@ -50,6 +70,19 @@ struct ArchiveCore {
     }
   }
 };
+
+// The files of a layer chain being opened, by device and inode: a file met
+// twice is a cycle (loader/layers.cc).
+using LayerChain = std::vector<std::pair<dev_t, ino_t>>;
+
+// Opens, validates and maps one archive and, for a layer, its bases
+// (loader/archive_file.cc).
+std::shared_ptr<const ArchiveCore> OpenCore(const std::string& path, const OpenOptions& options,
+                                            LayerChain* chain);
+// §4.11: finds the base of `core` (a layer), opens it through OpenCore,
+// checks it is the base the layer was packed against and points the layer's
+// base storages at its bytes (loader/layers.cc).
+void AttachBase(ArchiveCore& core, const OpenOptions& options, LayerChain* chain);
 
 // Fault handler registry (loader/fault_handler.cc).
 void RegisterMapping(const ArchiveCore* core);

@@ -52,6 +52,10 @@ std::string QuoteName(const std::string& s) { return format::Quote(s); }
 
 ArchiveCore::ArchiveCore(std::string p, format::Index i, std::unique_ptr<Mapping> m)
     : path(std::move(p)), index(std::move(i)), mapping(std::move(m)) {
+  sources.resize(index.storages().size());
+  for (uint32_t s = 0; s < index.own_storage_count(); ++s) {
+    sources[s] = {mapping->data() + index.storages()[s].offset, this, s, 0};
+  }
   RegisterMapping(this);
 }
 ArchiveCore::~ArchiveCore() { UnregisterMapping(this); }
@@ -128,8 +132,24 @@ std::string ArchiveCore::QualifiedName(uint32_t tensor) const {
 }
 
 ArchiveFile ArchiveFile::open(const std::string& path, const OpenOptions& options) {
+  LayerChain chain;
+  ArchiveFile archive(OpenCore(path, options, &chain));
+  if (options.verify == VerifyMode::kFull) archive.verify();
+  return archive;
+}
+
+std::shared_ptr<const ArchiveCore> OpenCore(const std::string& path, const OpenOptions& options,
+                                            LayerChain* chain) {
   struct stat st;
   Fd fd(OpenRegularFile(path, &st, ErrorCode::kInvalidArgument));
+  for (const auto& [dev, ino] : *chain) {
+    if (dev == st.st_dev && ino == st.st_ino) {
+      throw Error(ErrorCode::kBaseMismatch, path, std::nullopt,
+                  "layer cycle: this file is its own base, " + std::to_string(chain->size()) +
+                      " layer(s) down");
+    }
+  }
+  chain->emplace_back(st.st_dev, st.st_ino);
   const auto file_size = static_cast<uint64_t>(st.st_size);
 
   // Header first, then exactly [0, data_offset) into private memory: the
@@ -157,10 +177,9 @@ ArchiveFile ArchiveFile::open(const std::string& path, const OpenOptions& option
         Mapping::Create(fd.get(), file_size, MapMode::kRead, options.prefetch, path, &refused);
   }
 
-  ArchiveFile archive(
-      std::make_shared<const ArchiveCore>(path, std::move(index), std::move(mapping)));
-  if (options.verify == VerifyMode::kFull) archive.verify();
-  return archive;
+  auto core = std::make_shared<ArchiveCore>(path, std::move(index), std::move(mapping));
+  if (core->index.is_layer()) AttachBase(*core, options, chain);
+  return core;
 }
 
 const char* RoleName(Role role) noexcept {
@@ -236,7 +255,29 @@ std::vector<TensorInfo> ArchiveFile::infos() const {
 std::vector<StorageInfo> ArchiveFile::storages() const {
   std::vector<StorageInfo> out;
   const auto& s = core_->index.storages();
-  for (uint32_t i = 0; i < s.size(); ++i) out.push_back({i, s[i].offset, s[i].nbytes, s[i].xxh3});
+  out.reserve(s.size());
+  for (uint32_t i = 0; i < s.size(); ++i) {
+    const ArchiveCore::Source& src = core_->sources[i];
+    out.push_back({i, src.owner->index.storages()[src.storage].offset, s[i].nbytes, s[i].xxh3,
+                   src.layer, src.storage});
+  }
+  return out;
+}
+
+const void* ArchiveFile::storage_data(uint32_t i) const {
+  if (i >= core_->sources.size()) {
+    throw Error(ErrorCode::kNotFound, path(), std::nullopt,
+                "storage #" + std::to_string(i) + ": the archive has " +
+                    std::to_string(core_->sources.size()) + " storages");
+  }
+  return core_->StorageData(i);
+}
+
+bool ArchiveFile::is_layer() const { return core_->index.is_layer(); }
+
+std::vector<std::string> ArchiveFile::layers() const {
+  std::vector<std::string> out;
+  for (const ArchiveCore* c = core_.get(); c != nullptr; c = c->base.get()) out.push_back(c->path);
   return out;
 }
 
@@ -297,7 +338,7 @@ std::vector<std::string> ArchiveFile::damaged() const {
   std::vector<bool> bad(index.storages().size());
   for (uint32_t i = 0; i < index.storages().size(); ++i) {
     const auto& s = index.storages()[i];
-    bad[i] = format::Xxh3(core_->mapping->data() + s.offset, s.nbytes) != s.xxh3;
+    bad[i] = format::Xxh3(core_->StorageData(i), s.nbytes) != s.xxh3;
   }
   std::vector<std::string> out;
   for (uint32_t t = 0; t < index.tensors().size(); ++t) {
@@ -310,8 +351,9 @@ void ArchiveFile::verify() const {
   const auto& index = core_->index;
   for (uint32_t i = 0; i < index.storages().size(); ++i) {
     const auto& s = index.storages()[i];
-    const uint64_t got = format::Xxh3(core_->mapping->data() + s.offset, s.nbytes);
+    const uint64_t got = format::Xxh3(core_->StorageData(i), s.nbytes);
     if (got == s.xxh3) continue;
+    const ArchiveCore::Source& src = core_->sources[i];
     std::string tensors;
     for (uint32_t t = 0; t < index.tensors().size(); ++t) {
       if (index.tensors()[t].storage == i)
@@ -320,9 +362,15 @@ void ArchiveFile::verify() const {
     char want[24], found[24];
     std::snprintf(want, sizeof want, "0x%016llx", static_cast<unsigned long long>(s.xxh3));
     std::snprintf(found, sizeof found, "0x%016llx", static_cast<unsigned long long>(got));
-    throw Error(ErrorCode::kChecksumMismatch, path(), s.offset,
-                "storage #" + std::to_string(i) + " (tensors " + tensors + "): xxh3: expected " +
-                    want + ", found " + found);
+    // A base's storage is reported in the base file, where its bytes are.
+    const std::string where =
+        src.layer == 0 ? std::string()
+                       : " (base storage of " + path() + ", storage #" +
+                             std::to_string(src.storage) + " of this base)";
+    throw Error(ErrorCode::kChecksumMismatch, src.owner->path,
+                src.owner->index.storages()[src.storage].offset,
+                "storage #" + std::to_string(i) + where + " (tensors " + tensors +
+                    "): xxh3: expected " + want + ", found " + found);
   }
 }
 

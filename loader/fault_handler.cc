@@ -59,7 +59,7 @@ void Handler(int sig, siginfo_t* info, void* ctx) {
     Put(" at file offset ");
     PutU(off);
     const auto& storages = core->index.storages();
-    for (uint32_t i = 0; i < storages.size(); ++i) {
+    for (uint32_t i = 0; i < core->index.own_storage_count(); ++i) {
       if (off < storages[i].offset || off - storages[i].offset >= storages[i].nbytes) continue;
       Put(": storage #");
       PutU(i);

@@ -13,6 +13,7 @@
 #include "format/value_tree.h"
 #include "writer/atomic_file.h"
 #include "writer/convert_dtype.h"
+#include "writer/layer_base.h"
 
 namespace tsar::writer {
 
@@ -167,9 +168,45 @@ void ArchiveWriter::finish() {
   }
   // A span starts on a multiple of 16 (the largest element size), so every
   // tensor's offset within it stays a whole number of its own elements.
-  for (Span& s : spans) {
-    s.begin &= ~uint64_t{15};
-    b.AddStorage(s.end - s.begin);
+  for (Span& s : spans) s.begin &= ~uint64_t{15};
+  // With a base (spec §4.11), the spans whose bytes it holds become base
+  // storages, named after the archive's own storages (both in first-use order).
+  std::vector<uint32_t> in_base(spans.size(), format::kNone);
+  std::optional<LayerBase> base;
+  if (!st.options.base.empty()) {
+    base.emplace(st.options.base, st.path);
+    for (uint32_t i = 0; i < spans.size(); ++i) {
+      in_base[i] = base->Find(*spans[i].storage, spans[i].begin, spans[i].end - spans[i].begin);
+    }
+  }
+  std::vector<uint32_t> sids(spans.size());  // span -> storage index in the archive
+  std::vector<uint32_t> own;                 // the spans written, in storage order
+  uint64_t shared_bytes = 0, own_bytes = 0;
+  for (uint32_t i = 0; i < spans.size(); ++i) {
+    if (in_base[i] != format::kNone) continue;
+    sids[i] = b.AddStorage(spans[i].end - spans[i].begin);
+    own.push_back(i);
+    own_bytes += spans[i].end - spans[i].begin;
+  }
+  if (base && own.size() < spans.size()) {
+    WithPath(st.path, [&] { b.SetLayer(base->layer()); });
+    const auto& records = base->archive().storages();
+    for (uint32_t i = 0; i < spans.size(); ++i) {
+      if (in_base[i] == format::kNone) continue;
+      const StorageInfo& r = records[in_base[i]];
+      WithPath(st.path, [&] { sids[i] = b.AddBaseStorage(in_base[i], r.nbytes, r.xxh3); });
+      shared_bytes += r.nbytes;
+    }
+  }
+  if (base && st.options.note) {
+    st.options.note(own.size() == spans.size()
+                        ? "no storage equals one of base " + format::Quote(st.options.base) +
+                              ": wrote a standalone archive"
+                        : "layer over " + format::Quote(base->layer().base_path) + ": " +
+                              std::to_string(spans.size() - own.size()) + " of " +
+                              std::to_string(spans.size()) + " storages (" +
+                              std::to_string(shared_bytes) + " bytes) from the base, " +
+                              std::to_string(own_bytes) + " bytes of its own");
   }
   uint32_t tensor_index = 0;                             // in the archive's tensor table
   std::unordered_map<std::string, uint32_t> tensor_ids;  // "entry\0name", for the value tree
@@ -188,7 +225,8 @@ void ArchiveWriter::finish() {
         s.first_component = tensor_index;
         WithPath(st.path, [&] { sparse_ids[item.sparse] = b.AddSparse(std::move(s)); });
       }
-      const uint32_t sid = storage_ids.at(t.storage.get());
+      const uint32_t span = storage_ids.at(t.storage.get());
+      const uint32_t sid = sids[span];
       uint64_t begin, end;
       t.ByteSpan(&begin, &end);
       format::TensorSpec spec;
@@ -199,7 +237,7 @@ void ArchiveWriter::finish() {
       spec.requires_grad = t.requires_grad;
       spec.sizes = t.sizes;
       spec.strides = t.strides;
-      spec.storage_offset = (begin - spans[sid].begin) / ElementSize(t.dtype);
+      spec.storage_offset = (begin - spans[span].begin) / ElementSize(t.dtype);
       spec.device_type = t.storage->device_type;
       spec.device_index = t.storage->device_index;
       if (item.sparse >= 0) spec.sparse = sparse_ids[item.sparse];
@@ -235,12 +273,12 @@ void ArchiveWriter::finish() {
   AtomicFile out(st.path);
   out.Resize(b.file_size());
   uint64_t total = 0, done = 0;
-  for (const Span& s : spans) total += s.end - s.begin;
+  for (const uint32_t i : own) total += spans[i].end - spans[i].begin;
   // Hash and write in cache-sized chunks: each chunk is read from RAM once.
   constexpr uint64_t kChunk = 4u << 20;
   std::vector<uint8_t> fetched;  // a chunk of a storage without host bytes (CUDA)
-  for (uint32_t i = 0; i < spans.size(); ++i) {
-    const Span& s = spans[i];
+  for (uint32_t i = 0; i < own.size(); ++i) {
+    const Span& s = spans[own[i]];
     const uint64_t n = s.end - s.begin;
     format::Xxh3Stream hash;
     for (uint64_t off = 0; off < n; off += kChunk) {

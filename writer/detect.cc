@@ -13,6 +13,7 @@
 #include "format/endian.h"
 #include "loader/mapping.h"
 #include "loader/open_file.h"
+#include "format/spec.h"
 #include "tsar/error.h"
 #include "writer/zip_reader.h"
 
@@ -30,6 +31,8 @@ const char* InputKindName(InputKind kind) {
       return "safetensors index";
     case InputKind::kHdf5:
       return "HDF5";
+    case InputKind::kTsar:
+      return "tsar";
     case InputKind::kUnknown:
       break;
   }
@@ -53,6 +56,7 @@ InputKind DetectByBytes(const std::string& path) {
                 std::string("cannot read: ") + std::strerror(errno));
   static const uint8_t kHdf5[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
   if (n >= 8 && std::memcmp(b, kHdf5, 8) == 0) return InputKind::kHdf5;
+  if (n >= 8 && std::memcmp(b, format::kMagic, 8) == 0) return InputKind::kTsar;
   if (n >= 4 && b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4) return InputKind::kTorchSave;
   if (n >= 9) {
     const uint64_t header = format::LoadU64(b);

@@ -10,8 +10,17 @@ class Reader;
 
 namespace tsar::importer {
 
-enum class InputKind { kUnknown, kTorchSave, kTorchScript, kSafetensors, kSafetensorsIndex, kHdf5 };
-// "torch.save", "TorchScript", "safetensors", "safetensors index", "HDF5", "unknown".
+enum class InputKind {
+  kUnknown,
+  kTorchSave,
+  kTorchScript,
+  kSafetensors,
+  kSafetensorsIndex,
+  kHdf5,
+  kTsar,  // a tsar archive: repacked (flattened, rebased, converted)
+};
+// "torch.save", "TorchScript", "safetensors", "safetensors index", "HDF5",
+// "tsar", "unknown".
 const char* InputKindName(InputKind kind);
 
 // What the first bytes say; every zip is kTorchSave here. Throws kNotFound /

@@ -217,7 +217,6 @@ std::vector<std::string> ExportHdf5(const ArchiveFile& a, const std::string& pat
   std::vector<std::string> notes;
   const auto entries = a.entries();
   const auto infos = a.infos();
-  const std::vector<StorageInfo> storages = a.storages();
   const bool single = entries.size() == 1;
   // Names and sizes first: nothing is written for an archive HDF5 cannot hold.
   uint64_t total = 0;
@@ -304,7 +303,7 @@ std::vector<std::string> ExportHdf5(const ArchiveFile& a, const std::string& pat
       }
       if (!ds.ok()) Fail(path, "cannot create dataset " + format::Quote(t.name));
       const uint64_t whole = *ContiguousBytes(t);
-      ForEachPiece(ViewOf(a, storages, t), [&](const Piece& p) {
+      ForEachPiece(ViewOf(a, t), [&](const Piece& p) {
         if (p.nbytes == whole) {  // one piece: no selection to make
           if (H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data) < 0)
             Fail(path, "cannot write dataset " + format::Quote(t.name));

@@ -262,9 +262,8 @@ std::vector<std::string> ExportTorchSave(const ArchiveFile& a, const std::string
     return n;
   });
   writer.writeRecord("data.pkl", pkl.data(), pkl.size());
-  const auto* base = static_cast<const uint8_t*>(a.data());
-  for (const auto& s : storages) {
-    writer.writeRecord("data/" + std::to_string(s.id), base + s.offset, s.nbytes);
+  for (const auto& s : storages) {  // a layer's base storages from the base file
+    writer.writeRecord("data/" + std::to_string(s.id), a.storage_data(s.id), s.nbytes);
   }
   writer.writeEndOfFile();
   out.Publish(/*durable=*/true);

@@ -150,9 +150,8 @@ std::vector<std::string> ExportSafetensors(const ArchiveFile& a, const std::stri
   out.WriteAt(8, json.data(), json.size());
   uint64_t pos = 8 + json.size();
   // One tensor at a time, strided ones a bounded piece at a time.
-  const std::vector<StorageInfo> storages = a.storages();
   for (const auto& t : infos) {
-    ForEachPiece(ViewOf(a, storages, t), [&](const Piece& p) {
+    ForEachPiece(ViewOf(a, t), [&](const Piece& p) {
       out.WriteAt(pos, p.data, p.nbytes);
       pos += p.nbytes;
     });

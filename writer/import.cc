@@ -46,6 +46,8 @@ Imported Import(const std::string& path, const ImportOptions& options) {
       return ImportSafetensorsIndex(path, options);
     case InputKind::kHdf5:
       return ImportHdf5(path, options);
+    case InputKind::kTsar:
+      return ImportTsar(path, options);
     case InputKind::kUnknown:
       break;
   }
@@ -55,7 +57,7 @@ Imported Import(const std::string& path, const ImportOptions& options) {
   const ssize_t n = pread(fd, b, sizeof b, 0);
   if (fd >= 0) close(fd);
   std::string hint;
-  if (n >= 5 && std::memcmp(b, format::kMagic, 5) == 0) hint = " (it is already a tsar archive)";
+  if (n >= 5 && std::memcmp(b, format::kMagic, 5) == 0) hint = " (a damaged tsar archive?)";
   if (n >= 2 && b[0] == 0x80 && b[1] <= 5) {
     hint =
         " (it looks like a legacy torch.save file from before PyTorch 1.6: re-save it with "
@@ -63,8 +65,8 @@ Imported Import(const std::string& path, const ImportOptions& options) {
   }
   throw Error(
       ErrorCode::kBadInput, path, std::nullopt,
-      "expected a torch.save zip, a TorchScript archive, a safetensors file or index, or an "
-      "HDF5 file, found none of them" +
+      "expected a torch.save zip, a TorchScript archive, a safetensors file or index, an "
+      "HDF5 file or a tsar archive, found none of them" +
           hint);
 }
 

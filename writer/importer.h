@@ -63,6 +63,9 @@ struct Imported {
   // the top of a dict and each state_dict's _metadata, which the implied tree
   // turns back into them).
   std::vector<Meta> metadata;
+  // True when `metadata` is not derived from `value` (a tsar input holds
+  // both side by side): it is stored with the tree instead of dropped.
+  bool metadata_beside_tree = false;
   std::vector<std::string>
       skipped;  // one line each: what was skipped and why, without the input's path
 };
@@ -79,6 +82,10 @@ std::string FirstLine(const std::exception& e);
 Imported ImportSafetensors(const std::string& path, const ImportOptions& options);
 Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& options);
 Imported ImportHdf5(const std::string& path, const ImportOptions& options);
+// A tsar archive, a layer's base storages included (writer/import_tsar.cc):
+// packing it writes a standalone archive (a flattened layer), or a layer
+// over another base.
+Imported ImportTsar(const std::string& path, const ImportOptions& options);
 
 // A whole input file mapped read-only (MAP_PRIVATE, PROT_READ). Storages
 // made from it keep the mapping alive.

@@ -288,7 +288,7 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     }
     if (tree) {
       writer.set_value(*in.value);
-      in.metadata.clear();
+      if (!in.metadata_beside_tree) in.metadata.clear();
     }
     for (auto& e : in.entries) {
       CheckInputName(s.path, "entry", e.name);

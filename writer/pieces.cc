@@ -124,10 +124,9 @@ void Walk(const StridedView& x, std::vector<int64_t>& prefix,
 
 }  // namespace
 
-StridedView ViewOf(const ArchiveFile& archive, const std::vector<StorageInfo>& storages,
-                   const TensorInfo& t) {
-  return {static_cast<const uint8_t*>(archive.data()) + storages[t.storage].offset,
-          ElementSize(t.dtype), t.sizes, t.strides, t.storage_offset};
+StridedView ViewOf(const ArchiveFile& archive, const TensorInfo& t) {
+  return {static_cast<const uint8_t*>(archive.storage_data(t.storage)), ElementSize(t.dtype),
+          t.sizes, t.strides, t.storage_offset};
 }
 
 void ForEachPiece(const StridedView& x, const std::function<void(const Piece&)>& fn,

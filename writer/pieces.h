@@ -25,10 +25,8 @@ struct StridedView {
   uint64_t storage_offset;  // in elements
 };
 
-// Tensor `t` of `archive`, whose storages() are `storages` (passed in: the
-// list is built per call).
-StridedView ViewOf(const ArchiveFile& archive, const std::vector<StorageInfo>& storages,
-                   const TensorInfo& t);
+// Tensor `t` of `archive` (its storage in the archive's file or a base's).
+StridedView ViewOf(const ArchiveFile& archive, const TensorInfo& t);
 
 // A run of a tensor's elements in C order: `nbytes` bytes at `data`, which
 // are the block of the tensor starting at index `start` (one per dimension)

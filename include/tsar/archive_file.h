@@ -50,6 +50,13 @@ struct OpenOptions {
   bool fallback_to_read = true;
   Prefetch prefetch = Prefetch::kNone;
   VerifyMode verify = VerifyMode::kIndex;
+  // A layer (an archive packed with a base, spec §4.11) finds its base at the
+  // path it records, relative to its own directory; then in each of these
+  // directories, as that relative path and as its last name. The base found
+  // must be exactly the one the layer was packed against (kBaseMismatch
+  // otherwise); none found is kNotFound. Bases are opened with the same
+  // mode and prefetch, each file mapped once.
+  std::vector<std::string> base_dirs;
 };
 
 // Role of a tensor in its entry (spec §4.5).
@@ -73,9 +80,14 @@ struct TensorInfo {
 
 struct StorageInfo {
   uint32_t id;
-  uint64_t offset;  // absolute file offset
+  uint64_t offset;  // absolute offset in the file that holds it (layers()[layer])
   uint64_t nbytes;
   uint64_t xxh3;
+  // Which file of a layer chain holds its bytes: 0 this archive, 1 its base,
+  // 2 the base's base... (always 0 for a plain archive); and its storage
+  // index in that file.
+  uint32_t layer = 0;
+  uint32_t layer_storage = 0;
 };
 
 // Bytes metadata values (type 4), distinct from UTF-8 strings (type 1).
@@ -95,9 +107,11 @@ struct ArchiveCore;  // loader/archive_core.h
 // never by rewriting in place.
 class ArchiveFile {
  public:
-  // Opens and validates header and index (spec §6). Throws tsar::Error:
-  // kNotFound / kIo for the file, any decode code for bad bytes,
-  // kChecksumMismatch under VerifyMode::kFull.
+  // Opens and validates header and index (spec §6), and for a layer its
+  // bases (§4.11). Throws tsar::Error: kNotFound / kIo for the file or a
+  // base, any decode code for bad bytes, kBaseMismatch for a base that is
+  // not the one packed against (or a cycle), kChecksumMismatch under
+  // VerifyMode::kFull (which covers the base storages the layer uses).
   static ArchiveFile open(const std::string& path, const OpenOptions& options = {});
 
   const std::string& path() const;
@@ -116,7 +130,17 @@ class ArchiveFile {
   bool contains(const std::string& name, const std::string& entry = "") const;
   TensorInfo info(const std::string& name, const std::string& entry = "") const;
   std::vector<TensorInfo> infos() const;  // every tensor of every entry
+  // Every storage a tensor may name, a layer's base storages included.
   std::vector<StorageInfo> storages() const;
+  // Storage i's bytes (in this file's mapping or a base's); kNotFound past
+  // the last storage.
+  const void* storage_data(uint32_t i) const;
+
+  // §4.11: true for a layer (an archive that takes some storages from a
+  // base archive). layers() are the paths of the chain as opened: this
+  // archive, its base, the base's base... (just path() for a plain archive).
+  bool is_layer() const;
+  std::vector<std::string> layers() const;
 
   // Metadata; entry "" is archive-level (not the first entry here).
   std::optional<MetadataValue> metadata(const std::string& key,
@@ -141,7 +165,8 @@ class ArchiveFile {
   // Names ("entry/name") of every tensor whose storage fails its checksum.
   std::vector<std::string> damaged() const;
 
-  // The mapped file: storage i's bytes are data() + storages()[i].offset.
+  // This file's mapping. In a plain archive storage i's bytes are data() +
+  // storages()[i].offset; storage_data(i) serves layers too.
   const void* data() const;
   uint64_t mapped_size() const;
 

@@ -31,6 +31,7 @@ enum class ErrorCode : int {
   kBadInput = 17,           // a packer input file (.pt, .h5, .safetensors) is malformed
   kUnsupported = 18,        // valid, but not supported by this build (e.g. CUDA)
   kBindMismatch = 19,       // bind(): module and archive do not match
+  kBaseMismatch = 20,       // a layer's base file is not the base it was packed against
 };
 
 // Short stable name of a code, e.g. "kTruncated" -> "truncated".

@@ -32,8 +32,19 @@ struct PackOptions {
   // payload. The converted storages are held in memory until finish() has
   // written them.
   std::optional<DType> dtype;
-  // Called with a line about what finish() changed (what `dtype` converted).
+  // Called with a line about what finish() changed (what `dtype` converted,
+  // how much a layer takes from its base).
   std::function<void(const std::string&)> note;
+  // A base archive (spec §4.11): when set, the archive is written as a layer
+  // over it. Every storage whose bytes equal a storage of the base (compared
+  // byte for byte) is not written but referenced, so that processes opening
+  // the layer share the base's pages. The layer records the base's path
+  // relative to its own directory and the base's identity (the XXH3-128 of
+  // its header and index): opening it later needs exactly that base file
+  // (Archive::open finds it, OpenOptions::base_dirs elsewhere). A base may
+  // itself be a layer, up to 8 deep. When no storage matches, a plain
+  // archive is written (and `note` says so).
+  std::string base;
 };
 
 }  // namespace tsar

@@ -24,6 +24,7 @@ class ErrorCode(enum.IntEnum):
     BAD_INPUT = 17
     UNSUPPORTED = 18
     BIND_MISMATCH = 19
+    BASE_MISMATCH = 20
 
 
 class Error(RuntimeError):

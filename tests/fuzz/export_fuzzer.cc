@@ -34,7 +34,14 @@ Fingerprint Print(const at::Tensor& t) {
   for (int64_t d : t.sizes()) head += " " + std::to_string(d);
   const at::Tensor c = t.contiguous();
   const auto* p = static_cast<const uint8_t*>(c.data_ptr());
-  return {head, std::vector<uint8_t>(p, p + c.numel() * c.element_size())};
+  std::vector<uint8_t> bytes(p, p + c.numel() * c.element_size());
+  // A bool byte other than 0 or 1 is valid (spec §5.1) and every exporter
+  // keeps it, but LibTorch's copy of a strided bool tensor (contiguous()
+  // above) stores each as 1: compare bools as truth values.
+  if (t.scalar_type() == at::kBool) {
+    for (uint8_t& b : bytes) b = b != 0;
+  }
+  return {head, std::move(bytes)};
 }
 
 // A dict key as Python compares it (True == 1 == 1.0, -0.0 == 0), or false
