@@ -142,14 +142,7 @@ std::shared_ptr<const ArchiveCore> OpenCore(const std::string& path, const OpenO
                                             LayerChain* chain) {
   struct stat st;
   Fd fd(OpenRegularFile(path, &st, ErrorCode::kInvalidArgument));
-  for (const auto& [dev, ino] : *chain) {
-    if (dev == st.st_dev && ino == st.st_ino) {
-      throw Error(ErrorCode::kBaseMismatch, path, std::nullopt,
-                  "layer cycle: this file is its own base, " + std::to_string(chain->size()) +
-                      " layer(s) down");
-    }
-  }
-  chain->emplace_back(st.st_dev, st.st_ino);
+  chain->emplace_back(st.st_dev, st.st_ino);  // AttachBase refuses a cycle
   const auto file_size = static_cast<uint64_t>(st.st_size);
 
   // Header first, then exactly [0, data_offset) into private memory: the

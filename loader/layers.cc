@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cinttypes>
+#include <cstdlib>
 #include <cstdio>
 
 #include "format/checksum.h"
@@ -37,19 +38,28 @@ std::string Join(const std::string& dir, std::string_view rel) {
 // directory with that path and with its last name. The first that exists is
 // the base; `tried` lists every candidate for the not-found message.
 std::string FindBase(const ArchiveCore& core, const std::vector<std::string>& dirs,
-                     std::vector<std::string>* tried) {
+                     std::vector<std::string>* tried, struct stat* st) {
   const std::string_view rel = core.index.layer().base_path;
   const size_t slash = rel.rfind('/');
   const std::string_view last = slash == std::string_view::npos ? rel : rel.substr(slash + 1);
   tried->push_back(Join(DirOf(core.path), rel));
-  for (const std::string& d : dirs) {
+  std::vector<std::string> env;
+  if (dirs.empty()) {  // TSAR_BASE_PATH: directories separated by ':'
+    if (const char* v = std::getenv("TSAR_BASE_PATH")) {
+      for (std::string_view rest = v; !rest.empty();) {
+        const size_t colon = rest.find(':');
+        env.emplace_back(rest.substr(0, colon));
+        rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+      }
+    }
+  }
+  for (const std::string& d : dirs.empty() ? env : dirs) {
     if (d.empty()) continue;
     tried->push_back(Join(d, rel));
     if (last != rel) tried->push_back(Join(d, last));
   }
   for (const std::string& c : *tried) {
-    struct stat st;
-    if (stat(c.c_str(), &st) == 0) return c;
+    if (stat(c.c_str(), st) == 0) return c;
   }
   return {};
 }
@@ -66,7 +76,8 @@ void AttachBase(ArchiveCore& core, const OpenOptions& options, LayerChain* chain
                     " layers under the archive opened, found more");
   }
   std::vector<std::string> tried;
-  const std::string found = FindBase(core, options.base_dirs, &tried);
+  struct stat st;
+  const std::string found = FindBase(core, options.base_dirs, &tried, &st);
   if (found.empty()) {
     std::string list;
     for (const auto& t : tried) list += (list.empty() ? "" : ", ") + format::Quote(t);
@@ -74,8 +85,15 @@ void AttachBase(ArchiveCore& core, const OpenOptions& options, LayerChain* chain
                 "layer base_path: the base archive " + format::Quote(layer.base_path) +
                     " is missing (looked for " + list +
                     "); a layer needs the exact base it was packed against (search other "
-                    "directories with OpenOptions::base_dirs, Python base_dirs=, or "
-                    "TSAR_BASE_PATH for the command line)");
+                    "directories with OpenOptions::base_dirs or the TSAR_BASE_PATH environment "
+                    "variable)");
+  }
+  for (const auto& [dev, ino] : *chain) {  // a cycle: bounded by R96 too, named here
+    if (dev == st.st_dev && ino == st.st_ino) {
+      throw Error(ErrorCode::kBaseMismatch, core.path, rec + 32,
+                  "layer base_path: expected a base outside this layer chain, found " +
+                      format::Quote(found) + ", a file already in it (a cycle)");
+    }
   }
   OpenOptions base_options = options;
   base_options.verify = VerifyMode::kIndex;  // the layer's verify covers what it uses

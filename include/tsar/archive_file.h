@@ -55,7 +55,8 @@ struct OpenOptions {
   // directories, as that relative path and as its last name. The base found
   // must be exactly the one the layer was packed against (kBaseMismatch
   // otherwise); none found is kNotFound. Bases are opened with the same
-  // mode and prefetch, each file mapped once.
+  // mode and prefetch. When empty: the directories of the environment
+  // variable TSAR_BASE_PATH (separated by ':'), if set.
   std::vector<std::string> base_dirs;
 };
 

@@ -3,10 +3,17 @@
 // are byte-identical to this output; tsar_gen_samples writes them.
 #include "tests/format/samples_gen.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -16,6 +23,7 @@
 #include "format/index.h"
 #include "format/spec.h"
 #include "format/value_tree.h"
+#include "tsar/archive_file.h"
 #include "tsar/error.h"
 
 namespace tsar::testing {
@@ -50,6 +58,8 @@ struct Draft {
   std::vector<MetaRecord> meta;  // as added; Expected() lists them in file order
   std::vector<std::pair<format::SparseSpec, uint32_t>> sparse;  // with its entry index
   std::vector<format::ValueSpec> values;                        // §4.10; empty: none
+  std::optional<format::LayerSpec> layer;                       // §4.11
+  std::vector<std::pair<uint32_t, std::string>> base_storages;  // base index, bytes
 
   void Entry(const std::string& name) {
     b.AddEntry(name);
@@ -58,6 +68,27 @@ struct Draft {
   uint32_t Storage(std::string bytes) {
     data.push_back(std::move(bytes));
     return b.AddStorage(data.back().size());
+  }
+  // §4.11: a layer over the archive `base` (its bytes), found at `path`.
+  void Layer(const std::string& base, const std::string& path) {
+    const auto index = format::Index::ParseBytes(reinterpret_cast<const uint8_t*>(base.data()),
+                                                 base.size(), "base");
+    const format::Hash128 id = format::Xxh3x128(index.head().data(), index.head().size());
+    format::LayerSpec l;
+    l.base_id_low = id.low;
+    l.base_id_high = id.high;
+    l.base_file_size = base.size();
+    l.base_storage_count = static_cast<uint32_t>(index.storages().size());
+    l.depth = 1 + (index.is_layer() ? index.layer().depth : 0);
+    l.base_path = path;
+    layer = l;
+    b.SetLayer(l);
+  }
+  // Storage `i` of the base, whose bytes are `bytes`.
+  uint32_t BaseStorage(uint32_t i, std::string bytes) {
+    base_storages.emplace_back(i, std::move(bytes));
+    const std::string& x = base_storages.back().second;
+    return b.AddBaseStorage(i, x.size(), format::Xxh3(x.data(), x.size()));
   }
   void Tensor(TensorSpec t) {
     tensors.push_back(t);
@@ -111,13 +142,20 @@ struct Draft {
   std::string Expected(const std::string& file) {
     nlohmann::ordered_json j;
     j["file_size"] = file.size();
-    j["format_version"] = values.empty() ? "1.0" : "1.1";
+    j["format_version"] = layer ? "1.2" : values.empty() ? "1.0" : "1.1";
     nlohmann::ordered_json storages = nlohmann::ordered_json::array();
     for (uint32_t i = 0; i < data.size(); ++i) {
       storages.push_back({{"id", i},
                           {"offset", b.storage_offset(i)},
                           {"nbytes", data[i].size()},
                           {"xxh3", Hex64(format::Xxh3(data[i].data(), data[i].size()))}});
+    }
+    for (size_t k = 0; k < base_storages.size(); ++k) {  // §4.11: bytes in the base
+      const std::string& x = base_storages[k].second;
+      storages.push_back({{"id", data.size() + k},
+                          {"base_storage", base_storages[k].first},
+                          {"nbytes", x.size()},
+                          {"xxh3", Hex64(format::Xxh3(x.data(), x.size()))}});
     }
     nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
     for (size_t i = 0; i < this->tensors.size(); ++i) {
@@ -158,6 +196,13 @@ struct Draft {
            {"component_count", sp.layout == format::SparseLayout::kCoo ? 2 : 3}});
     }
     j["sparse"] = sparse_records;
+    if (layer) {
+      j["layer"] = {{"base_path", layer->base_path},
+                    {"base_id", Hex64(layer->base_id_high) + Hex64(layer->base_id_low)},
+                    {"base_file_size", layer->base_file_size},
+                    {"base_storage_count", layer->base_storage_count},
+                    {"depth", layer->depth}};
+    }
     if (!values.empty()) {  // §4.10: each value record, then the link table
       nlohmann::ordered_json vals = nlohmann::ordered_json::array();
       nlohmann::ordered_json links = nlohmann::ordered_json::array();
@@ -255,6 +300,10 @@ uint64_t ValuesAt(const std::string& f) {
 uint64_t LinksAt(const std::string& f) {
   return ValuesAt(f) + uint64_t{U32At(f, format::kHeaderSize + 32)} * format::kValueRecordSize;
 }
+// §4.11: the layer record of an archive without a value tree, at the first
+// multiple of 8 after the blob; the base storage table after it.
+uint64_t LayerAt(const std::string& f) { return ValuesAt(f); }
+uint64_t BaseStoragesAt(const std::string& f) { return LayerAt(f) + format::kLayerRecordSize; }
 // Recomputes index_xxh3 so a mutation reaches the checks behind the checksum.
 void Refix(std::string& f) {
   const uint64_t end = U64At(f, format::kOffIndexOffset) + U64At(f, format::kOffIndexSize);
@@ -273,7 +322,7 @@ struct Invalid {
 std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::string& shared,
                                       const std::string& meta, const std::string& sparse,
                                       const std::string& aligned, const std::string& empty_views,
-                                      const std::string& tree) {
+                                      const std::string& tree, const std::string& layer) {
   auto fixed = [](uint64_t o) { return [o](const std::string&) { return o; }; };
   auto tensor0 = [](uint64_t field) {
     return [field](const std::string& f) { return Table(f, 2) + field; };
@@ -538,12 +587,12 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
        with(
            minimal,
            [](std::string& f) {
-             Put16(f, format::kOffMinor, 1);
-             Put32(f, format::kOffFlags, 2);
+             Put16(f, format::kOffMinor, 2);
+             Put32(f, format::kOffFlags, 4);
            },
            false),
        ErrorCode::kUnsupportedVersion, fixed(format::kOffFlags),
-       "minor 1 with feature bit 1, which format 1.1 does not define"},
+       "minor 2 with feature bit 2, which format 1.2 does not define"},
       {"value_kind_bad",
        with(
            tree, [](std::string& f) { f[ValuesAt(f) + 32] = 99; }, true),
@@ -581,6 +630,27 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
          return ValuesAt(f) + uint64_t{U32At(f, ih + 32) - 1} * format::kValueRecordSize;
        },
        "value \"y\" is named by no link"},
+      {"layer_reserved",
+       with(
+           layer, [](std::string& f) { f[LayerAt(f) + 40] = 1; }, true),
+       ErrorCode::kReservedNonZero, [](const std::string& f) { return LayerAt(f) + 40; },
+       "a reserved byte of the layer record"},
+      {"layer_depth_0",
+       with(
+           layer, [](std::string& f) { Put32(f, LayerAt(f) + 28, 0); }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return LayerAt(f) + 28; },
+       "a layer of depth 0 (a layer lies over at least one base)"},
+      {"layer_path_absolute",
+       with(
+           layer,
+           [](std::string& f) { f[Table(f, 6) + U32At(f, LayerAt(f) + 32)] = '/'; }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return LayerAt(f) + 32; },
+       "the base path \"/hared.tsar\" is absolute"},
+      {"layer_base_storage_out_of_range",
+       with(
+           layer, [](std::string& f) { Put32(f, BaseStoragesAt(f), 99); }, true),
+       ErrorCode::kOutOfBounds, [](const std::string& f) { return BaseStoragesAt(f); },
+       "base storage #0 names storage #99 of a base of 4 storages"},
   };
   return v;
 }
@@ -775,11 +845,61 @@ Draft ValueTree() {
   return d;
 }
 
+// valid/layer: a layer over valid/shared.tsar (recorded as `path`): a new
+// "full", the embedding (tied) and the scalar from the base.
+Draft LayerOver(const std::string& shared, const std::string& path) {
+  Draft d;
+  d.Layer(shared, path);
+  d.Entry("model");
+  const uint32_t full =
+      d.Storage(Floats({16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31}));
+  const uint32_t emb = d.BaseStorage(1, Floats({0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f}));
+  const uint32_t scalar = d.BaseStorage(2, Floats({42.0f}));
+  d.Tensor(T("full", full, DType::kFloat32, {16}, {1}, 0, Role::kBuffer));
+  d.Tensor(T("emb.weight", emb, DType::kFloat32, {3, 2}, {2, 1}, 0, Role::kParameter));
+  d.Tensor(T("head.weight", emb, DType::kFloat32, {3, 2}, {2, 1}, 0, Role::kParameter));
+  d.Tensor(T("scalar", scalar, DType::kFloat32, {}, {}, 0, Role::kBuffer));
+  return d;
+}
+
 std::string Tsv(std::string s) {
   for (char& c : s) {
     if (c == '\t' || c == '\n') c = ' ';
   }
   return s;
+}
+
+// The manifest of samples/layers/ (§8): each file opened, with its bases,
+// from a scratch copy of samples/ whose working directory is layers/, so that
+// messages name files as a reader in samples/layers/ sees them.
+std::string LayersManifest(const std::vector<SampleFile>& files,
+                           const std::vector<std::pair<std::string, std::string>>& layers) {
+  char dir[] = "/tmp/tsar-samples-XXXXXX";
+  if (mkdtemp(dir) == nullptr) throw std::runtime_error("mkdtemp failed");
+  const std::string root = dir;
+  for (const char* sub : {"/valid", "/layers"}) mkdir((root + sub).c_str(), 0755);
+  for (const auto& f : files) {
+    std::ofstream(root + "/" + f.path, std::ios::binary) << f.bytes;
+  }
+  const int cwd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (cwd < 0 || chdir((root + "/layers").c_str()) != 0) throw std::runtime_error("chdir failed");
+  std::string manifest = "file\tcode\toffset\tmessage\tdescription\n";
+  std::string failure;
+  for (const auto& [file, what] : layers) {
+    try {
+      (void)ArchiveFile::open(file);
+      failure = file + ": opened, but it was built to fail";
+    } catch (const Error& e) {
+      manifest += file + "\t" + ErrorCodeName(e.code()) + "\t" +
+                  (e.offset() ? std::to_string(*e.offset()) : "") + "\t" + Tsv(e.what()) + "\t" +
+                  Tsv(what) + "\n";
+    }
+  }
+  if (fchdir(cwd) != 0) failure = "cannot return to the working directory";
+  close(cwd);
+  std::filesystem::remove_all(root);
+  if (!failure.empty()) throw std::logic_error(failure);
+  return manifest;
 }
 
 }  // namespace
@@ -813,9 +933,16 @@ std::vector<SampleFile> GenerateSamples() {
     if (std::string(n.name) == "empty_views") empty_views = bytes;
     if (std::string(n.name) == "value_tree") tree = bytes;
   }
+  std::string layer;
+  {
+    Draft d = LayerOver(shared, "shared.tsar");
+    layer = d.Bytes();
+    out.push_back({"valid/layer.tsar", layer});
+    out.push_back({"valid/layer.expected.json", d.Expected(layer)});
+  }
   std::string manifest = "file\tcode\toffset\tmessage\tdescription\n";
   for (const Invalid& inv :
-       InvalidCatalogue(minimal, shared, meta, sparse, aligned, empty_views, tree)) {
+       InvalidCatalogue(minimal, shared, meta, sparse, aligned, empty_views, tree, layer)) {
     const std::string bytes = inv.make();
     const std::string file = std::string(inv.name) + ".tsar";
     try {
@@ -833,6 +960,28 @@ std::vector<SampleFile> GenerateSamples() {
     out.push_back({"invalid/" + file, bytes});
   }
   out.push_back({"invalid/MANIFEST.tsv", manifest});
+
+  // §4.11 resolution failures: valid alone, refused when opened with their bases.
+  const std::vector<std::pair<std::string, std::string>> layers = {
+      {"wrong_base.tsar", "a layer over valid/shared.tsar whose base path names valid/minimal.tsar"},
+      {"missing_base.tsar", "a layer whose base file does not exist"},
+      {"cycle.tsar", "a layer whose base path names itself"},
+      {"impostor_base.tsar",
+       "a layer over valid/shared.tsar whose base path names other_shared.tsar, of the same "
+       "size, whose tensor \"full\" is named \"fuLL\""}};
+  const std::string paths[] = {"../valid/minimal.tsar", "missing.tsar", "cycle.tsar",
+                               "other_shared.tsar"};
+  {
+    std::string other = shared;  // same size, one name changed: a different index
+    const size_t at = other.find("full");
+    other.replace(at, 4, "fuLL");
+    Refix(other);
+    out.push_back({"layers/other_shared.tsar", other});
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    out.push_back({"layers/" + layers[i].first, LayerOver(shared, paths[i]).Bytes()});
+  }
+  out.push_back({"layers/MANIFEST.tsv", LayersManifest(out, layers)});
   return out;
 }
 

@@ -3,6 +3,10 @@
 // and every truncation and every header/index byte flip is rejected.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -13,6 +17,7 @@
 #include "format/reader.h"
 #include "tests/format/samples_gen.h"
 #include "tests/format/test_util.h"
+#include "tsar/archive_file.h"
 
 namespace tsar::testing {
 namespace {
@@ -80,12 +85,30 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
     ASSERT_EQ(j["storages"].size(), idx.storages().size());
     for (size_t i = 0; i < idx.storages().size(); ++i) {
       const auto& st = idx.storages()[i];
-      EXPECT_EQ(j["storages"][i]["offset"], st.offset);
-      EXPECT_EQ(j["storages"][i]["nbytes"], st.nbytes);
+      const auto& e = j["storages"][i];
+      EXPECT_EQ(e["nbytes"], st.nbytes);
       char hex[24];
       std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(st.xxh3));
-      EXPECT_EQ(j["storages"][i]["xxh3"], hex);
+      EXPECT_EQ(e["xxh3"], hex);
+      if (i >= idx.own_storage_count()) {  // §4.11: its bytes are in the base
+        EXPECT_EQ(e["base_storage"], st.base_storage) << tsar_path << " storage #" << i;
+        continue;
+      }
+      EXPECT_EQ(e["offset"], st.offset);
       EXPECT_EQ(format::Xxh3(bytes.data() + st.offset, st.nbytes), st.xxh3) << tsar_path;
+    }
+    EXPECT_EQ(j.contains("layer"), idx.is_layer()) << tsar_path;
+    if (idx.is_layer()) {
+      const format::LayerRecord& l = idx.layer();
+      char id[40];
+      std::snprintf(id, sizeof id, "%016llx%016llx",
+                    static_cast<unsigned long long>(l.base_id_high),
+                    static_cast<unsigned long long>(l.base_id_low));
+      EXPECT_EQ(j["layer"]["base_id"], id);
+      EXPECT_EQ(j["layer"]["base_path"], std::string(l.base_path));
+      EXPECT_EQ(j["layer"]["base_file_size"], l.base_file_size);
+      EXPECT_EQ(j["layer"]["base_storage_count"], l.base_storage_count);
+      EXPECT_EQ(j["layer"]["depth"], l.depth);
     }
     // Every metadata record, in file order (§4.7).
     ASSERT_EQ(j["metadata"].size(), idx.metadata().size()) << tsar_path;
@@ -140,7 +163,10 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
       EXPECT_EQ(e["component_count"], sp.component_count) << tsar_path << " sparse #" << i;
     }
     // The value tree (§4.10, format 1.1): every value record and link.
-    EXPECT_EQ(j["format_version"], idx.values().empty() ? "1.0" : "1.1") << tsar_path;
+    EXPECT_EQ(j["format_version"], idx.is_layer()         ? "1.2"
+                                   : idx.values().empty() ? "1.0"
+                                                          : "1.1")
+        << tsar_path;
     ASSERT_EQ(j.value("values", nlohmann::json::array()).size(), idx.values().size()) << tsar_path;
     for (size_t i = 0; i < idx.values().size(); ++i) {
       const format::ValueRecord& v = idx.values()[i];
@@ -160,7 +186,62 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
     EXPECT_EQ(j.value("links", nlohmann::json::array()), nlohmann::json(idx.links())) << tsar_path;
     ++checked;
   }
-  EXPECT_EQ(checked, 9);
+  EXPECT_EQ(checked, 10);
+}
+
+// valid/layer.tsar opens over valid/shared.tsar (§4.11): its base storages
+// are the base's bytes, and verification covers them.
+TEST(Samples, TheLayerSampleOpensOverItsBase) {
+  const ArchiveFile a = ArchiveFile::open(std::string(TSAR_SAMPLES_DIR) + "/valid/layer.tsar");
+  const ArchiveFile base = ArchiveFile::open(std::string(TSAR_SAMPLES_DIR) + "/valid/shared.tsar");
+  ASSERT_TRUE(a.is_layer());
+  ASSERT_EQ(a.layers().size(), 2u);
+  EXPECT_EQ(a.layers()[1], std::string(TSAR_SAMPLES_DIR) + "/valid/shared.tsar");
+  const auto storages = a.storages();
+  ASSERT_EQ(storages.size(), 3u);
+  EXPECT_EQ(storages[0].layer, 0u);
+  for (uint32_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(storages[i].layer, 1u);
+    EXPECT_EQ(storages[i].layer_storage, i);
+    EXPECT_EQ(std::memcmp(a.storage_data(i), base.storage_data(i), storages[i].nbytes), 0);
+  }
+  EXPECT_NO_THROW(a.verify());
+  EXPECT_TRUE(a.damaged().empty());
+}
+
+// samples/layers/: each file decodes alone but is refused when opened with
+// what its base path names, as layers/MANIFEST.tsv says (opened from
+// samples/layers/, as the generator did).
+TEST(Samples, LayersFailToResolveAsTheManifestSays) {
+  const std::string dir = std::string(TSAR_SAMPLES_DIR) + "/layers";
+  const std::string manifest = ReadFile(dir + "/MANIFEST.tsv");
+  std::istringstream lines(manifest);
+  std::string line;
+  std::getline(lines, line);
+  EXPECT_EQ(line, "file\tcode\toffset\tmessage\tdescription");
+  const int cwd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(cwd, 0);
+  ASSERT_EQ(chdir(dir.c_str()), 0);
+  int checked = 0;
+  while (std::getline(lines, line)) {
+    std::vector<std::string> cols;
+    std::istringstream in(line);
+    for (std::string col; std::getline(in, col, '\t');) cols.push_back(col);
+    ASSERT_EQ(cols.size(), 5u) << line;
+    EXPECT_NO_THROW(ParseString(ReadFile(cols[0]), cols[0])) << cols[0] << " is valid alone";
+    try {
+      (void)ArchiveFile::open(cols[0]);
+      ADD_FAILURE() << cols[0] << " opened";
+    } catch (const Error& e) {
+      EXPECT_EQ(ErrorCodeName(e.code()), cols[1]) << cols[0];
+      EXPECT_EQ(e.offset() ? std::to_string(*e.offset()) : "", cols[2]) << cols[0];
+      EXPECT_EQ(e.what(), cols[3]) << cols[0];
+    }
+    ++checked;
+  }
+  EXPECT_EQ(fchdir(cwd), 0);
+  close(cwd);
+  EXPECT_EQ(checked, 4);
 }
 
 TEST(Samples, InvalidOnesFailAsTheManifestSays) {
@@ -226,7 +307,8 @@ TEST(Samples, EveryHeaderAndIndexByteFlipIsRejected) {
 TEST(Samples, DataByteFlipsParseButChangeTheStorageChecksum) {
   for (const std::string& f : ValidArchives()) {
     const format::Index idx = ParseString(f);
-    for (const auto& s : idx.storages()) {
+    for (uint32_t k = 0; k < idx.own_storage_count(); ++k) {
+      const auto& s = idx.storages()[k];
       for (uint64_t i = s.offset; i < s.offset + s.nbytes; ++i) {
         std::string g = f;
         g[i] = static_cast<char>(g[i] ^ 0x10);
