@@ -316,6 +316,12 @@ class JsonStream {
   size_t members_ = 0, items_ = 0;
 };
 
+// Where a storage's bytes are, for the STORAGE column: "" in this file.
+std::string LayerNote(uint32_t layer) {
+  if (layer == 0) return "";
+  return layer == 1 ? " base" : " base" + std::to_string(layer);
+}
+
 int RunInspect(const std::string& path, bool json) {
   const ArchiveFile a = OpenArchive(path);
   const auto infos = a.infos();
@@ -324,6 +330,13 @@ int RunInspect(const std::string& path, bool json) {
   for (const auto& t : infos) ++users[t.storage];
   uint64_t data = 0;
   for (const auto& s : storages) data += s.nbytes;
+  // §4.11: what each file of a layer chain gives this archive.
+  const std::vector<std::string> layers = a.layers();
+  std::vector<std::pair<size_t, uint64_t>> per_layer(layers.size());  // storages, bytes
+  for (const auto& s : storages) {
+    ++per_layer[s.layer].first;
+    per_layer[s.layer].second += s.nbytes;
+  }
 
   if (json) {
     // Written member by member, as nlohmann's dump(2) of the whole object
@@ -355,9 +368,24 @@ int RunInspect(const std::string& path, bool json) {
     for (const auto& s : storages) {
       char hex[24];
       std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(s.xxh3));
-      out.Item({{"id", s.id}, {"offset", s.offset}, {"nbytes", s.nbytes}, {"xxh3", hex}});
+      nlohmann::ordered_json item = {
+          {"id", s.id}, {"offset", s.offset}, {"nbytes", s.nbytes}, {"xxh3", hex}};
+      if (a.is_layer()) {
+        item["layer"] = s.layer;
+        item["layer_storage"] = s.layer_storage;
+      }
+      out.Item(item);
     }
     out.EndArray();
+    if (a.is_layer()) {  // layer 0 is this file, then its base, the base's base...
+      nlohmann::ordered_json chain = nlohmann::ordered_json::array();
+      for (size_t i = 0; i < layers.size(); ++i) {
+        chain.push_back({{"path", layers[i]},
+                         {"storages", per_layer[i].first},
+                         {"bytes", per_layer[i].second}});
+      }
+      out.Member("layers", chain);
+    }
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
     for (const auto& [k, v] : a.metadata_items()) json::Append(meta, k, MetaJson(v));
     out.Member("metadata", meta);
@@ -392,6 +420,15 @@ int RunInspect(const std::string& path, bool json) {
       path.c_str(), a.format_major(), a.format_minor(), infos.size(), a.entries().size(),
       a.entries().size() == 1 ? "y" : "ies", storages.size(), HumanBytes(data).c_str(),
       HumanBytes(a.file_size()).c_str(), a.alignment());
+  if (a.is_layer()) {
+    std::printf("\nlayers: what each file of the chain gives (storages, bytes)\n");
+    for (size_t i = 0; i < layers.size(); ++i) {
+      std::printf("  %s %s: %zu storage%s, %s\n",
+                  i == 0 ? "this layer" : i == 1 ? "base      " : "base of base",
+                  Printable(layers[i]).c_str(), per_layer[i].first,
+                  per_layer[i].first == 1 ? "" : "s", HumanBytes(per_layer[i].second).c_str());
+    }
+  }
   const std::vector<std::string> header = {"NAME", "DTYPE", "SHAPE", "STORAGE", "BYTES", "ROLE"};
   Columns columns("llllrl");  // BYTES right-aligned
   columns.Fit(header);
@@ -402,7 +439,8 @@ int RunInspect(const std::string& path, bool json) {
     if (!Contiguous(t)) shape += " strides " + Dims(t.strides);
     if (t.storage_offset) shape += " +" + std::to_string(t.storage_offset);
     rows.push_back({Printable(t.name), std::string(DTypeName(t.dtype)), shape,
-                    "#" + std::to_string(t.storage) + (users[t.storage] > 1 ? " shared" : ""),
+                    "#" + std::to_string(t.storage) + (users[t.storage] > 1 ? " shared" : "") +
+                        LayerNote(storages[t.storage].layer),
                     HumanBytes(static_cast<double>(TensorBytes(t))),
                     std::string(RoleName(t.role)) + (t.requires_grad ? " requires_grad" : "")});
     columns.Fit(rows.back());

@@ -125,11 +125,6 @@ uint32_t IndexBuilder::AddBaseStorage(uint32_t base_storage, uint64_t nbytes, ui
            what + "base_storage: expected less than base_storage_count " +
                Dec(layer_.base_storage_count) + ", found " + Dec(base_storage));
   }
-  if (nbytes > layer_.base_file_size) {  // R100
-    Misuse(ErrorCode::kInvalidArgument, what + "nbytes: expected at most base_file_size " +
-                                            Dec(layer_.base_file_size) + ", found " +
-                                            Dec(nbytes));
-  }
   if (AnyStorageCount() >= kNone) {
     Misuse(ErrorCode::kInvalidArgument, what + "expected fewer than 2^32 - 1 storages");
   }

@@ -118,7 +118,7 @@ class IndexBuilder {
   // Adds a storage of the base to the base storage table (after SetLayer and
   // every AddStorage): `base_storage` is its index in the base, `nbytes` and
   // `xxh3` its record's. Returns the index tensors name it by (own storages
-  // come first). Checks R99 and R100.
+  // come first). Checks R99.
   uint32_t AddBaseStorage(uint32_t base_storage, uint64_t nbytes, uint64_t xxh3);
 
   // The archive's own storages (those AddStorage added).

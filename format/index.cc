@@ -686,7 +686,9 @@ void Index::Decode(const std::string& path) {
 }
 
 // §4.11 (format 1.2): the layer record (R95-R97) and the base storage table
-// (R98-R100), appended to storages_ after the archive's own storages.
+// (R98, R99), appended to storages_ after the archive's own storages. A base
+// storage's nbytes is not bounded here: in a chain its bytes may lie in a
+// base's base, larger than the base file (opening checks it, B6).
 void Index::DecodeLayer(const ByteReader& r, uint64_t blob, uint64_t blob_size,
                         uint32_t ref_count) {
   const uint8_t* const base = head_.data();
@@ -721,10 +723,6 @@ void Index::DecodeLayer(const ByteReader& r, uint64_t blob, uint64_t blob_size,
       r.Fail(ErrorCode::kOutOfBounds, off, field() + " base_storage",
              "less than the layer's base_storage_count " + Dec(layer_.base_storage_count),
              Dec(s.base_storage));
-    }
-    if (s.nbytes > layer_.base_file_size) {  // R100
-      r.Fail(ErrorCode::kOutOfBounds, off + 8, field() + " nbytes",
-             "at most the layer's base_file_size " + Dec(layer_.base_file_size), Dec(s.nbytes));
     }
   }
 }

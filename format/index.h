@@ -115,7 +115,7 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
 // Move-only; immutable after Parse, so const access is thread-safe.
 class Index {
  public:
-  // Decodes and validates header and index: rules R1-R75 and R77-R100 of
+  // Decodes and validates header and index: rules R1-R75 and R77-R99 of
   // §6.3, in the order §6.3 lists them (not R76, the storage checksums). `head` holds the file's
   // bytes [0, n) with n >= the header's data_offset (extra bytes are dropped; fewer is R14,
   // kTruncated); `file_size` is the actual size of the file. Throws tsar::Error with the code,

@@ -106,6 +106,7 @@ PYBIND11_MODULE(_tsar, m) {
           "format_version",
           [](const Archive& a) { return py::make_tuple(a.format_major(), a.format_minor()); })
       .def_property_readonly("alignment", &Archive::alignment)
+      .def_property_readonly("layers", &Archive::layers)
       .def_property_readonly("file_size", &Archive::file_size)
       .def_property_readonly("data_ptr",
                              [](const Archive& a) { return reinterpret_cast<uintptr_t>(a.data()); })
@@ -144,15 +145,18 @@ PYBIND11_MODULE(_tsar, m) {
 
   m.def(
       "open",
-      [](const std::string& path, int mode, int prefetch, int verify) {
+      [](const std::string& path, int mode, int prefetch, int verify,
+         const std::vector<std::string>& base_dirs) {
         OpenOptions o;
         o.mode = static_cast<MapMode>(mode);
         o.prefetch = static_cast<Prefetch>(prefetch);
         o.verify = static_cast<VerifyMode>(verify);
+        o.base_dirs = base_dirs;
         py::gil_scoped_release unlocked;
         return Archive::open(path, o);
       },
-      py::arg("path"), py::arg("mode"), py::arg("prefetch"), py::arg("verify"));
+      py::arg("path"), py::arg("mode"), py::arg("prefetch"), py::arg("verify"),
+      py::arg("base_dirs") = std::vector<std::string>());
 
   // entries: [(entry, [(name, tensor, role)])], metadata: [(entry, key, value)].
   m.def(
@@ -160,10 +164,12 @@ PYBIND11_MODULE(_tsar, m) {
       [](const std::string& path,
          const std::vector<std::pair<
              std::string, std::vector<std::tuple<std::string, at::Tensor, int>>>>& entries,
-         const py::list& metadata, uint32_t alignment, const std::string& dtype, bool durable) {
+         const py::list& metadata, uint32_t alignment, const std::string& dtype,
+         const std::string& base, bool durable) {
         PackOptions o;
         o.alignment = alignment;
         o.durable = durable;
+        o.base = base;
         o.dtype = FloatingDtype(dtype);
         Writer w(path, o);
         for (const auto& [entry, tensors] : entries) {
@@ -180,7 +186,7 @@ PYBIND11_MODULE(_tsar, m) {
         w.finish();
       },
       py::arg("path"), py::arg("entries"), py::arg("metadata"), py::arg("alignment"),
-      py::arg("dtype"), py::arg("durable") = true);
+      py::arg("dtype"), py::arg("base") = std::string(), py::arg("durable") = true);
 
   m.def(
       "pack",
@@ -188,8 +194,9 @@ PYBIND11_MODULE(_tsar, m) {
          const std::string& entry, bool strict, uint32_t alignment, const py::list& metadata,
          const std::string& dtype, const std::vector<std::string>& only,
          const std::vector<std::string>& exclude, const std::string& strip_prefix,
-         const std::string& architecture) {
+         const std::string& architecture, const std::string& base) {
         PackFilesOptions o;
+        o.pack.base = base;
         o.pack.alignment = alignment;
         o.pack.entry = entry;
         o.pack.dtype = FloatingDtype(dtype);
@@ -215,7 +222,7 @@ PYBIND11_MODULE(_tsar, m) {
       },
       py::arg("sources"), py::arg("dst"), py::arg("entry"), py::arg("strict"), py::arg("alignment"),
       py::arg("metadata"), py::arg("dtype"), py::arg("only"), py::arg("exclude"),
-      py::arg("strip_prefix"), py::arg("architecture"));
+      py::arg("strip_prefix"), py::arg("architecture"), py::arg("base") = std::string());
 
   // slots: the module's state_dict(keep_vars=True) items, rebound in place.
   m.def(

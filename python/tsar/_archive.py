@@ -1,7 +1,7 @@
 """tsar.open and tsar.Archive: a .tsar file mapped read-only, its tensors zero-copy."""
 import collections
 import dataclasses
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -89,6 +89,12 @@ class Archive:
         return self._a().alignment
 
     @property
+    def layers(self) -> List[str]:
+        """The files this archive's bytes come from: its own path, then for a
+        layer (saved with ``base=``) its base, the base's base..."""
+        return self._a().layers
+
+    @property
     def file_size(self) -> int:
         return self._a().file_size
 
@@ -162,7 +168,8 @@ class Archive:
         return f"<tsar.Archive {self.path!r} mode={self.mode} entries={self.entries}>"
 
 
-def open(path, *, mode: str = "shared", prefetch: str = "none", verify: str = "index") -> Archive:  # noqa: A001
+def open(path, *, mode: str = "shared", prefetch: str = "none", verify: str = "index",  # noqa: A001
+         base_dirs=()) -> Archive:
     """Opens and validates a .tsar archive and maps it.
 
     Args:
@@ -175,12 +182,19 @@ def open(path, *, mode: str = "shared", prefetch: str = "none", verify: str = "i
             read-ahead), "populate" (every page mapped before open returns) or
             "lock" (populated and pinned; needs RLIMIT_MEMLOCK).
         verify: "index" (header and index checksums, always done) or "full"
-            (also every storage's checksum before open returns).
+            (also every storage's checksum before open returns, a layer's
+            base storages included).
+        base_dirs: for a layer (an archive saved with ``base=``): directories
+            where its base may be, when it is not at the path the layer
+            records (relative to the layer's directory). Default: those of
+            the environment variable TSAR_BASE_PATH (':'-separated).
 
     Raises:
-        tsar.Error: NOT_FOUND or IO for the file; a decode code (TRUNCATED,
-            BAD_MAGIC, ...) naming the offset for bad bytes; CHECKSUM_MISMATCH
-            under verify="full". ValueError for a bad option string.
+        tsar.Error: NOT_FOUND or IO for the file (or a layer's base); a decode
+            code (TRUNCATED, BAD_MAGIC, ...) naming the offset for bad bytes;
+            BASE_MISMATCH for a layer whose base file is not the one it was
+            saved against; CHECKSUM_MISMATCH under verify="full". ValueError
+            for a bad option string.
     """
     import os
 
@@ -190,5 +204,6 @@ def open(path, *, mode: str = "shared", prefetch: str = "none", verify: str = "i
             _choice("mode", mode, _MODES),
             _choice("prefetch", prefetch, _PREFETCH),
             _choice("verify", verify, _VERIFY),
+            [os.fspath(d) for d in base_dirs],
         )
     )

@@ -103,7 +103,8 @@ def _dtype_name(dtype) -> str:
     return allowed[dtype]
 
 
-def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 4096, dtype=None) -> None:
+def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 4096, dtype=None,
+         base=None) -> None:
     """Writes ``obj`` as a .tsar archive at ``path``, atomically.
 
     ``obj`` is a state_dict (any mapping of str to Tensor; role "tensor", or
@@ -125,6 +126,13 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 409
     shared storages stay shared; integer, bool and complex tensors as they are
     (``PackOptions::dtype``, ``tsar pack --dtype``).
 
+    ``base`` (a path to a .tsar archive): write ``path`` as a layer over it
+    (``PackOptions::base``, ``tsar pack --base``). Storages whose bytes equal
+    one of the base's are not written but taken from the base, so every
+    process that opens any layer over one base shares the base's pages. The
+    layer records the base's path relative to its own directory and the
+    base's identity, and opens only with exactly that base.
+
     Raises:
         TypeError / OverflowError: an object or metadata value tsar cannot store.
         tsar.Error: INVALID_ARGUMENT (bad names, alignment), UNSUPPORTED
@@ -132,7 +140,8 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 409
     """
     entries, entry_meta = _entries(obj, entry)
     meta = entry_meta + [("", k, v) for k, v in _metadata_items(metadata)]
-    _tsar.save(os.fspath(path), entries, meta, int(alignment), _dtype_name(dtype))
+    _tsar.save(os.fspath(path), entries, meta, int(alignment), _dtype_name(dtype),
+               "" if base is None else os.fspath(base))
 
 
 class PackSummary(NamedTuple):
@@ -155,6 +164,7 @@ def pack(
     exclude: Sequence[str] = (),
     strip_prefix: str = "",
     arch=None,
+    base=None,
 ) -> PackSummary:
     """What ``tsar pack`` does: imports files and writes one archive at ``dst``.
 
@@ -172,7 +182,9 @@ def pack(
     The options are those of ``tsar pack``: ``dtype`` (``--dtype``, a torch
     floating dtype), ``only``/``exclude`` (entry names, ``--only``/``--exclude``),
     ``strip_prefix`` (``--strip-prefix``) and ``arch`` (``--arch``: a path where
-    the TorchScript input's architecture is written without its weights).
+    the TorchScript input's architecture is written without its weights) and
+    ``base`` (``--base``: write a layer over this archive; see :func:`save`).
+    A .tsar input is repacked: without ``base`` a layer comes out standalone.
 
     Raises tsar.Error: BAD_INPUT naming the input file (and offset where known),
     INVALID_ARGUMENT, IO.
@@ -186,6 +198,6 @@ def pack(
     tensors, entries, nbytes, notes = _tsar.pack(
         sources, os.fspath(dst), entry, bool(strict), int(alignment), _metadata_items(metadata),
         _dtype_name(dtype), [str(x) for x in only], [str(x) for x in exclude], str(strip_prefix),
-        "" if arch is None else os.fspath(arch),
+        "" if arch is None else os.fspath(arch), "" if base is None else os.fspath(base),
     )
     return PackSummary(tensors, entries, nbytes, notes)

@@ -1,20 +1,36 @@
-"""tsar_ref.py: an independent decoder of tsar format 1.1 (document revision 4), written
+"""tsar_ref.py: an independent decoder of tsar format 1.2 (document revision 5), written
 from the rules of spec/FORMAT.md alone (not from the C++ code). Used to check the spec against samples/
 and, in tests, to read archives that the C++ packer wrote.
 
-decode(data, path) checks rules R1-R75, R77-R93 of §6.3 in their order (not R14, which
+decode(data, path) checks rules R1-R75, R77-R100 of §6.3 in their order (not R14, which
 needs two reads of a file, nor R76, full verification) and raises TsarError at the first
 one broken: e.code is the short name of §6.2, e.off the offset, str(e) the message of §6.7. It returns the decoded header,
 tables and, for an archive with a value tree (header flag bit 0, §4.10), its value
 records, links and the tree itself; value_tree(result) gives the stored tree or, for an
 archive without one, the implied tree of §4.10.3. Trees are plain Python data: one dict
-per value, {"kind": <name of §5.7>, ...} (see tree_node)."""
-import ctypes, json, struct, sys
+per value, {"kind": <name of §5.7>, ...} (see tree_node).
+
+For a layer (header flag bit 1, §4.11), decode() gives the layer record (r["layer"]) and
+the base storage table (r["base_storages"]); r["storages"] holds the archive's own
+storages only, and a tensor's storage index i >= len(r["storages"]) names base storage
+i - len(r["storages"]). decode() needs no base. open_archive(path) reads a file, decodes
+it and, for a layer, finds and checks its base (B1-B6 of §4.11.2 and §4.11.3,
+recursively); storage_bytes(archive, i) then gives the bytes of any storage, and
+verify(archive) is full verification (R76, §6.6)."""
+import ctypes, json, os, struct, sys
 
 _lib = ctypes.CDLL("libxxhash.so.0")
 _lib.XXH3_64bits.restype = ctypes.c_uint64
 _lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 def xxh3(b): return _lib.XXH3_64bits(bytes(b), len(b))
+class _Hash128(ctypes.Structure):  # XXH128_hash_t
+    _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+_lib.XXH3_128bits.restype = _Hash128
+_lib.XXH3_128bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+def xxh3_128(b):
+    """§2.6: XXH3-128, seed 0, as (low64, high64)."""
+    h = _lib.XXH3_128bits(bytes(b), len(b))
+    return h.low64, h.high64
 
 MAGIC = bytes([0x89, 0x54, 0x53, 0x41, 0x52, 0x0D, 0x0A, 0x1A])
 ESIZE = {1:1,2:1,3:1,4:2,5:4,6:8,7:2,8:2,9:4,10:8,11:4,12:8,13:16,14:1,15:1,16:2,17:4,18:8}
@@ -25,8 +41,9 @@ GRAD_DTYPES = range(7, 16)  # §5.1: the floating-point and complex codes, the o
 NONE = 0xFFFFFFFF
 I64MAX = 2**63 - 1
 U64 = 2**64
-MINOR = 1                  # §7: this decoder implements format 1.1
-KNOWN_FEATURES = 0x1       # §5.3: header flag bit 0, the value tree (§4.10)
+MINOR = 2                  # §7: this decoder implements format 1.2
+KNOWN_FEATURES = 0x3       # §5.3: header flag bits 0, the value tree (§4.10), and 1, layers (§4.11)
+MAX_LAYER_DEPTH = 8        # §4.11.1: kMaxLayerDepth
 # §5.7: value kinds, by code, as ValueKindName spells them
 KINDS = [None, "none", "bool", "int", "bigint", "float", "str", "bytes", "list", "tuple", "dict",
          "tensor", "entry", "opaque"]
@@ -38,6 +55,14 @@ class TsarError(Exception):
     def __init__(self, code, path, off, field, exp, found):
         self.code, self.off = code, off
         super().__init__(f"{path}: offset {off} (0x{off:x}): {field}: expected {exp}, found {found}")
+
+    @classmethod
+    def text(cls, code, path, off, message):
+        """An error whose message is not of the form `field: expected x, found y` (§6.7, B1)."""
+        e = cls.__new__(cls)
+        e.code, e.off = code, off
+        Exception.__init__(e, f"{path}: offset {off} (0x{off:x}): {message}" if off is not None else f"{path}: {message}")
+        return e
 
 def akind(kind): return ("an " if kind[0] in "ieo" else "a ") + kind
 def hexb(b): return " ".join(f"{x:02x}" for x in b[:16])
@@ -107,8 +132,13 @@ def decode(data, path):
     counts = [u32(ih + 4 * t) for t in range(6)]
     blob_size = u64(ih + 24)
     tree = bool(fl & 1)
+    layers = bool(fl & 2)
     VC, LC = (u32(ih + 32), u32(ih + 36)) if tree else (0, 0)
-    zero(ih + (40 if tree else 32), 24 if tree else 32, "index reserved")  # R17
+    BC = u32(ih + 40) if layers else 0
+    # R17: the bytes no feature bit gives a meaning, in offset order
+    if not tree: zero(ih + 32, 8, "index reserved")
+    if not layers: zero(ih + 40, 4, "index reserved")
+    zero(ih + 44, 20, "index reserved")
     if tree and VC == 0: fail("invalid_value", ih + 32, "value_count", "at least 1 (the root)", "0")  # R80
     rs = [16, 32, 48, 32, 32, 8]
     names_ = ["entry_count", "storage_count", "tensor_count", "sparse_count", "metadata_count", "dims_count"]
@@ -131,6 +161,14 @@ def decode(data, path):
         values_at = ext; ext += VC * 32
         if LC * 4 > ie - ext: fail("out_of_bounds", ih + 36, "link_count", f"a table that fits in index_size {isz}", f"{LC} records of 4 bytes")
         links_at = ext; ext += LC * 4
+    layer_at = base_at = None
+    if layers:  # R94: zero padding to a multiple of 8, then the layer record and the base storage table
+        ls = (ext + 7) // 8 * 8
+        if ls > ie: fail("out_of_bounds", ih + 40, "base_storage_count", f"a layer record that fits in index_size {isz}", "no room left")
+        zero(ext, ls - ext, "layer padding")
+        if 64 + 32 * BC > ie - ls: fail("out_of_bounds", ih + 40, "base_storage_count", f"a layer record and base storage table that fit in index_size {isz}", f"{BC} records of 32 bytes")
+        layer_at, base_at = ls, ls + 64
+        ext = base_at + 32 * BC
     if minor <= MINOR and ext != ie: fail("invalid_value", 32, "index_size", f"{ext-ih} (the sum of the tables)", isz)  # R20
     EC, SC, TC, PC, MC, DC = counts
     def bstr(off, field):
@@ -168,6 +206,30 @@ def decode(data, path):
         prev = so + nb
         storages.append((so, nb, sx))
     if prev != fs: fail("invalid_value", 16, "file_size", f"{prev} (the end of the last storage)", fs)
+    layer, base_storages = None, []
+    if layers:  # §4.11.1: R95-R97 on the layer record, R98-R100 on each base storage record
+        L = layer_at
+        zero(L + 40, 24, "layer reserved")  # R95
+        depth = u32(L + 28)
+        if not 1 <= depth <= MAX_LAYER_DEPTH:  # R96
+            fail("invalid_value", L + 28, "layer depth", f"1 to {MAX_LAYER_DEPTH} (1 + the depth of the base)", depth)
+        bp = bstr(L + 32, "layer base_path")  # R97: R21-R24, then a relative path
+        if bp.startswith(b"/") or bp.endswith(b"/") or b"//" in bp or b"\0" in bp:
+            fail("invalid_value", L + 32, "layer base_path", "a relative path: '/'-separated names, none empty, no NUL, not starting with '/'", quote(bp))
+        layer = dict(base_id_low=u64(L), base_id_high=u64(L + 8), base_file_size=u64(L + 16),
+                     base_storage_count=u32(L + 24), depth=depth, base_path=bp, offset=L)
+        for k in range(BC):
+            off = base_at + 32 * k; f = f"base storage #{k}"
+            bs, nb, sx = u32(off), u64(off + 8), u64(off + 16)
+            zero(off + 4, 4, f + " reserved")  # R98
+            zero(off + 24, 8, f + " reserved")
+            if bs >= layer["base_storage_count"]:  # R99
+                fail("out_of_bounds", off, f + " base_storage", f"less than the layer's base_storage_count {layer['base_storage_count']}", bs)
+            if nb > layer["base_file_size"]:  # R100
+                fail("out_of_bounds", off + 8, f + " nbytes", f"at most the layer's base_file_size {layer['base_file_size']}", nb)
+            base_storages.append((bs, nb, sx))
+    def nbytes_of(st):  # §4.11.1: own storages first, then the base storages in table order
+        return storages[st][1] if st < SC else base_storages[st - SC][1]
     dims = [u64(tab[5] + 8 * i) for i in range(DC)]
     tensors = []; ent = 0
     for i in range(TC):
@@ -176,7 +238,8 @@ def decode(data, path):
         nm = bstr(off, f"tensor #{i} name")
         F = lambda x: f"tensor #{i} {quote(nm)} {x}"
         st = u32(off + 8)
-        if st >= SC: fail("out_of_bounds", off + 8, F("storage"), f"less than storage_count {SC}", st)
+        if st >= SC + BC:  # R36
+            fail("out_of_bounds", off + 8, F("storage"), f"less than storage_count + base_storage_count {SC + BC}" if layers else f"less than storage_count {SC}", st)
         dt = u16(off + 12)
         if dt not in ESIZE: fail("bad_dtype", off + 12, F("dtype"), "a dtype code of §5 (1-18)", dt)
         role = u8(off + 14)
@@ -225,7 +288,7 @@ def decode(data, path):
         if numel > 0:
             end = (sof + last + 1) * es
             if end >= U64: fail("overflow", off + 24, F("storage_offset"), f"(storage_offset + last + 1) * element size {es} below 2^64", f"storage_offset {sof}, last {last}")
-        if end > storages[st][1]: fail("out_of_bounds", off + 24, F("extent"), f"at most storage #{st} nbytes {storages[st][1]}", f"{end} bytes")
+        if end > nbytes_of(st): fail("out_of_bounds", off + 24, F("extent"), f"at most storage #{st} nbytes {nbytes_of(st)}", f"{end} bytes")
         tensors.append(dict(name=nm, entry=ent, storage=st, dtype=dt, role=role, rg=bool(tf & 1), ndim=nd, di=di,
                             sizes=dims[di:di + nd], strides=dims[di + nd:di + 2 * nd], sof=sof, sparse=sp, dv=dv, dx=dx))
     sparse = []
@@ -297,7 +360,7 @@ def decode(data, path):
                          data_offset=do, alignment=al, flags=fl, index_xxh3=sumv),
              counts=counts, blob_size=blob_size, tables=tab, blob=blob, entries=entries, storages=storages,
              tensors=tensors, sparse=sparse, metadata=meta, dims=dims, values=values, links=links,
-             value_table=values_at, link_table=links_at)
+             value_table=values_at, link_table=links_at, layer=layer, base_storages=base_storages)
     r["tree"] = tree_node(r, 0) if values else None
     return r
 
@@ -509,3 +572,148 @@ def implied_tree(r):
 def value_tree(r):
     """The archive's value tree: the stored one (§4.10), else the implied one (§4.10.3)."""
     return r["tree"] if r["tree"] is not None else implied_tree(r)
+
+
+class Archive:
+    """An opened archive (§4.11.2): its path as opened, bytes, decoded index and, for a
+    layer, its checked base (an Archive), else None."""
+    def __init__(self, path, data, r, base=None):
+        self.path, self.data, self.r, self.base = path, data, r, base
+
+
+def _dir_of(path):
+    """§4.11.2: the layer's directory: its path up to the last '/', "/" when that is the
+    first byte, "." (the current directory) when there is none."""
+    k = path.rfind("/")
+    return "." if k < 0 else "/" if k == 0 else path[:k]
+
+
+def _join(d, rel):
+    """§4.11.2: a directory joined with a relative path, as strings: nothing resolved."""
+    return rel if d == "." else d + ("" if d.endswith("/") else "/") + rel
+
+
+def search_list(base_dirs=None, environ=None):
+    """§4.11.2: the reference reader's search list: base_dirs, or when it is empty the
+    directories of TSAR_BASE_PATH separated by ':' (empty ones skipped)."""
+    if base_dirs:
+        return [d for d in base_dirs if d]
+    env = os.environ if environ is None else environ
+    return [d for d in env.get("TSAR_BASE_PATH", "").split(":") if d]
+
+
+def open_archive(path, base_dirs=None, environ=None, _chain=None):
+    """Reads, decodes and (for a layer) resolves the archive at `path`: R1-R100, then
+    B1-B6 for each layer of its chain. Raises TsarError; OSError for a file that cannot
+    be read. `base_dirs`, `environ`: the search list (search_list)."""
+    chain = [] if _chain is None else _chain
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        chain.append((st.st_dev, st.st_ino))
+        data = f.read()
+    r = decode(data, path)
+    a = Archive(path, data, r)
+    if r["layer"] is not None:
+        a.base = _attach_base(a, base_dirs, environ, chain)
+    return a
+
+
+def storage_count(r):
+    """The storages a tensor of the decoded archive r may name: its own and its base storages."""
+    return len(r["storages"]) + len(r["base_storages"])
+
+
+def storage_record(r, i):
+    """(nbytes, xxh3) of storage i of the decoded archive r, own or base storage."""
+    SC = len(r["storages"])
+    return r["storages"][i][1:] if i < SC else r["base_storages"][i - SC][1:]
+
+
+def _attach_base(a, base_dirs, environ, chain):
+    """§4.11.2 and §4.11.3: B1 (chain length, candidates, cycle, the base opened with
+    every rule), then B2-B6, in this order."""
+    layer = a.r["layer"]
+    L = layer["offset"]
+    if len(chain) > MAX_LAYER_DEPTH:  # B1: a ninth file of the chain has no valid base
+        raise TsarError.text("base_mismatch", a.path, L + 28,
+                             f"layer depth: expected at most {MAX_LAYER_DEPTH} layers under the archive opened, found more")
+    rel = layer["base_path"].decode("utf-8")
+    last = rel[rel.rfind("/") + 1:]
+    tried = [_join(_dir_of(a.path), rel)]
+    for d in search_list(base_dirs, environ):
+        tried.append(_join(d, rel))
+        if last != rel: tried.append(_join(d, last))
+    found = st = None
+    for c in tried:
+        try:
+            st = os.stat(c)
+        except (OSError, ValueError):
+            continue
+        found = c
+        break
+    if found is None:
+        raise TsarError.text("not_found", a.path, L + 32,
+                             f"layer base_path: the base archive {quote(layer['base_path'])} is missing (looked for "
+                             + ", ".join(quote(c.encode()) for c in tried)
+                             + "); a layer needs the exact base it was packed against (search other directories with "
+                               "OpenOptions::base_dirs or the TSAR_BASE_PATH environment variable)")
+    q = quote(found.encode())
+    if (st.st_dev, st.st_ino) in chain:  # B1: a cycle
+        raise TsarError.text("base_mismatch", a.path, L + 32,
+                             f"layer base_path: expected a base outside this layer chain, found {q}, a file already in it (a cycle)")
+    base = open_archive(found, base_dirs, environ, chain)  # every rule, and its own base
+    b = base.r
+
+    def mismatch(off, field, exp, have):
+        raise TsarError.text("base_mismatch", a.path, off,
+                             f"{field}: expected {exp}, found {have} in {q}, which is not the base this layer was packed against")
+    if b["header"]["file_size"] != layer["base_file_size"]:  # B2
+        mismatch(L + 16, "layer base_file_size", f"a base of {layer['base_file_size']} bytes", f"{b['header']['file_size']} bytes")
+    low, high = xxh3_128(base.data[:b["header"]["data_offset"]])
+    if (low, high) != (layer["base_id_low"], layer["base_id_high"]):  # B3
+        mismatch(L, "layer base_id", f"{layer['base_id_high']:016x}{layer['base_id_low']:016x}",
+                 f"{high:016x}{low:016x} (XXH3-128 of its header and index)")
+    base_depth = b["layer"]["depth"] if b["layer"] is not None else 0
+    if base_depth + 1 != layer["depth"]:  # B4
+        mismatch(L + 28, "layer depth", f"{base_depth + 1} (1 + the depth of the base)", layer["depth"])
+    if storage_count(b) != layer["base_storage_count"]:  # B5
+        mismatch(L + 24, "layer base_storage_count", layer["base_storage_count"], f"{storage_count(b)} storages")
+    for k, (bs, nb, sx) in enumerate(a.r["base_storages"]):  # B6
+        tn, tx = storage_record(b, bs)
+        if (nb, sx) != (tn, tx):
+            mismatch(L + 64 + 32 * k, f"base storage #{k} (storage #{bs} of the base)",
+                     f"nbytes {nb} xxh3 0x{sx:016x}", f"nbytes {tn} xxh3 0x{tx:016x}")
+    return base
+
+
+def storage_location(a, i):
+    """§4.11.1: (archive, own storage index) of the file that holds storage i's bytes."""
+    SC = len(a.r["storages"])
+    while i >= SC:
+        i = a.r["base_storages"][i - SC][0]
+        a = a.base
+        SC = len(a.r["storages"])
+    return a, i
+
+
+def storage_bytes(a, i):
+    """The bytes of storage i of an opened archive, in its file or down its chain of bases."""
+    owner, j = storage_location(a, i)
+    off, nb, _ = owner.r["storages"][j]
+    return owner.data[off:off + nb]
+
+
+def verify(a):
+    """R76 (§6.6): every storage a tensor may name, in order, hashed where its bytes are,
+    against this archive's record. Raises TsarError with the message of §6.6."""
+    r = a.r
+    for i in range(storage_count(r)):
+        nb, sx = storage_record(r, i)
+        got = xxh3(storage_bytes(a, i))
+        if got == sx: continue
+        owner, j = storage_location(a, i)
+        where = "" if owner is a else f" (base storage of {a.path}, storage #{j} of this base)"
+        names = ", ".join(quote(f"{r['entries'][t['entry']][0].decode()}/{t['name'].decode()}".encode())
+                          for t in r["tensors"] if t["storage"] == i)
+        raise TsarError.text("checksum_mismatch", owner.path, owner.r["storages"][j][0],
+                             f"storage #{i}{where} (tensors {names}): xxh3: expected 0x{sx:016x}, found 0x{got:016x}")

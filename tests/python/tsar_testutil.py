@@ -132,9 +132,9 @@ def child_env():
     return env
 
 
-def run_cli(cli, *args, code=0):
+def run_cli(cli, *args, code=0, env=None):
     """Runs the tsar command line; asserts its exit code and returns the result (text)."""
-    r = subprocess.run([cli, *map(str, args)], capture_output=True, text=True)
+    r = subprocess.run([cli, *map(str, args)], capture_output=True, text=True, env=env)
     assert r.returncode == code, (args, r.stdout, r.stderr)
     return r
 
