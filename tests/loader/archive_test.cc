@@ -238,6 +238,48 @@ TEST_F(ArchiveTest, VerifyNamesEveryTensorOfADamagedStorage) {
                      "storage #0"));
 }
 
+// spec §4.11: a layer's base storages are views of the base's mapping, kept
+// alive by the tensors; verify() hashes them in the base file.
+TEST_F(ArchiveTest, LayersServeBaseStoragesFromTheBaseMapping) {
+  const at::Tensor full = at::arange(4096, at::kFloat);  // 16 KiB: page-aligned storages
+  const at::Tensor emb = at::ones({64, 64});
+  pack(Path("base.tsar"), std::vector<std::pair<std::string, at::Tensor>>{
+                              {"full", full}, {"emb", emb}, {"gone", at::zeros({5})}});
+  PackOptions o;
+  o.base = Path("base.tsar");
+  const at::Tensor fresh = at::full({1024}, 3.0f);
+  pack(Path("v.tsar"),
+       std::vector<std::pair<std::string, at::Tensor>>{
+           {"head", emb}, {"full", full.clone()}, {"part", full.narrow(0, 8, 8)}, {"new", fresh}},
+       o);
+  {
+    const Archive a = Archive::open(Path("v.tsar"));
+    ASSERT_EQ(a.layers(), (std::vector<std::string>{Path("v.tsar"), Path("base.tsar")}));
+    // "part" is a view of a storage of its own: its span (32 bytes) is no base storage.
+    const auto storages = a.storages();
+    ASSERT_EQ(storages.size(), 4u);
+    EXPECT_EQ(a.file_size(), 4096u + 4096u) << "the layer holds only its own bytes";
+    at::Tensor head = a.tensor("head"), f = a.tensor("full"), n = a.tensor("new");
+    EXPECT_TRUE(at::equal(head, emb) && at::equal(f, full) && at::equal(n, fresh));
+    EXPECT_TRUE(at::equal(a.tensor("part"), full.narrow(0, 8, 8)));
+    EXPECT_TRUE(InRanges(head.data_ptr(), MappedRanges(Path("base.tsar"))));
+    EXPECT_TRUE(InRanges(f.data_ptr(), MappedRanges(Path("base.tsar"))));
+    EXPECT_TRUE(InRanges(n.data_ptr(), MappedRanges(Path("v.tsar"))));
+    EXPECT_NO_THROW(a.verify());
+  }
+  EXPECT_TRUE(MappedRanges(Path("base.tsar")).empty()) << "the base outlived its layer";
+
+  // A damaged byte in a base storage the layer uses: verify names it in the base.
+  std::string bytes = testing::ReadAll(Path("base.tsar"));
+  const auto s0 = Archive::open(Path("base.tsar")).storages()[0];
+  bytes[s0.offset + 5] ^= 0x01;
+  chmod(Path("base.tsar").c_str(), 0644);
+  testing::WriteAll(Path("base.tsar"), bytes);
+  const Archive a = Archive::open(Path("v.tsar"));
+  EXPECT_TRUE(Throws([&] { a.verify(); }, ErrorCode::kChecksumMismatch, "base.tsar"));
+  EXPECT_EQ(a.damaged(), (std::vector<std::string>{"model/full"}));
+}
+
 TEST_F(ArchiveTest, BadFilesFailAtOpenWithTheirCode) {
   EXPECT_TRUE(
       Throws([&] { Archive::open(Path("missing.tsar")); }, ErrorCode::kNotFound, "No such file"));
