@@ -20,6 +20,7 @@ void RunP4Cold(const Context& ctx);
 void RunP5Index(const Context& ctx);
 void RunP6Pack(const Context& ctx);
 void RunP7Verify(const Context& ctx);
+void RunP10Layers(const Context& ctx);
 
 // Child processes (started by this same executable):
 //   child-first-output MODE SIDE DATA  P2: load resnet18 one way, run one
@@ -30,6 +31,10 @@ void RunP7Verify(const Context& ctx);
 //                                  pickle, jit or none), print "ready", wait
 //                                  for EOF on stdin.
 int ChildFirstOutput(const std::vector<std::string>& args);
+//   child-hold-archive ARCHIVE     P10: bind ARCHIVE (a layer or a full
+//                                  archive of the stack), run it, print
+//                                  "ready", wait for EOF on stdin.
 int ChildHold(const std::vector<std::string>& args);
+int ChildHoldArchive(const std::vector<std::string>& args);
 
 }  // namespace tsar::bench

@@ -589,7 +589,8 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
     ext += values_.size() * kValueRecordSize + link_count_ * kLinkSize;
   }
   if (has_layer_) {
-    uint8_t* rec = p + ext;  // a multiple of 8: value records and links leave it one
+    ext = (ext + 7) & ~uint64_t{7};  // an odd link count leaves 4 bytes of padding
+    uint8_t* rec = p + ext;
     StoreU64(rec, layer_.base_id_low);
     StoreU64(rec + 8, layer_.base_id_high);
     StoreU64(rec + 16, layer_.base_file_size);

@@ -43,6 +43,13 @@ std::string FindBase(const ArchiveCore& core, const std::vector<std::string>& di
   const size_t slash = rel.rfind('/');
   const std::string_view last = slash == std::string_view::npos ? rel : rel.substr(slash + 1);
   tried->push_back(Join(DirOf(core.path), rel));
+  // A layer opened through a symbolic link (current.tsar -> v3/model.tsar)
+  // records its base relative to where it really is, as the packer saw it.
+  if (char* real = realpath(core.path.c_str(), nullptr)) {
+    const std::string there = Join(DirOf(real), rel);
+    free(real);
+    if (there != tried->front()) tried->push_back(there);
+  }
   std::vector<std::string> env;
   if (dirs.empty()) {  // TSAR_BASE_PATH: directories separated by ':'
     if (const char* v = std::getenv("TSAR_BASE_PATH")) {

@@ -2,7 +2,7 @@
 from the rules of spec/FORMAT.md alone (not from the C++ code). Used to check the spec against samples/
 and, in tests, to read archives that the C++ packer wrote.
 
-decode(data, path) checks rules R1-R75, R77-R100 of §6.3 in their order (not R14, which
+decode(data, path) checks rules R1-R75, R77-R99 of §6.3 in their order (not R14, which
 needs two reads of a file, nor R76, full verification) and raises TsarError at the first
 one broken: e.code is the short name of §6.2, e.off the offset, str(e) the message of §6.7. It returns the decoded header,
 tables and, for an archive with a value tree (header flag bit 0, §4.10), its value
@@ -207,7 +207,7 @@ def decode(data, path):
         storages.append((so, nb, sx))
     if prev != fs: fail("invalid_value", 16, "file_size", f"{prev} (the end of the last storage)", fs)
     layer, base_storages = None, []
-    if layers:  # §4.11.1: R95-R97 on the layer record, R98-R100 on each base storage record
+    if layers:  # §4.11.1: R95-R97 on the layer record, R98 and R99 on each base storage record
         L = layer_at
         zero(L + 40, 24, "layer reserved")  # R95
         depth = u32(L + 28)
@@ -225,8 +225,7 @@ def decode(data, path):
             zero(off + 24, 8, f + " reserved")
             if bs >= layer["base_storage_count"]:  # R99
                 fail("out_of_bounds", off, f + " base_storage", f"less than the layer's base_storage_count {layer['base_storage_count']}", bs)
-            if nb > layer["base_file_size"]:  # R100
-                fail("out_of_bounds", off + 8, f + " nbytes", f"at most the layer's base_file_size {layer['base_file_size']}", nb)
+            # nbytes and xxh3: no decode rule (in a chain the bytes may lie below the base); B6 checks them
             base_storages.append((bs, nb, sx))
     def nbytes_of(st):  # §4.11.1: own storages first, then the base storages in table order
         return storages[st][1] if st < SC else base_storages[st - SC][1]
@@ -603,7 +602,7 @@ def search_list(base_dirs=None, environ=None):
 
 
 def open_archive(path, base_dirs=None, environ=None, _chain=None):
-    """Reads, decodes and (for a layer) resolves the archive at `path`: R1-R100, then
+    """Reads, decodes and (for a layer) resolves the archive at `path`: R1-R99, then
     B1-B6 for each layer of its chain. Raises TsarError; OSError for a file that cannot
     be read. `base_dirs`, `environ`: the search list (search_list)."""
     chain = [] if _chain is None else _chain

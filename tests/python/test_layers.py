@@ -236,3 +236,34 @@ def test_pack_refuses_to_write_a_layer_over_its_own_base(tmp_path, cli):
     err = run_cli(cli, "pack", "--flatten", str(tmp_path / "v.pt"), "-o", str(tmp_path / "x.tsar"),
                   code=2).stderr
     assert "--flatten: expected a tsar archive" in err
+
+
+@pytest.mark.parametrize("links", [1, 2])
+def test_a_checkpoint_with_a_value_tree_packs_as_a_layer(tmp_path, cli, links):
+    """A value tree and a layer in one index: the layer record follows the link
+    table at a multiple of 8 whatever the number of links."""
+    base_sd = base_model().state_dict()
+    base = str(tmp_path / "base.tsar")
+    tsar.save(base_sd, base)
+    ckpt = {"model": finetuned(base_sd, 8), "tags": ["x"] * links, "step": None}
+    torch.save(ckpt, str(tmp_path / "ckpt.pt"))
+    layer = str(tmp_path / "ckpt.tsar")
+    run_cli(cli, "pack", str(tmp_path / "ckpt.pt"), "--base", base, "-o", layer)
+    j = inspect_json(cli, layer)
+    assert j["value_stored"] and j["format_version"] == "1.2"
+    with tsar.open(layer) as a:
+        assert_state_dict(a, ckpt["model"])
+    run_cli(cli, "verify", layer)
+
+
+def test_a_layer_opened_through_a_symlink_finds_its_base(tmp_path):
+    base_sd = base_model().state_dict()
+    os.mkdir(tmp_path / "v3")
+    base = str(tmp_path / "v3" / "base.tsar")
+    tsar.save(base_sd, base)
+    var = finetuned(base_sd, 9)
+    tsar.save(var, str(tmp_path / "v3" / "model.tsar"), base=base)
+    os.symlink("v3/model.tsar", tmp_path / "current.tsar")  # a `current` scheme
+    with tsar.open(str(tmp_path / "current.tsar")) as a:
+        assert os.path.realpath(a.layers[1]) == os.path.realpath(base)
+        assert_state_dict(a, var)
