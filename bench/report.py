@@ -31,6 +31,7 @@ TITLES = {
     "P7": "P7. Verifying 512 MiB (warm)",
     "P8": "P8. Python: warm load of the 512 MiB model into a module",
     "P9": "P9. Python: 8 worker processes holding the same 512 MiB model",
+    "P10": "P10. Four fine-tuned variants served at once: layers over one base against full archives",
 }
 
 METHODS = {
@@ -65,6 +66,13 @@ METHODS = {
     "P6": "Input warm in the page cache, `sync` before each run so earlier writeback stays out of the "
           "clock. Throughput = bytes of the torch.save file / wall time. `tsar pack` always fsyncs, so "
           "its peer is `cp --reflink=never` + fsync of the copy; plain `cp` is shown too.",
+    "P10": "The base is P3's 512 MiB stack (stack.tsar). Variant v changes weights 4v..4v+3 (1/8 of the "
+           "bytes) and keeps the rest; it is packed in-process with `tsar::pack` twice: with "
+           "`PackOptions::base` = stack.tsar (a layer) and without (a full archive). One process per "
+           "variant binds it into the stack module and runs one forward (every weight page touched), then "
+           "waits; with the four alive, the Pss of every mapped model file (layer, base or full archive) "
+           "is summed from `/proc/PID/smaps`. Goal: layers <= 1.05 x (base + the variants' own bytes) + "
+           "4 x 4 MiB; the variants' files together <= 1.05 x their own bytes.",
     "P7": "Archive mapped with `Prefetch::kPopulate` and verified once before timing. "
           "`Archive::verify()` hashes every storage with XXH3-64; the peer copies the same mapped bytes "
           "into a pre-faulted buffer.",
@@ -356,6 +364,20 @@ def goals(rows, get, info):
         out.append(Goal("P6", "start-up: `tsar inspect` of resnet18's archive, whole process <= 15 ms", "<= 15 ms",
                         f"{fmt(inspect.median)} ms", inspect.median <= 15,
                         "" if inspect.median <= 15 else "see `tsar --version`: the dynamic loader's share."))
+    # P10
+    layers = get("P10", "4 variants", "layers over stack.tsar: summed Pss of model files", "MiB")
+    bound = get("P10", "4 variants", "goal: 1.05 x (base + own bytes) + 4 x 4 MiB", "MiB")
+    full = get("P10", "4 variants", "4 full archives: summed Pss of model files", "MiB")
+    if layers and bound:
+        out.append(Goal("P10", "4 variants as layers: summed Pss of model files <= 1.05 x (base + own) + 16 MiB",
+                        f"<= {fmt(bound.median)} MiB",
+                        f"{fmt(layers.median)} MiB (4 full archives: {fmt(full.median) if full else '?'} MiB)",
+                        layers.median <= bound.median, ""))
+    disk = get("P10", "4 variants", "layers: the variants' files on disk", "MiB")
+    own = get("P10", "4 variants", "layers: the variants' own bytes", "MiB")
+    if disk and own:
+        out.append(Goal("P10", "the variants' files on disk <= 1.05 x their own bytes", f"<= {fmt(1.05 * own.median)} MiB",
+                        f"{fmt(disk.median)} MiB", disk.median <= 1.05 * own.median, ""))
     # P7
     v = get("P7", "512 MiB, warm", "tsar verify (XXH3-64)", "GB/s")
     if v:
