@@ -107,8 +107,8 @@ int Run(const std::vector<std::string>& args) {
   // Order matters: in-process runs first and their mappings dropped before
   // P3 counts Pss; P6 last, as its writes would disturb the others.
   const std::vector<std::pair<std::string, void (*)(const Context&)>> all = {
-      {"P1", RunP1OpenBind}, {"P5", RunP5Index}, {"P7", RunP7Verify}, {"P2", RunP2FirstOutput},
-      {"P3", RunP3Memory},   {"P10", RunP10Layers}, {"P4", RunP4Cold},  {"P6", RunP6Pack},
+      {"P1", RunP1OpenBind}, {"P5", RunP5Index},    {"P7", RunP7Verify}, {"P2", RunP2FirstOutput},
+      {"P3", RunP3Memory},   {"P10", RunP10Layers}, {"P4", RunP4Cold},   {"P6", RunP6Pack},
   };
   for (const auto& [name, fn] : all) {
     if (!only.empty() && !only.count(name)) continue;

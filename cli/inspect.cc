@@ -424,7 +424,9 @@ int RunInspect(const std::string& path, bool json) {
     std::printf("\nlayers: what each file of the chain gives (storages, bytes)\n");
     for (size_t i = 0; i < layers.size(); ++i) {
       std::printf("  %s %s: %zu storage%s, %s\n",
-                  i == 0 ? "this layer" : i == 1 ? "base      " : "base of base",
+                  i == 0   ? "this layer"
+                  : i == 1 ? "base      "
+                           : "base of base",
                   Printable(layers[i]).c_str(), per_layer[i].first,
                   per_layer[i].first == 1 ? "" : "s", HumanBytes(per_layer[i].second).c_str());
     }

@@ -67,8 +67,7 @@ int Pack(const PackArgs& a) {
       if (importer::DetectByBytes(s.path) != importer::InputKind::kTsar) {
         throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
                     "--flatten: expected a tsar archive (a layer to write standalone), found " +
-                        std::string(importer::InputKindName(importer::Detect(s.path))) +
-                        " input");
+                        std::string(importer::InputKindName(importer::Detect(s.path))) + " input");
       }
     }
   }

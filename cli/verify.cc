@@ -44,7 +44,8 @@ int VerifyOne(const std::string& path) {
   if (bad.empty()) {
     const auto layers = a.layers();
     std::string through;
-    for (size_t i = 1; i < layers.size(); ++i) through += (i == 1 ? ", through " : ", ") + layers[i];
+    for (size_t i = 1; i < layers.size(); ++i)
+      through += (i == 1 ? ", through " : ", ") + layers[i];
     std::printf("ok %s: %zu storages%s, %s verified in %.3f s\n", path.c_str(), storages.size(),
                 through.c_str(), HumanBytes(total).c_str(), secs);
     return kExitOk;
@@ -55,9 +56,9 @@ int VerifyOne(const std::string& path) {
     std::string list;
     for (const auto& n : names[id]) list += (list.empty() ? "" : ", ") + ("\"" + n + "\"");
     const StorageInfo& s = storages[id];
-    const std::string where =
-        s.layer == 0 ? "" : " of base " + a.layers()[s.layer] + " (its storage #" +
-                                std::to_string(s.layer_storage) + ")";
+    const std::string where = s.layer == 0 ? ""
+                                           : " of base " + a.layers()[s.layer] + " (its storage #" +
+                                                 std::to_string(s.layer_storage) + ")";
     std::printf("DAMAGED %s: storage #%u at offset %llu%s (%s): tensors %s\n", path.c_str(), id,
                 static_cast<unsigned long long>(s.offset), where.c_str(),
                 HumanBytes(s.nbytes).c_str(), list.c_str());

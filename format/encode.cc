@@ -147,8 +147,7 @@ uint32_t IndexBuilder::AddTensor(TensorSpec t) {
   const std::string what = "tensor " + Quote(t.name) + ": ";
   if (t.storage >= AnyStorageCount()) {  // R36
     Misuse(ErrorCode::kInvalidArgument, what + "storage: expected less than storage_count " +
-                                            Dec(AnyStorageCount()) + ", found " +
-                                            Dec(t.storage));
+                                            Dec(AnyStorageCount()) + ", found " + Dec(t.storage));
   }
   const auto dtype = static_cast<uint16_t>(t.dtype);
   if (!DTypeFromCode(dtype)) {  // R37
@@ -434,8 +433,8 @@ void IndexBuilder::Plan() {
                  values_.size() * kValueRecordSize + links * kLinkSize;
   }
   if (has_layer_) {  // §4.11: padding to 8, the layer record, the base storage table
-    index_size = ((kHeaderSize + index_size + 7) & ~uint64_t{7}) - kHeaderSize +
-                 kLayerRecordSize + base_storages_.size() * kBaseStorageRecordSize;
+    index_size = ((kHeaderSize + index_size + 7) & ~uint64_t{7}) - kHeaderSize + kLayerRecordSize +
+                 base_storages_.size() * kBaseStorageRecordSize;
   }
   if (index_size > kMaxIndexSize) {  // R8; it also keeps every count and blob offset in a u32
     Misuse(ErrorCode::kInvalidArgument, "index_size: expected at most " + Dec(kMaxIndexSize) +

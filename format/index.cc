@@ -228,7 +228,7 @@ void Index::Decode(const std::string& path) {
   if (!tree) RequireZero(r, ih + 32, 8, "index reserved");
   if (!layers) RequireZero(r, ih + 40, 4, "index reserved");
   RequireZero(r, ih + 44, 20, "index reserved");
-  if (tree && value_count == 0) {                                           // R80
+  if (tree && value_count == 0) {  // R80
     r.Fail(ErrorCode::kInvalidValue, ih + 32, "value_count", "at least 1 (the root)", "0");
   }
   const uint64_t counts[6] = {entry_count,  storage_count,  tensor_count,
@@ -288,8 +288,7 @@ void Index::Decode(const std::string& path) {
     const uint64_t bytes = kLayerRecordSize + uint64_t{ref_count} * kBaseStorageRecordSize;
     if (bytes > index_end - layer_start) {  // R94
       r.Fail(ErrorCode::kOutOfBounds, ih + 40, "base_storage_count",
-             "a layer record and base storage table that fit in index_size " +
-                 Dec(h.index_size),
+             "a layer record and base storage table that fit in index_size " + Dec(h.index_size),
              Dec(ref_count) + " records of " + Dec(kBaseStorageRecordSize) + " bytes");
     }
     table_offset_[9] = layer_start;
@@ -698,13 +697,13 @@ void Index::DecodeLayer(const ByteReader& r, uint64_t blob, uint64_t blob_size,
   layer_.base_file_size = LoadU64(base + l + 16);
   layer_.base_storage_count = LoadU32(base + l + 24);
   layer_.depth = LoadU32(base + l + 28);
-  RequireZero(r, l + 40, 24, "layer reserved");  // R95
+  RequireZero(r, l + 40, 24, "layer reserved");             // R95
   if (layer_.depth < 1 || layer_.depth > kMaxLayerDepth) {  // R96
     r.Fail(ErrorCode::kInvalidValue, l + 28, "layer depth",
            "1 to " + Dec(kMaxLayerDepth) + " (1 + the depth of the base)", Dec(layer_.depth));
   }
   layer_.base_path = BlobString(r, l + 32, blob, blob_size, "layer base_path", true);  // R97
-  if (!IsRelativePath(layer_.base_path)) {                                              // R97
+  if (!IsRelativePath(layer_.base_path)) {                                             // R97
     r.Fail(ErrorCode::kInvalidValue, l + 32, "layer base_path",
            "a relative path: '/'-separated names, none empty, no NUL, not starting with '/'",
            Quote(layer_.base_path));

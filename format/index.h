@@ -175,8 +175,7 @@ class Index {
  private:
   Index() = default;
   void Decode(const std::string& path);
-  void DecodeLayer(const ByteReader& r, uint64_t blob, uint64_t blob_size,
-                   uint32_t ref_count);
+  void DecodeLayer(const ByteReader& r, uint64_t blob, uint64_t blob_size, uint32_t ref_count);
 
   std::vector<uint8_t> head_;
   Header header_;

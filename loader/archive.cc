@@ -35,7 +35,8 @@ Archive Archive::open(const std::string& path, const OpenOptions& options) {
 }
 
 const c10::Storage& Archive::Impl::Storage(uint32_t i) const {
-  std::call_once(storage_once[i], [&] { storages[i] = MakeStorage(core, i, index().storages()[i]); });
+  std::call_once(storage_once[i],
+                 [&] { storages[i] = MakeStorage(core, i, index().storages()[i]); });
   return storages[i];
 }
 

@@ -356,10 +356,9 @@ void ArchiveFile::verify() const {
     std::snprintf(want, sizeof want, "0x%016llx", static_cast<unsigned long long>(s.xxh3));
     std::snprintf(found, sizeof found, "0x%016llx", static_cast<unsigned long long>(got));
     // A base's storage is reported in the base file, where its bytes are.
-    const std::string where =
-        src.layer == 0 ? std::string()
-                       : " (base storage of " + path() + ", storage #" +
-                             std::to_string(src.storage) + " of this base)";
+    const std::string where = src.layer == 0 ? std::string()
+                                             : " (base storage of " + path() + ", storage #" +
+                                                   std::to_string(src.storage) + " of this base)";
     throw Error(ErrorCode::kChecksumMismatch, src.owner->path,
                 src.owner->index.storages()[src.storage].offset,
                 "storage #" + std::to_string(i) + where + " (tensors " + tensors +

@@ -5,8 +5,8 @@
 #include <sys/stat.h>
 
 #include <cinttypes>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 
 #include "format/checksum.h"
 #include "format/reader.h"

@@ -11,9 +11,9 @@
 #include <memory>
 
 #include "format/endian.h"
+#include "format/spec.h"
 #include "loader/mapping.h"
 #include "loader/open_file.h"
-#include "format/spec.h"
 #include "tsar/error.h"
 #include "writer/zip_reader.h"
 

@@ -63,11 +63,10 @@ Imported Import(const std::string& path, const ImportOptions& options) {
         " (it looks like a legacy torch.save file from before PyTorch 1.6: re-save it with "
         "torch.save(obj, f, _use_new_zipfile_serialization=True))";
   }
-  throw Error(
-      ErrorCode::kBadInput, path, std::nullopt,
-      "expected a torch.save zip, a TorchScript archive, a safetensors file or index, an "
-      "HDF5 file or a tsar archive, found none of them" +
-          hint);
+  throw Error(ErrorCode::kBadInput, path, std::nullopt,
+              "expected a torch.save zip, a TorchScript archive, a safetensors file or index, an "
+              "HDF5 file or a tsar archive, found none of them" +
+                  hint);
 }
 
 }  // namespace tsar::importer

@@ -32,8 +32,8 @@ std::string RelativePath(const std::string& base, const std::string& out) {
 LayerBase::LayerBase(const std::string& base_path, const std::string& out_path)
     : base_(ArchiveFile::open(base_path)) {
   struct stat b, o;
-  if (stat(out_path.c_str(), &o) == 0 && stat(base_path.c_str(), &b) == 0 &&
-      b.st_dev == o.st_dev && b.st_ino == o.st_ino) {
+  if (stat(out_path.c_str(), &o) == 0 && stat(base_path.c_str(), &b) == 0 && b.st_dev == o.st_dev &&
+      b.st_ino == o.st_ino) {
     throw Error(ErrorCode::kInvalidArgument, out_path, std::nullopt,
                 "the output is the base " + format::Quote(base_path) +
                     " itself: a layer is written beside its base, never over it");
@@ -57,8 +57,10 @@ LayerBase::LayerBase(const std::string& base_path, const std::string& out_path)
   layer_.base_path = RelativePath(base_path, out_path);
   if (!format::IsRelativePath(layer_.base_path)) {
     throw Error(ErrorCode::kInvalidArgument, out_path, std::nullopt,
-                "base " + format::Quote(base_path) + ": no relative path leads there from the "
-                "output's directory (found " + format::Quote(layer_.base_path) + ")");
+                "base " + format::Quote(base_path) +
+                    ": no relative path leads there from the "
+                    "output's directory (found " +
+                    format::Quote(layer_.base_path) + ")");
   }
   for (uint32_t i = 0; i < index.storages().size(); ++i) {
     const auto& s = index.storages()[i];

@@ -13,8 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 
 #include "format/checksum.h"
@@ -642,8 +642,7 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
        "a layer of depth 0 (a layer lies over at least one base)"},
       {"layer_path_absolute",
        with(
-           layer,
-           [](std::string& f) { f[Table(f, 6) + U32At(f, LayerAt(f) + 32)] = '/'; }, true),
+           layer, [](std::string& f) { f[Table(f, 6) + U32At(f, LayerAt(f) + 32)] = '/'; }, true),
        ErrorCode::kInvalidValue, [](const std::string& f) { return LayerAt(f) + 32; },
        "the base path \"/hared.tsar\" is absolute"},
       {"layer_base_storage_out_of_range",
@@ -963,7 +962,8 @@ std::vector<SampleFile> GenerateSamples() {
 
   // §4.11 resolution failures: valid alone, refused when opened with their bases.
   const std::vector<std::pair<std::string, std::string>> layers = {
-      {"wrong_base.tsar", "a layer over valid/shared.tsar whose base path names valid/minimal.tsar"},
+      {"wrong_base.tsar",
+       "a layer over valid/shared.tsar whose base path names valid/minimal.tsar"},
       {"missing_base.tsar", "a layer whose base file does not exist"},
       {"cycle.tsar", "a layer whose base path names itself"},
       {"impostor_base.tsar",

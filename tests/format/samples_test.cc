@@ -1,9 +1,8 @@
 // samples/ (spec §8): the generator reproduces every file byte for byte, valid
 // samples decode to their expected.json, invalid ones fail as MANIFEST.tsv says,
 // and every truncation and every header/index byte flip is rejected.
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
