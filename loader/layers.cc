@@ -45,10 +45,13 @@ std::string FindBase(const ArchiveCore& core, const std::vector<std::string>& di
   tried->push_back(Join(DirOf(core.path), rel));
   // A layer opened through a symbolic link (current.tsar -> v3/model.tsar)
   // records its base relative to where it really is, as the packer saw it.
-  if (char* real = realpath(core.path.c_str(), nullptr)) {
-    const std::string there = Join(DirOf(real), rel);
-    free(real);
-    if (there != tried->front()) tried->push_back(there);
+  struct stat link;
+  if (lstat(core.path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    if (char* real = realpath(core.path.c_str(), nullptr)) {
+      const std::string there = Join(DirOf(real), rel);
+      free(real);
+      if (there != tried->front()) tried->push_back(there);
+    }
   }
   std::vector<std::string> env;
   if (dirs.empty()) {  // TSAR_BASE_PATH: directories separated by ':'

@@ -639,6 +639,10 @@ def _attach_base(a, base_dirs, environ, chain):
     rel = layer["base_path"].decode("utf-8")
     last = rel[rel.rfind("/") + 1:]
     tried = [_join(_dir_of(a.path), rel)]
+    if os.path.islink(a.path):  # opened through a symbolic link
+        real = _join(_dir_of(os.path.realpath(a.path)), rel)
+        if real != tried[0]:
+            tried.append(real)
     for d in search_list(base_dirs, environ):
         tried.append(_join(d, rel))
         if last != rel: tried.append(_join(d, last))
