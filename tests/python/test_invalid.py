@@ -17,7 +17,7 @@ CODES = {
     "unsupported_version": 6, "reserved_non_zero": 7, "out_of_bounds": 8, "overlap": 9,
     "misaligned": 10, "overflow": 11, "bad_dtype": 12, "bad_shape": 13, "duplicate_name": 14,
     "checksum_mismatch": 15, "invalid_value": 16, "bad_input": 17, "unsupported": 18,
-    "bind_mismatch": 19,
+    "bind_mismatch": 19, "base_mismatch": 20,
 }
 
 
@@ -104,10 +104,16 @@ def test_valid_samples_match_their_expected_json(samples):
                 got = a.tensor(t["name"], entry=t["entry"])
                 assert got.dtype == names[t["dtype"]] and tuple(got.shape) == tuple(t["shape"]), where
                 assert tuple(got.stride()) == tuple(t["strides"]), where
-                # The values are the file's bytes at the storage's offset.
-                off, nbytes = want["storages"][t["storage"]]["offset"], want["storages"][t["storage"]]["nbytes"]
+                # The values are the file's bytes at the storage's offset; a
+                # layer's base storage (spec §4.11) is the base's, in the base file.
+                rec, src = want["storages"][t["storage"]], data
+                if "base_storage" in rec:
+                    base = a.layers[1]
+                    base_want = json.load(open(base[:-len(".tsar")] + ".expected.json"))
+                    rec, src = base_want["storages"][rec["base_storage"]], open(base, "rb").read()
+                off, nbytes = rec["offset"], rec["nbytes"]
                 if got.numel():
-                    raw = bytearray(data[off:off + nbytes])
+                    raw = bytearray(src[off:off + nbytes])
                     flat = torch.frombuffer(raw, dtype=torch.uint8)
                     flat = flat[:(len(raw) // got.element_size()) * got.element_size()].view(got.dtype)
                     expect = flat.as_strided(t["shape"], t["strides"], t["storage_offset"])
@@ -168,7 +174,8 @@ def test_every_truncation_raises(tmp_path, samples):
         assert ei.value.code == tsar.ErrorCode.INVALID_VALUE
         with open(cut, "wb") as f:
             f.write(data)
-        with tsar.open(cut) as a:
+        # A layer copied alone finds its base through the search list.
+        with tsar.open(cut, base_dirs=[os.path.dirname(src)]) as a:
             opened += 1
             assert a.file_size == len(data)
     assert opened == len(sources)
