@@ -71,6 +71,22 @@ void RequireZero(const ByteReader& r, uint64_t off, uint64_t n, const F& field) 
   }
 }
 
+// §4.10, §4.11: an index extension (the value tree, the layer record) starts
+// at the first multiple of 8 after `end`, and the bytes before it are zero
+// padding (R81 and R94, steps 1 and 2). Returns that start. `count_field`
+// at `count_offset` is the count the failure names, `table` what must fit.
+uint64_t ExtensionStart(const ByteReader& r, uint64_t end, uint64_t index_end, uint64_t index_size,
+                        uint64_t count_offset, const char* count_field, const char* table,
+                        const char* padding) {
+  const uint64_t start = (end + 7) & ~uint64_t{7};
+  if (start > index_end) {
+    r.Fail(ErrorCode::kOutOfBounds, count_offset, count_field,
+           std::string(table) + " that fits in index_size " + Dec(index_size), "no room left");
+  }
+  RequireZero(r, end, start - end, padding);
+  return start;
+}
+
 }  // namespace
 
 Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
@@ -257,12 +273,9 @@ void Index::Decode(const std::string& path) {
   // §4.10: the value and link tables follow the blob at a multiple of 8.
   uint64_t ext_end = blob + blob_size;
   if (tree) {
-    const uint64_t values_start = (ext_end + 7) & ~uint64_t{7};
-    if (values_start > index_end) {  // R81
-      r.Fail(ErrorCode::kOutOfBounds, ih + 32, "value_count",
-             "a value table that fits in index_size " + Dec(h.index_size), "no room left");
-    }
-    RequireZero(r, ext_end, values_start - ext_end, "value padding");  // R81
+    const uint64_t values_start =
+        ExtensionStart(r, ext_end, index_end, h.index_size, ih + 32, "value_count", "a value table",
+                       "value padding");  // R81
     const uint64_t tables[2] = {uint64_t{value_count} * kValueRecordSize,
                                 uint64_t{link_count} * kLinkSize};
     ext_end = values_start;
@@ -279,12 +292,9 @@ void Index::Decode(const std::string& path) {
   }
   // §4.11: the layer record and base storage table follow, at a multiple of 8.
   if (layers) {
-    const uint64_t layer_start = (ext_end + 7) & ~uint64_t{7};
-    if (layer_start > index_end) {  // R94
-      r.Fail(ErrorCode::kOutOfBounds, ih + 40, "base_storage_count",
-             "a layer record that fits in index_size " + Dec(h.index_size), "no room left");
-    }
-    RequireZero(r, ext_end, layer_start - ext_end, "layer padding");  // R94
+    const uint64_t layer_start =
+        ExtensionStart(r, ext_end, index_end, h.index_size, ih + 40, "base_storage_count",
+                       "a layer record", "layer padding");  // R94
     const uint64_t bytes = kLayerRecordSize + uint64_t{ref_count} * kBaseStorageRecordSize;
     if (bytes > index_end - layer_start) {  // R94
       r.Fail(ErrorCode::kOutOfBounds, ih + 40, "base_storage_count",

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "format/checksum.h"
 #include "format/name_table.h"
 #include "format/spec.h"
 #include "format/values.h"
@@ -140,8 +141,9 @@ class Index {
   // and its layer record (valid only then).
   bool is_layer() const { return (header_.flags & kFeatureLayers) != 0; }
   const LayerRecord& layer() const { return layer_; }
-  // The validated bytes [0, data_offset): a base's identity is their XXH3-128.
-  const std::vector<uint8_t>& head() const { return head_; }
+  // §4.11: the identity a layer records of this archive as its base: the
+  // XXH3-128 of the validated bytes [0, data_offset).
+  Hash128 Identity() const { return Xxh3x128(head_.data(), head_.size()); }
   const std::vector<TensorRecord>& tensors() const { return tensors_; }
   const std::vector<SparseRecord>& sparse() const { return sparse_; }
   const std::vector<MetadataRecord>& metadata() const { return metadata_; }

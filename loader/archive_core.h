@@ -71,6 +71,9 @@ struct ArchiveCore {
   }
 };
 
+// A metadata record's value, as ArchiveFile::metadata() gives it.
+MetadataValue MetadataValueOf(const format::MetadataRecord& m);
+
 // The files of a layer chain being opened, by device and inode: a file met
 // twice is a cycle (loader/layers.cc).
 using LayerChain = std::vector<std::pair<dev_t, ino_t>>;

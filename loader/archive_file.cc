@@ -274,8 +274,7 @@ std::vector<std::string> ArchiveFile::layers() const {
   return out;
 }
 
-namespace {
-MetadataValue ToValue(const format::MetadataRecord& m) {
+MetadataValue MetadataValueOf(const format::MetadataRecord& m) {
   switch (m.type) {
     case format::MetaType::kString:
       return std::string(m.bytes);
@@ -288,7 +287,6 @@ MetadataValue ToValue(const format::MetadataRecord& m) {
   }
   return int64_t{0};
 }
-}  // namespace
 
 bool ArchiveFile::has_value_tree() const { return !core_->index.values().empty(); }
 
@@ -311,7 +309,7 @@ std::optional<MetadataValue> ArchiveFile::metadata(const std::string& key,
                                                    const std::string& entry) const {
   const uint32_t e = entry.empty() ? format::kNone : core_->Entry(entry);
   for (const auto& m : core_->index.metadata()) {
-    if (m.entry == e && m.key == key) return ToValue(m);
+    if (m.entry == e && m.key == key) return MetadataValueOf(m);
   }
   return std::nullopt;
 }
@@ -321,7 +319,7 @@ std::vector<std::pair<std::string, MetadataValue>> ArchiveFile::metadata_items(
   const uint32_t e = entry.empty() ? format::kNone : core_->Entry(entry);
   std::vector<std::pair<std::string, MetadataValue>> out;
   for (const auto& m : core_->index.metadata()) {
-    if (m.entry == e) out.emplace_back(std::string(m.key), ToValue(m));
+    if (m.entry == e) out.emplace_back(std::string(m.key), MetadataValueOf(m));
   }
   return out;
 }

@@ -122,7 +122,7 @@ void AttachBase(ArchiveCore& core, const OpenOptions& options, LayerChain* chain
     mismatch(rec + 16, "layer base_file_size", "a base of " + Dec(layer.base_file_size) + " bytes",
              Dec(b.header().file_size) + " bytes");
   }
-  const format::Hash128 id = format::Xxh3x128(b.head().data(), b.head().size());
+  const format::Hash128 id = b.Identity();
   if (id.low != layer.base_id_low || id.high != layer.base_id_high) {  // B3
     mismatch(rec, "layer base_id", Hex128(layer.base_id_high, layer.base_id_low),
              Hex128(id.high, id.low) + " (XXH3-128 of its header and index)");

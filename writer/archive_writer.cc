@@ -272,8 +272,8 @@ void ArchiveWriter::finish() {
 
   AtomicFile out(st.path);
   out.Resize(b.file_size());
-  uint64_t total = 0, done = 0;
-  for (const uint32_t i : own) total += spans[i].end - spans[i].begin;
+  const uint64_t total = own_bytes;
+  uint64_t done = 0;
   // Hash and write in cache-sized chunks: each chunk is read from RAM once.
   constexpr uint64_t kChunk = 4u << 20;
   std::vector<uint8_t> fetched;  // a chunk of a storage without host bytes (CUDA)

@@ -59,20 +59,7 @@ Imported ImportTsar(const std::string& path, const ImportOptions& /*options*/) {
     Imported::Meta meta;
     meta.entry = m.entry == format::kNone ? "" : std::string(index.entries()[m.entry].name);
     meta.key = std::string(m.key);
-    switch (m.type) {
-      case format::MetaType::kString:
-        meta.value = std::string(m.bytes);
-        break;
-      case format::MetaType::kInt:
-        meta.value = m.int_value;
-        break;
-      case format::MetaType::kFloat:
-        meta.value = m.float_value;
-        break;
-      case format::MetaType::kBytes:
-        meta.value = Bytes{std::string(m.bytes)};
-        break;
-    }
+    meta.value = MetadataValueOf(m);
     out.metadata.push_back(std::move(meta));
   }
   if (archive.has_value_tree()) out.value = archive.value();

@@ -47,8 +47,7 @@ LayerBase::LayerBase(const std::string& base_path, const std::string& out_path)
                     std::to_string(format::kMaxLayerDepth) +
                     "): flatten it first (tsar pack --flatten)");
   }
-  const std::vector<uint8_t>& head = index.head();
-  const format::Hash128 id = format::Xxh3x128(head.data(), head.size());
+  const format::Hash128 id = index.Identity();
   layer_.base_id_low = id.low;
   layer_.base_id_high = id.high;
   layer_.base_file_size = base_.file_size();

@@ -73,7 +73,7 @@ struct Draft {
   void Layer(const std::string& base, const std::string& path) {
     const auto index = format::Index::ParseBytes(reinterpret_cast<const uint8_t*>(base.data()),
                                                  base.size(), "base");
-    const format::Hash128 id = format::Xxh3x128(index.head().data(), index.head().size());
+    const format::Hash128 id = index.Identity();
     format::LayerSpec l;
     l.base_id_low = id.low;
     l.base_id_high = id.high;

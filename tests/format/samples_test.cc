@@ -44,6 +44,25 @@ std::vector<std::string> ValidArchives() {
   return out;
 }
 
+// The rows of a MANIFEST.tsv (file, code, offset, message, description),
+// after checking its header line and that every row has five columns.
+std::vector<std::vector<std::string>> ManifestRows(const std::string& path) {
+  std::istringstream lines(ReadFile(path));
+  std::string line;
+  std::getline(lines, line);
+  EXPECT_EQ(line, "file\tcode\toffset\tmessage\tdescription") << path;
+  std::vector<std::vector<std::string>> rows;
+  while (std::getline(lines, line)) {
+    std::vector<std::string> cols;
+    std::istringstream in(line);
+    for (std::string col; std::getline(in, col, '\t');) cols.push_back(col);
+    EXPECT_EQ(cols.size(), 5u) << line;
+    cols.resize(5);
+    rows.push_back(std::move(cols));
+  }
+  return rows;
+}
+
 TEST(Samples, GeneratorReproducesTheCommittedFiles) {
   ASSERT_GT(Samples().size(), 20u);
   for (const auto& s : Samples()) {
@@ -213,20 +232,12 @@ TEST(Samples, TheLayerSampleOpensOverItsBase) {
 // samples/layers/, as the generator did).
 TEST(Samples, LayersFailToResolveAsTheManifestSays) {
   const std::string dir = std::string(TSAR_SAMPLES_DIR) + "/layers";
-  const std::string manifest = ReadFile(dir + "/MANIFEST.tsv");
-  std::istringstream lines(manifest);
-  std::string line;
-  std::getline(lines, line);
-  EXPECT_EQ(line, "file\tcode\toffset\tmessage\tdescription");
+  const auto rows = ManifestRows(dir + "/MANIFEST.tsv");
   const int cwd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   ASSERT_GE(cwd, 0);
   ASSERT_EQ(chdir(dir.c_str()), 0);
   int checked = 0;
-  while (std::getline(lines, line)) {
-    std::vector<std::string> cols;
-    std::istringstream in(line);
-    for (std::string col; std::getline(in, col, '\t');) cols.push_back(col);
-    ASSERT_EQ(cols.size(), 5u) << line;
+  for (const auto& cols : rows) {
     EXPECT_NO_THROW(ParseString(ReadFile(cols[0]), cols[0])) << cols[0] << " is valid alone";
     try {
       (void)ArchiveFile::open(cols[0]);
@@ -244,17 +255,8 @@ TEST(Samples, LayersFailToResolveAsTheManifestSays) {
 }
 
 TEST(Samples, InvalidOnesFailAsTheManifestSays) {
-  const std::string manifest = ReadFile(std::string(TSAR_SAMPLES_DIR) + "/invalid/MANIFEST.tsv");
-  std::istringstream lines(manifest);
-  std::string line;
-  std::getline(lines, line);
-  EXPECT_EQ(line, "file\tcode\toffset\tmessage\tdescription");
   int checked = 0;
-  while (std::getline(lines, line)) {
-    std::vector<std::string> cols;
-    std::istringstream in(line);
-    for (std::string col; std::getline(in, col, '\t');) cols.push_back(col);
-    ASSERT_EQ(cols.size(), 5u) << line;
+  for (const auto& cols : ManifestRows(std::string(TSAR_SAMPLES_DIR) + "/invalid/MANIFEST.tsv")) {
     const std::string& file = cols[0];
     const std::string& code = cols[1];
     const std::string& offset = cols[2];
