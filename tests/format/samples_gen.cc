@@ -645,6 +645,16 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
            layer, [](std::string& f) { f[Table(f, 6) + U32At(f, LayerAt(f) + 32)] = '/'; }, true),
        ErrorCode::kInvalidValue, [](const std::string& f) { return LayerAt(f) + 32; },
        "the base path \"/hared.tsar\" is absolute"},
+      {"layer_tables_past_the_index",
+       with(
+           layer, [](std::string& f) { Put32(f, ih + 40, 1000); }, true),
+       ErrorCode::kOutOfBounds, fixed(ih + 40),
+       "base_storage_count 1000: a base storage table that does not fit in the index"},
+      {"layer_base_storage_reserved",
+       with(
+           layer, [](std::string& f) { f[BaseStoragesAt(f) + 24] = 1; }, true),
+       ErrorCode::kReservedNonZero, [](const std::string& f) { return BaseStoragesAt(f) + 24; },
+       "a reserved byte of base storage #0"},
       {"layer_base_storage_out_of_range",
        with(
            layer, [](std::string& f) { Put32(f, BaseStoragesAt(f), 99); }, true),
@@ -961,6 +971,14 @@ std::vector<SampleFile> GenerateSamples() {
   out.push_back({"invalid/MANIFEST.tsv", manifest});
 
   // §4.11 resolution failures: valid alone, refused when opened with their bases.
+  // The last three name the right base but lie about it in their layer
+  // record or base storage table (refixed): B4, B5, B6.
+  const auto lying = [&](const std::function<void(std::string&)>& edit) {
+    std::string f = LayerOver(shared, "../valid/shared.tsar").Bytes();
+    edit(f);
+    Refix(f);
+    return f;
+  };
   const std::vector<std::pair<std::string, std::string>> layers = {
       {"wrong_base.tsar",
        "a layer over valid/shared.tsar whose base path names valid/minimal.tsar"},
@@ -968,9 +986,21 @@ std::vector<SampleFile> GenerateSamples() {
       {"cycle.tsar", "a layer whose base path names itself"},
       {"impostor_base.tsar",
        "a layer over valid/shared.tsar whose base path names other_shared.tsar, of the same "
-       "size, whose tensor \"full\" is named \"fuLL\""}};
-  const std::string paths[] = {"../valid/minimal.tsar", "missing.tsar", "cycle.tsar",
-                               "other_shared.tsar"};
+       "size, whose tensor \"full\" is named \"fuLL\""},
+      {"depth_wrong.tsar", "a layer over valid/shared.tsar (a plain archive) that says depth 2"},
+      {"storage_count_wrong.tsar",
+       "a layer over valid/shared.tsar (4 storages) that says its base has 5"},
+      {"base_storage_differs.tsar",
+       "a layer over valid/shared.tsar whose base storage #0 says 32 bytes, where the base's "
+       "storage #1 has 24"}};
+  const std::string bytes[] = {
+      LayerOver(shared, "../valid/minimal.tsar").Bytes(),
+      LayerOver(shared, "missing.tsar").Bytes(),
+      LayerOver(shared, "cycle.tsar").Bytes(),
+      LayerOver(shared, "other_shared.tsar").Bytes(),
+      lying([](std::string& f) { Put32(f, LayerAt(f) + 28, 2); }),
+      lying([](std::string& f) { Put32(f, LayerAt(f) + 24, 5); }),
+      lying([](std::string& f) { Put64(f, BaseStoragesAt(f) + 8, 32); })};
   {
     std::string other = shared;  // same size, one name changed: a different index
     const size_t at = other.find("full");
@@ -979,7 +1009,7 @@ std::vector<SampleFile> GenerateSamples() {
     out.push_back({"layers/other_shared.tsar", other});
   }
   for (size_t i = 0; i < layers.size(); ++i) {
-    out.push_back({"layers/" + layers[i].first, LayerOver(shared, paths[i]).Bytes()});
+    out.push_back({"layers/" + layers[i].first, bytes[i]});
   }
   out.push_back({"layers/MANIFEST.tsv", LayersManifest(out, layers)});
   return out;

@@ -251,7 +251,7 @@ TEST(Samples, LayersFailToResolveAsTheManifestSays) {
   }
   EXPECT_EQ(fchdir(cwd), 0);
   close(cwd);
-  EXPECT_EQ(checked, 4);
+  EXPECT_EQ(checked, 7);
 }
 
 TEST(Samples, InvalidOnesFailAsTheManifestSays) {

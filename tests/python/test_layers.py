@@ -267,3 +267,25 @@ def test_a_layer_opened_through_a_symlink_finds_its_base(tmp_path):
     with tsar.open(str(tmp_path / "current.tsar")) as a:
         assert os.path.realpath(a.layers[1]) == os.path.realpath(base)
         assert_state_dict(a, var)
+
+
+def test_a_ninth_layer_is_refused_and_a_base_with_nothing_in_common_gives_a_plain_archive(tmp_path, cli):
+    sd = {"w": torch.arange(1024.0)}
+    paths = [str(tmp_path / f"l{i}.tsar") for i in range(10)]
+    tsar.save(sd, paths[0])
+    for i in range(1, 9):  # depths 1..8: the most the format allows
+        sd = {**sd, f"x{i}": torch.full((256,), float(i))}
+        tsar.save(sd, paths[i], base=paths[i - 1])
+    with tsar.open(paths[8]) as a:
+        assert a.layers == paths[8::-1]
+    with pytest.raises(tsar.Error) as e:
+        tsar.save({**sd, "x9": torch.ones(256)}, paths[9], base=paths[8])
+    assert e.value.code == tsar.ErrorCode.INVALID_ARGUMENT
+    assert "already a layer of depth 8" in str(e.value) and "flatten it first" in str(e.value)
+    assert not os.path.exists(paths[9])
+    torch.save({"other": torch.zeros(7)}, str(tmp_path / "other.pt"))
+    out = run_cli(cli, "pack", str(tmp_path / "other.pt"), "--base", paths[0],
+                  "-o", str(tmp_path / "other.tsar"))
+    assert "no storage equals one of base" in out.stderr and "wrote a standalone archive" in out.stderr
+    with tsar.open(str(tmp_path / "other.tsar")) as a:
+        assert a.format_version < (1, 2) and a.layers == [str(tmp_path / "other.tsar")]
