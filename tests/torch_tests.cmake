@@ -9,6 +9,7 @@ add_executable(tsar_tests
   cli/diff_residency_test.cc
   loader/archive_test.cc
   loader/bind_test.cc
+  loader/live_test.cc
   loader/sharing_test.cc
   writer/writer_test.cc)
 target_link_libraries(tsar_tests PRIVATE tsar_lib tsar_format GTest::gtest_main nlohmann_json::nlohmann_json)

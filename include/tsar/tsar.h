@@ -6,5 +6,6 @@
 #include "tsar/device.h"
 #include "tsar/dtype.h"
 #include "tsar/error.h"
+#include "tsar/live.h"
 #include "tsar/version.h"
 #include "tsar/writer.h"
