@@ -17,7 +17,7 @@ add_dependencies(tsar_tests tsar_cli)
 target_include_directories(tsar_tests PRIVATE ${PROJECT_SOURCE_DIR})
 add_executable(tsar_test_worker loader/worker_main.cc)
 target_link_libraries(tsar_test_worker PRIVATE tsar_lib)
-add_dependencies(tsar_tests tsar_test_worker)
+add_dependencies(tsar_tests tsar_test_worker tsar_worker)
 # Makes mmap of files fail (ENODEV) under LD_PRELOAD, for the read-fallback test.
 add_library(tsar_refuse_mmap MODULE loader/refuse_mmap_shim.c)
 target_link_libraries(tsar_refuse_mmap PRIVATE dl)
@@ -25,6 +25,7 @@ add_dependencies(tsar_tests tsar_refuse_mmap)
 target_compile_definitions(tsar_tests PRIVATE
   TSAR_FIXTURES_DIR="${TSAR_FIXTURES_DIR}"
   TSAR_TEST_WORKER="$<TARGET_FILE:tsar_test_worker>"
+  TSAR_SAMPLE_WORKER="$<TARGET_FILE:tsar_worker>"
   TSAR_REFUSE_MMAP="$<TARGET_FILE:tsar_refuse_mmap>"
   TSAR_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
   TSAR_IMPORT_FIXTURES_DIR="${CMAKE_BINARY_DIR}/import_fixtures"

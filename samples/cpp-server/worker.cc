@@ -4,7 +4,14 @@
 // line on stdout. Start many: they share one copy of the weights in RAM.
 //
 //   tsar_worker --archive model.tsar --model model_arch_ts.pt
+//   tsar_worker --archive model.tsar --model model_arch_ts.pt --watch
 //   tsar_worker --baseline model_ts.pt --model model_ts.pt
+//
+// With --watch it follows the archive (tsar::LiveModule): a new model.tsar
+// published by `tsar pack` (or any rename over it) serves from the next
+// request on, without a restart; a bad one is refused and logged on stderr
+// while the old version serves on. Each answer then says which version
+// answered: "out 12.345678 version 2".
 //
 // With --baseline FILE it loads weights the usual way instead (torch::jit::load
 // of FILE, a private copy per process), for comparison.
@@ -17,21 +24,83 @@
 
 #include "tsar/tsar.h"
 
+namespace {
+
+// Follows the archive and serves each request on the version current when it
+// starts.
+int Watch(const std::string& archive, const std::string& model, const torch::Tensor& x) {
+  tsar::LiveOptions options;
+  options.on_event = [](const tsar::LiveEvent& e) {
+    if (e.kind == tsar::LiveEvent::Kind::kSwapped) {
+      std::fprintf(stderr, "tsar_worker: %s: version %llu serving (loaded in %.1f ms)\n",
+                   e.path.c_str(), static_cast<unsigned long long>(e.version), e.load_ms);
+    } else {
+      std::fprintf(stderr, "tsar_worker: refused a new file, version %llu serves on: %s\n",
+                   static_cast<unsigned long long>(e.version), e.error.c_str());
+    }
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  tsar::LiveModule live(
+      archive,
+      [&] {
+        torch::jit::Module m = torch::jit::load(model);  // the architecture
+        m.eval();
+        return m;
+      },
+      options,
+      // Before a version serves: one forward pass (checks the architecture,
+      // touches every weight page, lets TorchScript compile).
+      [&](torch::jit::Module& m) { m.forward({x}); });
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("ready load_ms=%.3f version=%llu\n", load_ms,
+              static_cast<unsigned long long>(live.version()));
+  std::fflush(stdout);
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line == "run") {
+      const tsar::LiveModule::Snapshot v = live.current();
+      const auto y = v.module->forward({x}).toTensor();
+      std::printf("out %.6f version %llu\n", y.sum().item<double>(),
+                  static_cast<unsigned long long>(v.version));
+    } else if (line == "version") {
+      std::printf("version %llu %s\n", static_cast<unsigned long long>(live.version()),
+                  live.last_error().c_str());
+    } else {
+      std::printf("error unknown request\n");
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   std::string archive, model, baseline;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool watch = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--archive") archive = argv[i + 1];
-    if (flag == "--model") model = argv[i + 1];
-    if (flag == "--baseline") baseline = argv[i + 1];
+    if (flag == "--watch") {
+      watch = true;
+      continue;
+    }
+    if (i + 1 >= argc) break;
+    if (flag == "--archive") archive = argv[++i];
+    if (flag == "--model") model = argv[++i];
+    if (flag == "--baseline") baseline = argv[++i];
   }
-  if (model.empty() || (archive.empty() && baseline.empty())) {
+  if (model.empty() || (archive.empty() && baseline.empty()) || (watch && archive.empty())) {
     std::fprintf(stderr,
-                 "usage: tsar_worker --archive A.tsar --model M_ts.pt | --baseline M_ts.pt --model "
-                 "M_ts.pt\n");
+                 "usage: tsar_worker --archive A.tsar --model M_arch_ts.pt [--watch]\n"
+                 "       tsar_worker --baseline M_ts.pt --model M_ts.pt\n");
     return 2;
   }
   try {
+    if (watch) {
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(0);
+      return Watch(archive, model, torch::randn({1, 3, 64, 64}));
+    }
     const auto t0 = std::chrono::steady_clock::now();
     torch::jit::Module m;
     if (!baseline.empty()) {

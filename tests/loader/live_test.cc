@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/torch.h>
 
@@ -443,6 +444,47 @@ TEST(LiveTest, FourThreadsServeWithoutAFailureWhileThirtyVersionsArePublished) {
   const Held h = HeldUnder(dir);
   EXPECT_EQ(h.mapped, std::set<std::string>{path});
   EXPECT_TRUE(h.open_fds.empty());
+}
+
+// samples/cpp-server's worker with --watch: each answer names its version;
+// a new archive serves without a restart, a bad one leaves it serving.
+TEST(LiveTest, TheSampleWorkerFollowsTheArchiveWithWatch) {
+  const std::string dir = TempDir(), path = dir + "/resnet18.tsar";
+  torch::jit::Module model = torch::jit::load(Fixture("resnet18_ts.pt"));
+  pack(path, model);
+  Worker w = Start(
+      {TSAR_SAMPLE_WORKER, "--archive", path, "--model", Fixture("resnet18_ts.pt"), "--watch"});
+  ASSERT_EQ(Line(w).rfind("ready load_ms=", 0), 0u);
+  auto ask = [&](const std::string& request) {
+    const std::string line = request + "\n";
+    EXPECT_EQ(write(w.to_child, line.data(), line.size()), static_cast<ssize_t>(line.size()));
+    return Line(w);
+  };
+  const std::string first = ask("run");
+  ASSERT_NE(first.find(" version 1\n"), std::string::npos) << first;
+
+  // Version 2: the same architecture, the classifier's weights doubled.
+  {
+    torch::NoGradGuard no_grad;
+    model.attr("fc").toModule().attr("weight").toTensor().mul_(2);
+  }
+  pack(path, model);
+  std::string answer;
+  ASSERT_TRUE(WaitFor([&] {
+    answer = ask("run");
+    return answer.find(" version 2\n") != std::string::npos;
+  })) << answer;
+  EXPECT_NE(answer.substr(0, answer.find(" version")), first.substr(0, first.find(" version")));
+
+  PublishBytes(path, "not an archive");
+  std::string status;
+  ASSERT_TRUE(WaitFor([&] {
+    status = ask("version");
+    return status.find("magic") != std::string::npos;
+  })) << status;
+  EXPECT_EQ(status.rfind("version 2 " + path + ": offset 0 (0x0): magic", 0), 0u) << status;
+  EXPECT_EQ(ask("run"), answer);
+  EXPECT_EQ(Finish(w), 0);
 }
 
 }  // namespace
