@@ -1,4 +1,4 @@
-// The benchmarks P1..P7 of bench/README.md and the child processes some of
+// The benchmarks P1..P7, P10 and P11 of bench/README.md and the child processes some of
 // them start. Each RunPn records its samples through ctx.rec.
 #pragma once
 
@@ -21,6 +21,7 @@ void RunP5Index(const Context& ctx);
 void RunP6Pack(const Context& ctx);
 void RunP7Verify(const Context& ctx);
 void RunP10Layers(const Context& ctx);
+void RunP11HotSwap(const Context& ctx);
 
 // Child processes (started by this same executable):
 //   child-first-output MODE SIDE DATA  P2: load resnet18 one way, run one

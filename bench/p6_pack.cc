@@ -16,8 +16,9 @@ void RunP6Pack(const Context& ctx) {
   const std::string out_api = ctx.Path("p6_api.tsar");
   const std::string out_cp = ctx.Path("p6_copy.pt");
   const double bytes = static_cast<double>(FileSize(input));
-  const Archive source =
-      Archive::open(ctx.Path("stack.tsar"), {MapMode::kShared, true, Prefetch::kPopulate});
+  OpenOptions populate;
+  populate.prefetch = Prefetch::kPopulate;
+  const Archive source = Archive::open(ctx.Path("stack.tsar"), populate);
   const auto tensors = source.state_dict();
   ReadFile(input);  // warm
   // What every `tsar` run pays before it reads a byte (the dynamic loader:
@@ -27,7 +28,8 @@ void RunP6Pack(const Context& ctx) {
     if (RunCommand({ctx.tsar, "--version"}) != 0) Die("tsar --version failed");
     if (r >= 0) ctx.rec->Add("P6", kase, "tsar --version (process start only)", "ms", r, sw.Ms());
     Stopwatch inspect;
-    if (RunCommand({ctx.tsar, "inspect", ctx.Path("resnet18.tsar")}) != 0) Die("tsar inspect failed");
+    if (RunCommand({ctx.tsar, "inspect", ctx.Path("resnet18.tsar")}) != 0)
+      Die("tsar inspect failed");
     if (r >= 0) {
       ctx.rec->Add("P6", "resnet18", "tsar inspect (whole process)", "ms", r, inspect.Ms());
     }

@@ -10,6 +10,10 @@
 // it ran on.
 #include "tsar/live.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -90,10 +94,12 @@ struct LiveBase::State {
       return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     };
     std::string error;
+    double open_ms = 0;
     try {
       // If the path changes between the stat above and this open, the slot
       // records the older identity, so the next look opens the path again.
       Archive archive = Archive::open(path, options.open);
+      open_ms = elapsed();
       std::shared_ptr<void> module =
           build(archive, options.bind, serving ? serving->module.get() : nullptr);
       auto slot = std::make_shared<const Slot>(Slot{std::move(module), next, archive, *id});
@@ -107,7 +113,7 @@ struct LiveBase::State {
         std::lock_guard<std::mutex> lock(retired_mu);
         retired.push_back(std::move(serving));
       }
-      Notify({LiveEvent::Kind::kSwapped, path, next, "", elapsed()});
+      Notify({LiveEvent::Kind::kSwapped, path, next, "", elapsed(), open_ms});
       return true;
     } catch (const std::exception& e) {
       if (!serving) throw;  // the first version: the constructor fails
@@ -121,7 +127,7 @@ struct LiveBase::State {
       last_error = error;
       ++refused;
     }
-    Notify({LiveEvent::Kind::kRefused, path, serving->version, error, elapsed()});
+    Notify({LiveEvent::Kind::kRefused, path, serving->version, error, elapsed(), open_ms});
     return false;
   }
 
@@ -192,7 +198,15 @@ LiveBase::LiveBase(std::string path, Build build, LiveOptions options)
     std::lock_guard<std::mutex> lock(s.load_mu);
     s.Look();
   }
-  s.thread = std::thread([&s] { s.Run(); });
+  s.thread = std::thread([&s] {
+    if (s.options.loader_nice != 0) {
+      // Linux: a thread's nice value is its own (setpriority on its tid).
+      const int now = getpriority(PRIO_PROCESS, 0);
+      setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)),
+                  now + s.options.loader_nice);
+    }
+    s.Run();
+  });
 }
 
 LiveBase::~LiveBase() {

@@ -42,6 +42,7 @@ struct LiveEvent {
   uint64_t version;   // the version serving after this event
   std::string error;  // kRefused: the one-line message (tsar::Error::what() or make's)
   double load_ms;     // open + verify + make + bind + warm_up of the new file
+  double open_ms;     // of which open + verify (what tsar does before make)
 };
 
 struct LiveOptions {
@@ -58,6 +59,12 @@ struct LiveOptions {
   // both off only check() looks for a new file.
   bool inotify = true;
   std::chrono::milliseconds poll_interval{1000};
+  // Added to the watching thread's nice value (setpriority on its thread),
+  // so that on a host whose cores are all busy serving, loading a new
+  // version (verify, make, bind, warm_up: CPU work) yields to requests
+  // instead of slowing them; the new version then serves later. 0 keeps
+  // the process's priority; 19 is the lowest.
+  int loader_nice = 0;
   // Called on the watching thread (or check()'s caller) after each swap or
   // refusal, for logging. It must not call check(); what it throws is ignored.
   std::function<void(const LiveEvent&)> on_event;
@@ -124,13 +131,15 @@ class LiveBase {
 };
 
 // A TorchScript module that follows the archive at `path`. `make` builds a
-// fresh module of the architecture each time it is called (torch::jit::load
-// of an architecture file, or clone() of a template, in eval mode); its
-// weights are then bound to the new archive. `warm_up`, if given, runs on
-// the bound module before it is published: one forward pass on a sample
-// input checks the architecture end to end and lets TorchScript's profiling
-// executor compile, so the first request on a new version is not slow.
-// A throw from make, bind or warm_up refuses the file.
+// fresh module of the architecture each time it is called, in eval mode:
+// torch::jit::load of an architecture file (`tsar pack --arch` writes one
+// without weights). Prefer it to clone() of a template: LibTorch 1.13's
+// Module::clone() never frees the copy of the parameters it makes (4 MiB
+// lost per clone of a module with 4 MiB of parameters, measured), so memory
+// would grow with every swap. Its weights are then bound to the new archive. `warm_up`, if given,
+// runs on the bound module before it is published: one forward pass on a sample input checks the
+// architecture end to end and lets TorchScript's profiling executor compile, so the first request
+// on a new version is not slow. A throw from make, bind or warm_up refuses the file.
 class LiveModule : public LiveBase {
  public:
   using Make = std::function<torch::jit::Module()>;
