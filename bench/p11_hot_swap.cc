@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -46,13 +45,7 @@ struct Model {
   std::vector<std::string> versions;
 };
 
-uint64_t RssKb() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10);
-  }
-  return 0;
-}
+uint64_t RssKb() { return SmapsRollup(getpid())["Rss"]; }
 
 void RunOnce(const Context& ctx, int threads, const Model& model, int loader_nice = 0) {
   const std::string live_path = ctx.Path("p11/live.tsar");

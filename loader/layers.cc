@@ -11,6 +11,7 @@
 #include "format/checksum.h"
 #include "format/reader.h"
 #include "loader/archive_core.h"
+#include "loader/open_file.h"
 
 namespace tsar {
 namespace {
@@ -21,12 +22,6 @@ std::string Hex128(uint64_t high, uint64_t low) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%016" PRIx64 "%016" PRIx64, high, low);
   return buf;
-}
-
-std::string DirOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
 std::string Join(const std::string& dir, std::string_view rel) {

@@ -180,7 +180,7 @@ struct LiveBase::State {
 };
 
 LiveBase::LiveBase(std::string path, Build build, LiveOptions options)
-    : state_(std::make_shared<State>()) {
+    : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.path = std::move(path);
   s.build = std::move(build);

@@ -12,14 +12,14 @@ LiveModule::LiveModule(std::string path, Make make, LiveOptions options, WarmUp 
               const Archive& archive, const BindOptions& bind_options,
               const void* serving) -> std::shared_ptr<void> {
             auto m = std::make_shared<torch::jit::Module>(make());
-            // A jit::Module is a handle: make returning its template itself
-            // (not load() or clone()) would rebind the version serving.
+            // A jit::Module is a handle: make returning one module each time
+            // (not a new torch::jit::load) would rebind the version serving.
             if (serving != nullptr &&
                 m->_ivalue().get() ==
                     static_cast<const torch::jit::Module*>(serving)->_ivalue().get()) {
               throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
                           "make returned the module that is serving; it must build a new one "
-                          "(torch::jit::load, or clone() of a template)");
+                          "(torch::jit::load of the architecture)");
             }
             bind(*m, archive, bind_options);
             if (warm_up) warm_up(*m);

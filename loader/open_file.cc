@@ -53,4 +53,10 @@ int OpenRegularFile(const std::string& path, struct stat* st, ErrorCode not_regu
   return fd;
 }
 
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
 }  // namespace tsar

@@ -20,4 +20,7 @@ const char* FileTypeName(mode_t mode);
 // `not_regular` for anything else ("not a regular file: it is a FIFO").
 int OpenRegularFile(const std::string& path, struct stat* st, ErrorCode not_regular);
 
+// The directory that holds `path`: "." for a bare name, "/" for one at the root.
+std::string DirOf(const std::string& path);
+
 }  // namespace tsar

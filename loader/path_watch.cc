@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <system_error>
 
+#include "loader/open_file.h"
+
 namespace tsar {
 
 std::optional<FileIdentity> IdentityOf(const std::string& path) {
@@ -24,9 +26,7 @@ std::optional<FileIdentity> IdentityOf(const std::string& path) {
   return id;
 }
 
-PathWatch::PathWatch(const std::string& path, bool use_inotify) {
-  const size_t slash = path.rfind('/');
-  dir_ = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+PathWatch::PathWatch(const std::string& path, bool use_inotify) : dir_(DirOf(path)) {
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
   if (use_inotify) {

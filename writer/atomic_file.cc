@@ -29,12 +29,6 @@ constexpr mode_t kMode = 0444;
 constexpr int kMaxLinks = 40;  // as the kernel's own limit on symlink chains (ELOOP)
 constexpr const char* kTempInfix = ".tmp-";
 
-std::string DirOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
 std::string BaseOf(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);

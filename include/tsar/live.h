@@ -127,7 +127,7 @@ class LiveBase {
 
  private:
   struct State;
-  std::shared_ptr<State> state_;
+  std::unique_ptr<State> state_;
 };
 
 // A TorchScript module that follows the archive at `path`. `make` builds a

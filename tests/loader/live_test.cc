@@ -124,33 +124,31 @@ TEST(LiveTest, ServesTheFirstVersionThenMovesToEachFileRenamedOverThePath) {
   EXPECT_EQ(live.stats().swaps, 1u);
 }
 
-TEST(LiveTest, InotifyNoticesARenameWithoutPolling) {
+// Publishes version 2 over version 1 and waits for `options`' watching alone
+// (no check()) to serve it; `inotify` is whether inotify must be in use.
+void ExpectARenameNoticed(const LiveOptions& options, bool inotify) {
   const std::string dir = TempDir(), path = dir + "/model.tsar";
   Publish(path, 1);
   const torch::jit::Module tmpl = Template();
-  LiveOptions o;
-  o.poll_interval = milliseconds{0};
   LiveModule live(
-      path, [&] { return tmpl.clone(); }, o);
-  ASSERT_TRUE(live.stats().inotify);
+      path, [&] { return tmpl.clone(); }, options);
+  ASSERT_EQ(live.stats().inotify, inotify);
   Publish(path, 2);
   ASSERT_TRUE(WaitFor([&] { return live.version() == 2; }));
   EXPECT_EQ(Forward(*live.get()), Expected(2));
 }
 
+TEST(LiveTest, InotifyNoticesARenameWithoutPolling) {
+  LiveOptions o;
+  o.poll_interval = milliseconds{0};
+  ExpectARenameNoticed(o, true);
+}
+
 TEST(LiveTest, PollingAloneNoticesARename) {
-  const std::string dir = TempDir(), path = dir + "/model.tsar";
-  Publish(path, 1);
-  const torch::jit::Module tmpl = Template();
   LiveOptions o;
   o.inotify = false;
   o.poll_interval = milliseconds{20};
-  LiveModule live(
-      path, [&] { return tmpl.clone(); }, o);
-  EXPECT_FALSE(live.stats().inotify);
-  Publish(path, 2);
-  ASSERT_TRUE(WaitFor([&] { return live.version() == 2; }));
-  EXPECT_EQ(Forward(*live.get()), Expected(2));
+  ExpectARenameNoticed(o, false);
 }
 
 TEST(LiveTest, BadFilesAreRefusedTheOldVersionServesAndALaterGoodFileIsTaken) {
