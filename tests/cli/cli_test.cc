@@ -21,6 +21,7 @@ using testing::Fixture;
 using testing::OneErrorLine;
 using testing::Result;
 using testing::Sh;
+using testing::WriteAll;
 
 const std::string kTsar = TSAR_CLI;
 const std::string kSource = TSAR_SOURCE_DIR;
@@ -315,6 +316,41 @@ TEST_F(CliTest, ExportRefusesWhatTheTargetCannotHold) {
   r = Tsar("export " + Path("d.tsar") + " -o " + Path("d.npz"));
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(OneErrorLine(r, "expected an extension .pt"));
+  // A name that is also the dotted prefix of another (a dataset and a group
+  // at once), and an empty component: refused before the file is made,
+  // whichever comes first in the archive.
+  const auto safetensors = [](const std::vector<std::string>& names) {
+    std::string header = "{";
+    for (size_t i = 0; i < names.size(); ++i) {
+      header += (i ? ",\"" : "\"") + names[i] + "\":{\"dtype\":\"F32\",\"shape\":[1]," +
+                "\"data_offsets\":[" + std::to_string(4 * i) + "," + std::to_string(4 * i + 4) +
+                "]}";
+    }
+    header += "}";
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    std::string file(8, '\0');
+    for (int b = 0; b < 8; ++b) file[b] = static_cast<char>((header.size() >> (8 * b)) & 0xff);
+    return file + header + std::string(4 * names.size(), '\0');
+  };
+  struct Tree {
+    std::vector<std::string> names;
+    const char* error;
+  } trees[] = {
+      {{"a.b", "a", "c"}, "tensor \"a\" is also the group that holds \"a.b\""},
+      {{"x", "a", "a.b.c"}, "tensor \"a\" is also the group that holds \"a.b.c\""},
+      {{"a..b"}, "tensor \"a..b\": an empty name component"},
+      {{"a."}, "tensor \"a.\": an empty name component"},
+  };
+  for (const auto& t : trees) {
+    WriteAll(Path("n.safetensors"), safetensors(t.names));
+    ASSERT_EQ(Tsar("pack -q " + Path("n.safetensors") + " -o " + Path("n.tsar")).code, 0);
+    r = Tsar("export " + Path("n.tsar") + " -o " + Path("n.h5"));
+    EXPECT_EQ(r.code, 3) << t.error;
+    EXPECT_TRUE(OneErrorLine(r, t.error));
+    EXPECT_FALSE(Exists(Path("n.h5")));
+    EXPECT_EQ(Tsar("export -q " + Path("n.tsar") + " -o " + Path("n.pt")).code, 0);
+    std::remove(Path("n.tsar").c_str());
+  }
 }
 
 TEST_F(CliTest, VerifyNamesDamagedTensorsAndExitsOne) {
