@@ -10,13 +10,15 @@
 namespace tsar {
 namespace {
 
-void DeleteCoreRef(void* ctx) { delete static_cast<std::shared_ptr<const ArchiveCore>*>(ctx); }
+void Release(void* ctx) {
+  auto* refs = static_cast<CoreRefs*>(ctx);
+  if (refs->count.fetch_sub(1, std::memory_order_acq_rel) == 1) delete refs;
+}
 
-c10::Storage MakeStorage(const std::shared_ptr<const ArchiveCore>& core, uint32_t i,
-                         const format::StorageRecord& s) {
-  uint8_t* p = core->StorageData(i);
-  c10::DataPtr dp(p, new std::shared_ptr<const ArchiveCore>(core), &DeleteCoreRef,
-                  c10::Device(c10::kCPU));
+c10::Storage MakeStorage(CoreRefs* refs, uint32_t i, const format::StorageRecord& s) {
+  uint8_t* p = refs->core->StorageData(i);
+  refs->count.fetch_add(1, std::memory_order_relaxed);
+  c10::DataPtr dp(p, refs, &Release, c10::Device(c10::kCPU));
   // Not resizable: an out-of-range set_ then throws instead of reallocating (a copy).
   return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(s.nbytes), std::move(dp),
                       /*allocator=*/nullptr, /*resizable=*/false);
@@ -24,19 +26,31 @@ c10::Storage MakeStorage(const std::shared_ptr<const ArchiveCore>& core, uint32_
 
 }  // namespace
 
+Archive::Impl::Impl(std::shared_ptr<const ArchiveCore> c)
+    : core(std::move(c)),
+      refs(new CoreRefs(core)),
+      storages(core->index.storages().size()),
+      made(std::make_unique<std::atomic<bool>[]>(storages.size())) {}
+
+Archive::Impl::~Impl() {
+  storages.clear();
+  Release(refs);
+}
+
 Archive Archive::open(const std::string& path, const OpenOptions& options) {
   ArchiveFile file = ArchiveFile::open(path, options);
-  auto impl = std::make_shared<Impl>();
-  impl->core = file.core();
-  const size_t storage_count = impl->core->index.storages().size();
-  impl->storages.resize(storage_count);
-  impl->storage_once = std::make_unique<std::once_flag[]>(storage_count);
+  auto impl = std::make_shared<Impl>(file.core());
   return Archive(std::move(file), std::move(impl));
 }
 
 const c10::Storage& Archive::Impl::Storage(uint32_t i) const {
-  std::call_once(storage_once[i],
-                 [&] { storages[i] = MakeStorage(core, i, index().storages()[i]); });
+  if (!made[i].load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(make_mutex);
+    if (!made[i].load(std::memory_order_relaxed)) {
+      storages[i] = MakeStorage(refs, i, index().storages()[i]);
+      made[i].store(true, std::memory_order_release);
+    }
+  }
   return storages[i];
 }
 

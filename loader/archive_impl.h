@@ -4,6 +4,7 @@
 
 #include <c10/core/Storage.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,7 +15,21 @@
 
 namespace tsar {
 
+// What the c10::Storages of one Archive hold: the core, through one count
+// for them all (a context per storage was a malloc and a free per tensor, a
+// fifth of binding 100,000 tensors). The Impl holds one reference.
+struct CoreRefs {
+  explicit CoreRefs(std::shared_ptr<const ArchiveCore> c) : core(std::move(c)) {}
+  std::atomic<uint64_t> count{1};
+  std::shared_ptr<const ArchiveCore> core;
+};
+
 struct Archive::Impl {
+  explicit Impl(std::shared_ptr<const ArchiveCore> core);
+  ~Impl();
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
   std::shared_ptr<const ArchiveCore> core;
 
   // The c10::Storage of archive storage i, made on first use (so open() costs
@@ -42,8 +57,12 @@ struct Archive::Impl {
   // inconsistent); loader/sparse.cc.
   at::Tensor MakeSparse(uint32_t sparse) const;
 
-  mutable std::vector<c10::Storage> storages;      // null until first use
-  std::unique_ptr<std::once_flag[]> storage_once;  // one per storage
+  CoreRefs* refs;
+  // storages[i] is set once, under make_mutex, before made[i] turns true.
+  // (std::call_once was a futex wake, a system call, per storage.)
+  mutable std::vector<c10::Storage> storages;
+  mutable std::unique_ptr<std::atomic<bool>[]> made;
+  mutable std::mutex make_mutex;
 };
 
 }  // namespace tsar

@@ -23,6 +23,15 @@ std::string Shape(c10::IntArrayRef s) {
 }
 std::string Shape(const int64_t* s, uint32_t n) { return Shape(c10::IntArrayRef(s, n)); }
 
+// Starts loading the TensorImpl fields bind reads (dtype, sizes, storage,
+// flags): a module's tensors lie scattered over the heap, and waiting on one
+// cache miss after another was half of binding 100,000 tensors.
+constexpr size_t kAhead = 8;
+void PrefetchTensor(const c10::TensorImpl* t) {
+  const char* p = reinterpret_cast<const char*>(t);
+  for (size_t line = 0; line < sizeof(c10::TensorImpl); line += 64) __builtin_prefetch(p + line);
+}
+
 std::string List(const std::vector<std::string>& v, size_t max = 20) {
   std::string out;
   for (size_t i = 0; i < v.size() && i < max; ++i) out += (i ? ", " : "") + v[i];
@@ -47,30 +56,40 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   }
 
   BindReport report;
+  report.bound.reserve(slots.size());
   std::vector<uint32_t> match(slots.size(), format::kNone);
   const format::EntryRecord& e = index.entries()[entry];
   std::vector<bool> used(e.tensor_count);  // by position in the entry
   const std::string& mp = options.module_prefix;
   std::string key;
+  // A module usually lists its tensors in the order the archive was packed
+  // from: the record after the last match is tried before the name table.
+  uint32_t next = e.first_tensor;
+  const uint32_t end = e.first_tensor + e.tensor_count;
   for (size_t i = 0; i < slots.size(); ++i) {
+    if (i + kAhead < slots.size()) PrefetchTensor(slots[i + kAhead].tensor);
     const std::string& name = slots[i].name;
     const bool prefixed = name.compare(0, mp.size(), mp) == 0;
     if (prefixed) key.assign(options.archive_prefix).append(name, mp.size());
-    const uint32_t t = prefixed ? index.FindTensor(entry, key) : format::kNone;
+    uint32_t t = format::kNone;
+    if (prefixed) {
+      t = next < end && index.tensors()[next].name == key ? next : index.FindTensor(entry, key);
+    }
+    if (t != format::kNone) next = t + 1;
     if (t == format::kNone) {
       report.missing.push_back(slots[i].name);
       continue;
     }
     used[t - e.first_tensor] = true;
     const format::TensorRecord& rec = index.tensors()[t];
-    const at::Tensor& mine = slots[i].tensor;
-    const auto want = FromScalarType(mine.scalar_type());
+    const c10::TensorImpl& mine = *slots[i].tensor;
+    const c10::ScalarType mine_type = c10::typeMetaToScalarType(mine.dtype());
+    const auto want = FromScalarType(mine_type);
     std::string why;
     if (!want || *want != rec.dtype) {
-      why =
-          "dtype " +
-          (want ? std::string(DTypeName(*want)) : std::string(c10::toString(mine.scalar_type()))) +
-          " vs archive " + std::string(DTypeName(rec.dtype));
+      why = "dtype " +
+            (want ? std::string(DTypeName(*want)) : std::string(c10::toString(mine_type))) +
+            " vs archive " + std::string(DTypeName(rec.dtype));
     }
     if (!mine.sizes().equals(c10::IntArrayRef(index.sizes(rec), rec.ndim))) {
       why += std::string(why.empty() ? "" : ", ") + "shape " + Shape(mine.sizes()) +
@@ -101,9 +120,10 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   // set_ on a leaf that requires grad is only allowed with grad mode off.
   c10::AutoGradMode no_grad(false);
   for (size_t i = 0; i < slots.size(); ++i) {
+    if (i + kAhead < slots.size()) PrefetchTensor(slots[i + kAhead].tensor);
     if (match[i] == format::kNone) continue;
     const format::TensorRecord& rec = index.tensors()[match[i]];
-    c10::TensorImpl* t = slots[i].tensor.unsafeGetTensorImpl();
+    c10::TensorImpl* t = slots[i].tensor;
     if (t->allow_tensor_metadata_change() && t->layout() == c10::kStrided) {
       // What set_(storage, offset, sizes, strides) does, without a temporary
       // tensor or the dispatcher: about half the cost per tensor. The dtype
@@ -114,9 +134,10 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
       t->set_storage_offset(static_cast<int64_t>(rec.storage_offset));
       if (!t->is_inference()) t->bump_version();
     } else {
-      slots[i].tensor.set_(impl.Make(match[i]));
+      at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(t))
+          .set_(impl.Make(match[i]));
     }
-    report.bound.push_back(slots[i].name);
+    report.bound.push_back(std::move(slots[i].name));  // slots are the caller's scratch
   }
   return report;
 }

@@ -14,9 +14,15 @@ namespace tsar {
 
 struct BindSlot {
   std::string name;
-  at::Tensor tensor;  // the module's own tensor; rebound with set_
+  // The module's own tensor, rebound in place; not owned (the module, or the
+  // caller's list, holds it through the bind). A pointer, not an at::Tensor:
+  // a reference count touched per tensor is two more cache misses per tensor
+  // bound (collecting and destroying the slots), on 100,000 tensors a tenth
+  // of the bind.
+  c10::TensorImpl* tensor;
 };
 
+// The names of the slots bound are moved into the report.
 BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive& archive,
                      const BindOptions& options);
 

@@ -9,8 +9,9 @@ namespace tsar {
 BindReport bind(torch::jit::Module& module, const Archive& archive, const BindOptions& options) {
   std::vector<BindSlot> slots;
   for (const auto& p : module.named_parameters(/*recurse=*/true))
-    slots.push_back({p.name, p.value});
-  for (const auto& b : module.named_buffers(/*recurse=*/true)) slots.push_back({b.name, b.value});
+    slots.push_back({p.name, p.value.unsafeGetTensorImpl()});
+  for (const auto& b : module.named_buffers(/*recurse=*/true))
+    slots.push_back({b.name, b.value.unsafeGetTensorImpl()});
   // torch::jit::freeze removes the `training` attribute (is_training() then
   // says true) together with every parameter, which it inlines as constants.
   const bool frozen = !module.hasattr("training");

@@ -232,7 +232,7 @@ PYBIND11_MODULE(_tsar, m) {
          const std::string& archive_prefix, const std::string& module_prefix) {
         std::vector<BindSlot> slots;
         slots.reserve(items.size());
-        for (const auto& [name, t] : items) slots.push_back({name, t});
+        for (const auto& [name, t] : items) slots.push_back({name, t.unsafeGetTensorImpl()});
         BindOptions o;
         o.entry = entry;
         o.strict = strict;

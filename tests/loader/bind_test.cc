@@ -109,6 +109,48 @@ TEST_F(BindTest, StrictModeListsEveryMismatchAndChangesNothing) {
   EXPECT_EQ(net->fc2->bias.sum().item<float>(), 24.0f);
 }
 
+// bind tries the record after the last match before the name table, and reads
+// a module's parameters in place: a module that lists its tensors in another
+// order than the archive, and one with an undefined parameter (a Linear
+// without bias registers one), bind exactly as state_dict() names them.
+TEST_F(BindTest, ModulesInAnotherOrderAndUndefinedParametersBindByName) {
+  struct Reversed : torch::nn::Module {
+    Reversed() {
+      bn = register_module("bn", torch::nn::BatchNorm1d(64));
+      fc2 = register_module("fc2", torch::nn::Linear(64, 8));
+      fc1 = register_module("fc1", torch::nn::Linear(32, 64));
+    }
+    torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+    torch::nn::BatchNorm1d bn{nullptr};
+  };
+  torch::manual_seed(3);
+  Net trained;
+  trained->eval();
+  Writer w(Path("net.tsar"));
+  w.add_module(*trained);
+  w.finish();
+  Reversed fresh;
+  fresh.eval();
+  const Archive a = Archive::open(Path("net.tsar"));
+  const BindReport r = tsar::bind(fresh, a);
+  EXPECT_EQ(r.bound.size(), 9u);
+  EXPECT_EQ(r.bound.front(), "bn.weight");
+  EXPECT_TRUE(r.missing.empty() && r.unexpected.empty() && r.mismatched.empty());
+  EXPECT_TRUE(torch::equal(fresh.fc1->weight, trained->fc1->weight));
+  EXPECT_TRUE(torch::equal(fresh.fc2->bias, trained->fc2->bias));
+  EXPECT_TRUE(torch::equal(fresh.bn->running_var, trained->bn->running_var));
+  EXPECT_EQ(fresh.fc1->weight.data_ptr(), a.tensor("fc1.weight").data_ptr());
+
+  torch::nn::Linear no_bias(torch::nn::LinearOptions(32, 64).bias(false));
+  ASSERT_FALSE(no_bias->bias.defined());
+  no_bias->eval();
+  Writer w2(Path("w.tsar"));
+  w2.add("weight", torch::full({64, 32}, 2.0));
+  w2.finish();
+  const BindReport r2 = tsar::bind(*no_bias, Archive::open(Path("w.tsar")));
+  EXPECT_EQ(r2.bound, std::vector<std::string>{"weight"});
+  EXPECT_EQ(no_bias->weight.sum().item<float>(), 2.0f * 64 * 32);
+}
 TEST_F(BindTest, RefusesATrainingModeModuleOverASharedMapping) {
   Net net;
   Writer w(Path("t.tsar"));
