@@ -14,7 +14,7 @@
 
 namespace tsar {
 
-c10::ScalarType ToScalarType(DType dtype, const std::string& what) {
+std::optional<c10::ScalarType> MaybeScalarType(DType dtype) {
   switch (dtype) {
     case DType::kBool:
       return c10::ScalarType::Bool;
@@ -59,6 +59,11 @@ c10::ScalarType ToScalarType(DType dtype, const std::string& what) {
     default:
       break;
   }
+  return std::nullopt;
+}
+
+c10::ScalarType ToScalarType(DType dtype, const std::string& what) {
+  if (const auto type = MaybeScalarType(dtype)) return *type;
   throw Error(ErrorCode::kUnsupported, "", std::nullopt,
               what + ": dtype " + std::string(DTypeName(dtype)) +
                   " is not supported by this LibTorch (" TORCH_VERSION ")");

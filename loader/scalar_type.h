@@ -10,6 +10,8 @@
 
 namespace tsar {
 
+// nullopt when this LibTorch lacks the dtype.
+std::optional<c10::ScalarType> MaybeScalarType(DType dtype);
 // Throws kUnsupported when this LibTorch lacks the dtype (float8 and
 // uint16/32/64 need LibTorch 2.1 / 2.3), naming `what`.
 c10::ScalarType ToScalarType(DType dtype, const std::string& what);
