@@ -4,7 +4,8 @@
 //
 // DIR holds make_data.py's files; run packs the archives it needs there
 // (with the tsar CLI, as a user would), writes the 100,000-tensor inputs, then
-// runs P1..P7, P10 and P11 and writes one CSV row per measured sample to FILE.
+// runs P1..P7, P10, P11 and P12's in-process half and writes one CSV row per measured sample to
+// FILE.
 #include <ATen/Parallel.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -109,7 +110,8 @@ int Run(const std::vector<std::string>& args) {
   const std::vector<std::pair<std::string, void (*)(const Context&)>> all = {
       {"P1", RunP1OpenBind},    {"P5", RunP5Index},  {"P7", RunP7Verify},
       {"P2", RunP2FirstOutput}, {"P3", RunP3Memory}, {"P10", RunP10Layers},
-      {"P11", RunP11HotSwap},   {"P4", RunP4Cold},   {"P6", RunP6Pack},
+      {"P11", RunP11HotSwap},   {"P12", RunP12Api},  {"P4", RunP4Cold},
+      {"P6", RunP6Pack},
   };
   for (const auto& [name, fn] : all) {
     if (!only.empty() && !only.count(name)) continue;
