@@ -67,7 +67,8 @@ if [ -z "$only" ] || [[ ",$only," == *,P8,* ]] || [[ ",$only," == *,P9,* ]]; the
 fi
 # P12: every command against 10k-100k tensors (its own table, results/p12_scale.md).
 if [ -z "$only" ] || [[ ",$only," == *,P12,* ]]; then
-  "$python" "$here/p12_scale.py" --cli "$build/cli/tsar" --data "$data" --out "$results/p12_scale.md"
+  "$python" "$here/p12_scale.py" --cli "$build/cli/tsar" --data "$data" --out "$results/p12_scale.md" \
+    --samples "$results/samples.csv"
 fi
 commit=$(git -C "$repo" rev-parse --short HEAD 2> /dev/null || true)
 # Uncommitted changes to the measured code make the commit id insufficient.
