@@ -1,4 +1,6 @@
 // `tsar inspect ARCHIVE [--json]`: what an archive holds, for people and scripts.
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -288,6 +290,30 @@ class JsonStream {
     Put(value, 2);
     if (buf_.size() > (1 << 20)) Flush();
   }
+  // A tensor as Item() writes its object, without building one: at 100,000
+  // tensors the objects and their dump() were most of inspect --json.
+  void TensorItem(const TensorInfo& t, bool shared) {
+    buf_ += items_++ ? ",\n    {" : "\n    {";
+    Field("name"), String(t.name);
+    Field("entry"), String(t.entry);
+    Field("dtype"), String(DTypeName(t.dtype));
+    Field("shape"), Integers(t.sizes);
+    Field("strides"), Integers(t.strides);
+    Field("storage_offset"), Integer(t.storage_offset);
+    Field("storage"), Integer(t.storage);
+    Field("shared"), buf_ += shared ? "true" : "false";
+    const unsigned __int128 nbytes = TensorBytes(t);
+    Field("nbytes");
+    if (nbytes <= UINT64_MAX) {
+      Integer(static_cast<uint64_t>(nbytes));
+    } else {
+      buf_ += nlohmann::ordered_json(static_cast<double>(nbytes)).dump();
+    }
+    Field("role"), String(RoleName(t.role));
+    Field("requires_grad"), buf_ += t.requires_grad ? "true" : "false";
+    buf_ += "\n    }";
+    if (buf_.size() > (1 << 20)) Flush();
+  }
   void EndArray() { buf_ += items_ ? "\n  ]" : "]"; }
   void End() {
     buf_ += members_ ? "\n}\n" : "}\n";
@@ -307,6 +333,43 @@ class JsonStream {
       buf_ += c;
       if (c == '\n') buf_ += pad;
     }
+  }
+  // Members of a TensorItem, three levels deep, as dump(2) writes them.
+  std::string& Field(const char* key) {
+    buf_ += buf_.back() == '{' ? "\n      \"" : ",\n      \"";
+    buf_ += key;
+    buf_ += "\": ";
+    return buf_;
+  }
+  void String(std::string_view v) {
+    // dump() escapes '"', '\\' and control characters and writes the rest
+    // as is (the names were checked UTF-8 when the archive was opened).
+    const bool plain = std::none_of(v.begin(), v.end(), [](char c) {
+      return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20;
+    });
+    if (plain) {
+      buf_ += '"';
+      buf_ += v;
+      buf_ += '"';
+    } else {
+      buf_ += nlohmann::ordered_json(std::string(v)).dump();
+    }
+  }
+  template <typename T>
+  void Integer(T v) {
+    char text[24];
+    buf_.append(text, std::to_chars(text, text + sizeof text, v).ptr);
+  }
+  void Integers(const std::vector<int64_t>& v) {
+    if (v.empty()) {
+      buf_ += "[]";
+      return;
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      buf_ += i ? ",\n        " : "[\n        ";
+      Integer(v[i]);
+    }
+    buf_ += "\n      ]";
   }
   void Flush() {
     std::fwrite(buf_.data(), 1, buf_.size(), stdout);
@@ -350,19 +413,7 @@ int RunInspect(const std::string& path, bool json) {
     out.Member("alignment", a.alignment());
     out.Member("entries", a.entries());
     out.BeginArray("tensors");
-    for (const auto& t : infos) {
-      out.Item({{"name", t.name},
-                {"entry", t.entry},
-                {"dtype", std::string(DTypeName(t.dtype))},
-                {"shape", t.sizes},
-                {"strides", t.strides},
-                {"storage_offset", t.storage_offset},
-                {"storage", t.storage},
-                {"shared", users[t.storage] > 1},
-                {"nbytes", JsonBytes(TensorBytes(t))},
-                {"role", RoleName(t.role)},
-                {"requires_grad", t.requires_grad}});
-    }
+    for (const auto& t : infos) out.TensorItem(t, users[t.storage] > 1);
     out.EndArray();
     out.BeginArray("storages");
     for (const auto& s : storages) {
