@@ -23,10 +23,12 @@ std::string Dec(uint64_t v) { return std::to_string(v); }
 
 // Sizes (and strides) of a tensor or sparse record: what R48/R49/R61 require,
 // worded for a caller who passes signed values.
-void CheckDims(const std::string& what, const char* field, const std::vector<int64_t>& v) {
+// `what()`: the tensor the message is about (made only for a message).
+template <typename What>
+void CheckDims(const What& what, const char* field, const std::vector<int64_t>& v) {
   for (size_t d = 0; d < v.size(); ++d) {
     if (v[d] < 0) {
-      Misuse(ErrorCode::kInvalidArgument, what + field + (" " + Dec(d)) +
+      Misuse(ErrorCode::kInvalidArgument, what() + field + (" " + Dec(d)) +
                                               ": expected a non-negative value, found " +
                                               std::to_string(v[d]));
     }
@@ -119,14 +121,14 @@ uint32_t IndexBuilder::AddBaseStorage(uint32_t base_storage, uint64_t nbytes, ui
   if (!has_layer_) {
     Misuse(ErrorCode::kInvalidArgument, "AddBaseStorage: expected SetLayer before it");
   }
-  const std::string what = "base storage #" + Dec(base_storages_.size()) + ": ";
+  const auto what = [this] { return "base storage #" + Dec(base_storages_.size()) + ": "; };
   if (base_storage >= layer_.base_storage_count) {  // R99
     Misuse(ErrorCode::kInvalidArgument,
-           what + "base_storage: expected less than base_storage_count " +
+           what() + "base_storage: expected less than base_storage_count " +
                Dec(layer_.base_storage_count) + ", found " + Dec(base_storage));
   }
   if (AnyStorageCount() >= kNone) {
-    Misuse(ErrorCode::kInvalidArgument, what + "expected fewer than 2^32 - 1 storages");
+    Misuse(ErrorCode::kInvalidArgument, what() + "expected fewer than 2^32 - 1 storages");
   }
   base_storages_.push_back({base_storage, nbytes, xxh3});
   return static_cast<uint32_t>(AnyStorageCount() - 1);
@@ -144,38 +146,39 @@ uint32_t IndexBuilder::AddTensor(TensorSpec t) {
            "tensor " + Quote(t.name) + ": entry: expected AddEntry before AddTensor, found none");
   }
   CheckName("tensor", t.name);
-  const std::string what = "tensor " + Quote(t.name) + ": ";
+  // Made only for a message: quoting every name was a tenth of adding a tensor.
+  const auto what = [&t] { return "tensor " + Quote(t.name) + ": "; };
   if (t.storage >= AnyStorageCount()) {  // R36
-    Misuse(ErrorCode::kInvalidArgument, what + "storage: expected less than storage_count " +
+    Misuse(ErrorCode::kInvalidArgument, what() + "storage: expected less than storage_count " +
                                             Dec(AnyStorageCount()) + ", found " + Dec(t.storage));
   }
   const auto dtype = static_cast<uint16_t>(t.dtype);
   if (!DTypeFromCode(dtype)) {  // R37
     Misuse(ErrorCode::kInvalidArgument,
-           what + "dtype: expected a dtype code of §5 (1-18), found " + Dec(dtype));
+           what() + "dtype: expected a dtype code of §5 (1-18), found " + Dec(dtype));
   }
   const auto role = static_cast<uint8_t>(t.role);
   if (role > kRoleMax) {  // R38
-    Misuse(ErrorCode::kInvalidArgument, what + "role: expected 0-3, found " + Dec(role));
+    Misuse(ErrorCode::kInvalidArgument, what() + "role: expected 0-3, found " + Dec(role));
   }
   if (t.requires_grad && !DTypeCodeMayRequireGrad(dtype)) {  // R77
     Misuse(ErrorCode::kInvalidArgument,
-           what + "requires_grad: expected a floating-point or complex dtype, found " +
+           what() + "requires_grad: expected a floating-point or complex dtype, found " +
                std::string(DTypeName(t.dtype)));
   }
   if (t.sizes.size() > kMaxNdim) {  // R40
     Misuse(ErrorCode::kInvalidArgument,
-           what + "ndim: expected at most " + Dec(kMaxNdim) + ", found " + Dec(t.sizes.size()));
+           what() + "ndim: expected at most " + Dec(kMaxNdim) + ", found " + Dec(t.sizes.size()));
   }
   if (t.strides.size() != t.sizes.size()) {
-    Misuse(ErrorCode::kInvalidArgument, what + "strides: expected " + Dec(t.sizes.size()) +
+    Misuse(ErrorCode::kInvalidArgument, what() + "strides: expected " + Dec(t.sizes.size()) +
                                             " (one per size), found " + Dec(t.strides.size()));
   }
   // R42: a sparse component has role 3 and names its sparse record; nothing
   // else does. (Whether that record exists is checked by Plan, R43, R64, R65.)
   if ((t.role == Role::kSparseComponent) != (t.sparse != kNone)) {
     Misuse(ErrorCode::kInvalidArgument,
-           what + "sparse: expected " +
+           what() + "sparse: expected " +
                (t.role == Role::kSparseComponent ? "a sparse record index for role 3"
                                                  : "0xffffffff for roles 0-2") +
                ", found " + Dec(t.sparse));
@@ -183,11 +186,11 @@ uint32_t IndexBuilder::AddTensor(TensorSpec t) {
   const auto device_type = static_cast<uint8_t>(t.device_type);
   if (device_type > kDeviceTypeMax) {  // R44
     Misuse(ErrorCode::kInvalidArgument,
-           what + "device_type: expected 0-2, found " + Dec(device_type));
+           what() + "device_type: expected 0-2, found " + Dec(device_type));
   }
   if (t.device_index != 0 && t.device_type != DeviceType::kCuda) {  // R46
     Misuse(ErrorCode::kInvalidArgument,
-           what + "device_index: expected 0 unless device_type is 2 (cuda), found " +
+           what() + "device_index: expected 0 unless device_type is 2 (cuda), found " +
                Dec(t.device_index));
   }
   CheckDims(what, "size", t.sizes);      // R48
@@ -202,10 +205,10 @@ uint32_t IndexBuilder::AddTensor(TensorSpec t) {
     const ViewFaultText text =
         DescribeViewFault(v, t.sizes.data(), t.strides.data(), t.storage_offset, esize);
     Misuse(ErrorCode::kOverflow,
-           what + text.field + ": expected " + text.expected + ", found " + text.found);
+           what() + text.field + ": expected " + text.expected + ", found " + text.found);
   }
   if (v.end > AnyStorageNbytes(t.storage)) {
-    Misuse(ErrorCode::kInvalidArgument, what + "extent: expected at most storage nbytes " +
+    Misuse(ErrorCode::kInvalidArgument, what() + "extent: expected at most storage nbytes " +
                                             Dec(AnyStorageNbytes(t.storage)) + ", found " +
                                             Dec(v.end));
   }
@@ -232,7 +235,7 @@ uint32_t IndexBuilder::AddSparse(SparseSpec s) {
     Misuse(ErrorCode::kInvalidArgument,
            what + "ndim: expected at most " + Dec(kMaxNdim) + ", found " + Dec(s.sizes.size()));
   }
-  CheckDims(what, "size", s.sizes);  // R61
+  CheckDims([&what] { return what; }, "size", s.sizes);  // R61
   // The components may be added after the record, so R63-R65 wait for Plan().
   sparse_.push_back({std::move(s), static_cast<uint32_t>(entries_.size() - 1)});
   return static_cast<uint32_t>(sparse_.size() - 1);
@@ -390,6 +393,7 @@ void IndexBuilder::Plan() {
   // sparse records are checked in the decoder's order, in linear time.
   std::vector<std::unordered_set<std::string_view>> seen(entries_.size());
   for (uint32_t e = 0; e < entries_.size(); ++e) {
+    seen[e].reserve(entries_[e].tensor_count);
     for (uint32_t i = 0; i < entries_[e].tensor_count; ++i) {
       const std::string& n = tensors_[entries_[e].first_tensor + i].name;
       if (!seen[e].insert(n).second) {

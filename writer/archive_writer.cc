@@ -277,6 +277,7 @@ void ArchiveWriter::finish() {
   // Hash and write in cache-sized chunks: each chunk is read from RAM once.
   constexpr uint64_t kChunk = 4u << 20;
   std::vector<uint8_t> fetched;  // a chunk of a storage without host bytes (CUDA)
+  SequentialWriter data(out);    // storages lie in increasing offset order (spec §4.8)
   for (uint32_t i = 0; i < own.size(); ++i) {
     const Span& s = spans[own[i]];
     const uint64_t n = s.end - s.begin;
@@ -285,12 +286,13 @@ void ArchiveWriter::finish() {
       const uint64_t len = std::min(kChunk, n - off);
       const uint8_t* src = s.storage->Bytes(s.begin + off, len, fetched);
       hash.Update(src, static_cast<size_t>(len));
-      out.WriteAt(b.storage_offset(i) + off, src, len);
+      data.Write(b.storage_offset(i) + off, src, len);
       done += len;
       if (st.options.progress) st.options.progress(done, total);
     }
     b.SetStorageChecksum(i, hash.Digest());
   }
+  data.Flush();
   const std::vector<uint8_t> head = b.EncodeHead();
   out.WriteAt(0, head.data(), head.size());
   out.Publish(st.options.durable);

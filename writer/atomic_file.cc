@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "loader/open_file.h"
 #include "tsar/error.h"
@@ -182,6 +184,34 @@ void AtomicFile::WriteAt(uint64_t offset, const void* data, uint64_t size) {
     offset += static_cast<uint64_t>(n);
     size -= static_cast<uint64_t>(n);
   }
+}
+
+void SequentialWriter::Write(uint64_t offset, const void* data, uint64_t size) {
+  if (offset < end_) {
+    throw std::logic_error("SequentialWriter: a write at " + std::to_string(offset) +
+                           " before the end of the previous one, " + std::to_string(end_));
+  }
+  const uint64_t run_end = run_offset_ + run_.size();
+  if (!run_.empty() &&
+      (offset - run_end > kMaxGap || offset - run_end + size > kRun - run_.size())) {
+    Flush();
+  }
+  end_ = offset + size;
+  if (size >= kRun) {  // large: straight to the file
+    Flush();
+    file_.WriteAt(offset, data, size);
+    return;
+  }
+  if (run_.empty()) run_offset_ = offset;
+  run_.resize(offset - run_offset_, 0);  // the gap, as zeros
+  const auto* p = static_cast<const uint8_t*>(data);
+  run_.insert(run_.end(), p, p + size);
+}
+
+void SequentialWriter::Flush() {
+  if (run_.empty()) return;
+  file_.WriteAt(run_offset_, run_.data(), run_.size());
+  run_.clear();
 }
 
 void AtomicFile::CheckSpace(uint64_t size) const {

@@ -255,9 +255,10 @@ std::vector<std::string> ExportTorchSave(const ArchiveFile& a, const std::string
   }
 
   AtomicFile out(path);
+  SequentialWriter sequential(out);  // the zip writer writes a record header at a time
   uint64_t pos = 0;
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* buf, size_t n) -> size_t {
-    out.WriteAt(pos, buf, n);
+    sequential.Write(pos, buf, n);
     pos += n;
     return n;
   });
@@ -266,6 +267,7 @@ std::vector<std::string> ExportTorchSave(const ArchiveFile& a, const std::string
     writer.writeRecord("data/" + std::to_string(s.id), a.storage_data(s.id), s.nbytes);
   }
   writer.writeEndOfFile();
+  sequential.Flush();
   out.Publish(/*durable=*/true);
   return notes;
 }

@@ -150,12 +150,14 @@ std::vector<std::string> ExportSafetensors(const ArchiveFile& a, const std::stri
   out.WriteAt(8, json.data(), json.size());
   uint64_t pos = 8 + json.size();
   // One tensor at a time, strided ones a bounded piece at a time.
+  SequentialWriter data(out);
   for (const auto& t : infos) {
     ForEachPiece(ViewOf(a, t), [&](const Piece& p) {
-      out.WriteAt(pos, p.data, p.nbytes);
+      data.Write(pos, p.data, p.nbytes);
       pos += p.nbytes;
     });
   }
+  data.Flush();
   out.Resize(pos);
   out.Publish(/*durable=*/true);
   return notes;

@@ -8,6 +8,7 @@
 #include "format/index.h"
 #include "tests/loader/test_helpers.h"
 #include "tsar/tsar.h"
+#include "writer/atomic_file.h"
 #include "writer/exporter.h"
 #include "writer/pack_files.h"
 #include "writer/torchscript.h"
@@ -234,6 +235,30 @@ TEST_F(WriterTest, EveryOutputPassesTheDecoder) {
       format::Index::ParseBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "v");
   EXPECT_EQ(idx.tensors().size(), 4u);
   EXPECT_EQ(idx.storages().size(), 3u);  // w and w_t share one
+}
+
+// SequentialWriter gathers small writes into runs: the file gets exactly the
+// bytes written, zeros in the small gaps between them, large writes pass
+// through, and a write behind the last one is a programming error.
+TEST_F(WriterTest, SequentialWriterGivesTheFileExactlyItsWrites) {
+  std::string want;
+  {
+    AtomicFile file(Path("seq"));
+    SequentialWriter w(file);
+    const auto put = [&](uint64_t offset, const std::string& bytes) {
+      want.resize(offset, '\0');  // a gap reads as zeros
+      want += bytes;
+      w.Write(offset, bytes.data(), bytes.size());
+    };
+    for (int i = 0; i < 3000; ++i) put(want.size() + (i % 7 == 0 ? 100 : 0), std::to_string(i));
+    put(want.size() + 5000, "past a gap larger than a page");
+    put(want.size(), std::string(3 << 20, 'x'));  // larger than a run
+    put(want.size() + 1, "after it");
+    EXPECT_THROW(w.Write(10, "x", 1), std::logic_error);
+    w.Flush();
+    file.Publish(/*durable=*/false);
+  }
+  EXPECT_EQ(testing::ReadAll(Path("seq")), want);
 }
 
 }  // namespace
