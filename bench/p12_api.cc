@@ -2,8 +2,8 @@
 // against the number of tensors. For 10,000 to 100,000 tensors of f32 [8, 8]
 // in blocks of 100 (a torch::nn::Module tree like a mixture of experts'):
 // Writer::add_module + finish, Archive::open, open + state_dict(), and
-// open + bind into a second module of the same shape. Median of a few runs
-// after one untimed run.
+// open + bind into a second module of the same shape. Nine runs after one
+// untimed run (p12_scale.py takes the best, as it does for the commands).
 #include <ATen/ops/full.h>
 #include <torch/nn/module.h>
 
@@ -30,7 +30,7 @@ std::shared_ptr<torch::nn::Module> Experts(int n) {
 template <typename Fn>
 void Time(const Context& ctx, const std::string& kase, const std::string& variant, Fn fn) {
   fn();
-  for (int r = 0; r < ctx.Runs(5); ++r) {
+  for (int r = 0; r < ctx.Runs(9); ++r) {
     Stopwatch sw;
     [[maybe_unused]] const auto result = fn();
     ctx.rec->Add("P12", kase, variant, "ms", r, sw.Ms());

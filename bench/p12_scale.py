@@ -14,7 +14,7 @@ Prints and writes a markdown table: seconds per command and size, and
 microseconds per tensor; the last column is the time per tensor at the largest
 size over that at the smallest (goal <= 1.5). Then issue 11's goals at 100k,
 met or missed. Each command figure is the best of --runs runs; each C++ figure
-the median of tsar_bench's runs. The whole-process times include process
+the best of tsar_bench's nine runs. The whole-process times include process
 start-up (the commands that need LibTorch load it), which the per-tensor
 figures at 10k carry most.
 """
@@ -23,7 +23,6 @@ import collections
 import csv
 import json
 import os
-import statistics
 import struct
 import subprocess
 import time
@@ -115,7 +114,7 @@ def best(cmd, runs):
 
 
 def api_rows(samples, sizes):
-    """tsar_bench's P12 rows: variant -> {n: seconds (median)}."""
+    """tsar_bench's P12 rows: variant -> {n: seconds (best run)}."""
     runs = collections.defaultdict(list)
     with open(samples, newline="") as f:
         for row in csv.DictReader(f):
@@ -124,7 +123,7 @@ def api_rows(samples, sizes):
     rows = collections.OrderedDict()
     for (variant, n), values in runs.items():
         if n in sizes:
-            rows.setdefault(variant, {})[n] = statistics.median(values)
+            rows.setdefault(variant, {})[n] = min(values)
     return rows
 
 
@@ -174,7 +173,7 @@ def main():
            f" | µs/tensor {hi // 1000}k / {lo // 1000}k |"
     lines = ["# P12: commands against the number of tensors", "",
              f"`bench/p12_scale.py`, whole process, best of {args.runs}; tensors f32 [8, 8]. "
-             "C++ rows: `tsar_bench` (bench/p12_api.cc), in process, median of 5.", "",
+             "C++ rows: `tsar_bench` (bench/p12_api.cc), in process, best of 9.", "",
              head, "|" + "---|" * (len(sizes) + 2)]
     for label, t in rows.items():
         if not all(n in t for n in sizes):
