@@ -307,7 +307,7 @@ class JsonStream {
     if (nbytes <= UINT64_MAX) {
       Integer(static_cast<uint64_t>(nbytes));
     } else {
-      buf_ += nlohmann::ordered_json(static_cast<double>(nbytes)).dump();
+      buf_ += JsonBytes(nbytes).dump();
     }
     Field("role"), String(RoleName(t.role));
     Field("requires_grad"), buf_ += t.requires_grad ? "true" : "false";

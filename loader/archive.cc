@@ -56,9 +56,8 @@ const c10::Storage& Archive::Impl::Storage(uint32_t i) const {
 
 at::Tensor Archive::Impl::Make(uint32_t i) const {
   const format::TensorRecord& t = index().tensors()[i];
-  const std::optional<c10::ScalarType> known = MaybeScalarType(t.dtype);
   const c10::ScalarType type =
-      known ? *known : ToScalarType(t.dtype, "tensor " + format::Quote(std::string(t.name)));
+      ToScalarType(t.dtype, [&t] { return "tensor " + format::Quote(std::string(t.name)); });
   // make_tensor skips the dispatcher (as LibTorch's own unpickler does);
   // the index validation (§6 R53) already proved the view in bounds.
   at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
@@ -84,9 +83,11 @@ at::Tensor Archive::tensor(const std::string& name, const std::string& entry) co
 torch::OrderedDict<std::string, at::Tensor> Archive::state_dict(const std::string& entry) const {
   torch::OrderedDict<std::string, at::Tensor> out;
   const uint32_t e = impl_->Entry(entry);
-  out.reserve(impl_->index().entries()[e].tensor_count);
+  const uint32_t count = impl_->index().entries()[e].tensor_count;  // components included: enough
+  out.reserve(count);
+  // Every tensor first, then the dict: its hash nodes then lie together.
   std::vector<std::pair<std::string_view, at::Tensor>> made;
-  made.reserve(impl_->index().entries()[e].tensor_count);
+  made.reserve(count);
   impl_->ForEachVisible(e, [&](std::string_view name, uint32_t t, uint32_t s) {
     made.emplace_back(name, t != format::kNone ? impl_->Make(t) : impl_->MakeSparse(s));
   });

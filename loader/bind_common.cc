@@ -75,11 +75,11 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     if (prefixed) {
       t = next < end && index.tensors()[next].name == key ? next : index.FindTensor(entry, key);
     }
-    if (t != format::kNone) next = t + 1;
     if (t == format::kNone) {
       report.missing.push_back(slots[i].name);
       continue;
     }
+    next = t + 1;
     used[t - e.first_tensor] = true;
     const format::TensorRecord& rec = index.tensors()[t];
     const c10::TensorImpl& mine = *slots[i].tensor;

@@ -72,7 +72,7 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
       return;
     }
     const format::TensorRecord& t = index.tensors()[i];
-    const c10::ScalarType type = ToScalarType(t.dtype, std::string(t.name));
+    const c10::ScalarType type = ToScalarType(t.dtype, [&t] { return std::string(t.name); });
     at::Tensor v =
         at::empty({0}, at::TensorOptions().dtype(type).device(device))
             .set_(device_bytes[t.storage].storage(), static_cast<int64_t>(t.storage_offset),

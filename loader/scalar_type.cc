@@ -62,8 +62,7 @@ std::optional<c10::ScalarType> MaybeScalarType(DType dtype) {
   return std::nullopt;
 }
 
-c10::ScalarType ToScalarType(DType dtype, const std::string& what) {
-  if (const auto type = MaybeScalarType(dtype)) return *type;
+void ThrowUnsupportedDType(DType dtype, const std::string& what) {
   throw Error(ErrorCode::kUnsupported, "", std::nullopt,
               what + ": dtype " + std::string(DTypeName(dtype)) +
                   " is not supported by this LibTorch (" TORCH_VERSION ")");

@@ -8,7 +8,6 @@
 
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "format/reader.h"
 #include "writer/atomic_file.h"
@@ -100,15 +99,24 @@ hid_t FileType(DType dt, bool* owned) {
   }
 }
 
+// The groups one entry's tensors need: every proper dotted prefix of a name
+// (views into the names), with a name under it, for messages, and whether the
+// export has made it yet.
+struct Group {
+  std::string_view under;
+  bool made = false;
+};
+using Groups = std::unordered_map<std::string_view, Group>;
+
 // The groups of the last tensor's dotted prefix, kept open: consecutive
 // tensors share most of their prefix (layers.7.mlp.weight, layers.7.mlp.bias),
 // and opening each level again per tensor was most of an export's time. The
-// file is new and only this class makes groups, so which exist is known here:
+// file is new and only this class makes groups, so `groups` says which exist:
 // no HDF5 lookup per tensor (a link lookup per tensor was a tenth of the
 // export of 100,000 tensors).
 class GroupChain {
  public:
-  GroupChain(hid_t root, hid_t gcpl) : root_(root), gcpl_(gcpl) {}
+  GroupChain(hid_t root, hid_t gcpl, Groups& groups) : root_(root), gcpl_(gcpl), groups_(groups) {}
   ~GroupChain() { CloseFrom(0); }
   GroupChain(const GroupChain&) = delete;
   GroupChain& operator=(const GroupChain&) = delete;
@@ -125,17 +133,17 @@ class GroupChain {
     }
   }
   hid_t root_, gcpl_;
-  std::vector<std::pair<std::string, hid_t>> open_;  // prefix, its group; open_[i] under open_[i-1]
-  std::unordered_set<std::string> made_;             // every prefix with a group
+  Groups& groups_;
+  std::vector<std::pair<std::string_view, hid_t>> open_;  // prefix, its group, each under the last
 };
 
 hid_t GroupChain::For(std::string_view name, const std::string& path) {
   // Keep the open groups whose prefix `name` still has; prefix i ends at a dot.
   size_t keep = 0;
   while (keep < open_.size()) {
-    const std::string& prefix = open_[keep].first;
+    const std::string_view prefix = open_[keep].first;
     if (name.size() <= prefix.size() || name[prefix.size()] != '.' ||
-        name.compare(0, prefix.size(), prefix) != 0) {
+        name.substr(0, prefix.size()) != prefix) {
       break;
     }
     ++keep;
@@ -146,12 +154,13 @@ hid_t GroupChain::For(std::string_view name, const std::string& path) {
   for (size_t dot = name.find('.', start); dot != std::string_view::npos;
        start = dot + 1, dot = name.find('.', start)) {
     const std::string component(name.substr(start, dot - start));
-    std::string prefix(name.substr(0, dot));
-    const bool made = !made_.insert(prefix).second;
-    g = made ? H5Gopen2(g, component.c_str(), H5P_DEFAULT)
-             : H5Gcreate2(g, component.c_str(), H5P_DEFAULT, gcpl_, H5P_DEFAULT);
-    if (g < 0) Fail(path, "cannot create group " + format::Quote(prefix));
-    open_.emplace_back(std::move(prefix), g);
+    const std::string_view prefix = name.substr(0, dot);
+    Group& group = groups_.at(prefix);
+    g = group.made ? H5Gopen2(g, component.c_str(), H5P_DEFAULT)
+                   : H5Gcreate2(g, component.c_str(), H5P_DEFAULT, gcpl_, H5P_DEFAULT);
+    if (g < 0) Fail(path, "cannot create group " + format::Quote(std::string(prefix)));
+    group.made = true;
+    open_.emplace_back(prefix, g);
   }
   return g;
 }
@@ -205,10 +214,10 @@ void CheckName(const ArchiveFile& a, const std::string& what, const std::string&
 
 // HDF5 paths for one entry's tensors: every proper dotted prefix of a name is
 // a group, the name itself a dataset. Checked for the whole entry before
-// anything is written, with a hash map: no component may be empty and no
-// tensor may also be the prefix of another.
-void CheckTree(const ArchiveFile& a, const std::vector<const TensorInfo*>& tensors) {
-  std::unordered_map<std::string_view, std::string_view> groups;  // prefix -> a name under it
+// anything is written: no component may be empty and no tensor may also be
+// the prefix of another. Returns the groups.
+Groups CheckTree(const ArchiveFile& a, const std::vector<const TensorInfo*>& tensors) {
+  Groups groups;
   for (const TensorInfo* t : tensors) {
     const std::string_view name = t->name;
     size_t start = 0;
@@ -221,7 +230,7 @@ void CheckTree(const ArchiveFile& a, const std::vector<const TensorInfo*>& tenso
                         ".safetensors");
       }
       if (dot == std::string_view::npos) break;
-      groups.emplace(name.substr(0, dot), name);
+      groups.emplace(name.substr(0, dot), Group{name});
       start = dot + 1;
     }
   }
@@ -230,10 +239,11 @@ void CheckTree(const ArchiveFile& a, const std::vector<const TensorInfo*>& tenso
     if (it == groups.end()) continue;
     throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
                 "tensor " + format::Quote(t->name) + " is also the group that holds " +
-                    format::Quote(std::string(it->second)) +
+                    format::Quote(std::string(it->second.under)) +
                     ", which HDF5 cannot express (a name is a dataset or a group); export to "
                     ".pt or .safetensors");
   }
+  return groups;
 }
 
 }  // namespace
@@ -282,7 +292,8 @@ std::vector<std::string> ExportHdf5(const ArchiveFile& a, const std::string& pat
     }
     by_entry[entry_index.at(t.entry)].push_back(&t);
   }
-  for (const auto& tensors : by_entry) CheckTree(a, tensors);
+  std::vector<Groups> groups;  // by entry
+  for (const auto& tensors : by_entry) groups.push_back(CheckTree(a, tensors));
   out.CheckSpace(total);
   const H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   H5Pset_file_locking(fapl.get(), false, true);  // the file is ours alone until published
@@ -306,7 +317,7 @@ std::vector<std::string> ExportHdf5(const ArchiveFile& a, const std::string& pat
     const hid_t root = single ? file.get() : entry_group.get();
     if (root < 0) Fail(path, "cannot create group " + format::Quote(e));
     for (const auto& [k, v] : a.metadata_items(e)) Attribute(root, k, v, notes, path);
-    GroupChain chain(root, gcpl.get());
+    GroupChain chain(root, gcpl.get(), groups[i]);
     for (const TensorInfo* t : by_entry[i]) {
       bool owned = false;
       const hid_t type = FileType(t->dtype, &owned);

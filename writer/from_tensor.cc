@@ -66,7 +66,7 @@ void DeleteRef(void* ctx) { delete static_cast<std::shared_ptr<const Storage>*>(
 }  // namespace
 
 at::Tensor ToTensor(const TensorRef& t) {
-  const c10::ScalarType type = ToScalarType(t.dtype, "tensor");
+  const c10::ScalarType type = ToScalarType(t.dtype, [] { return std::string("tensor"); });
   c10::DataPtr dp(const_cast<uint8_t*>(t.storage->data),
                   new std::shared_ptr<const Storage>(t.storage), &DeleteRef,
                   c10::Device(c10::kCPU));

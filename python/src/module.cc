@@ -52,7 +52,7 @@ std::optional<DType> FloatingDtype(const std::string& name) {
 }
 
 py::object Dtype(DType d) {
-  const c10::ScalarType t = ToScalarType(d, "dtype");
+  const c10::ScalarType t = ToScalarType(d, [] { return std::string("dtype"); });
   return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t)));
 }
 
