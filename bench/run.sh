@@ -27,7 +27,7 @@ while (($#)); do
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-python=/usr/bin/python3
+python=${TSAR_PYTHON:-$PWD/.venv/bin/python}
 command -v gnuplot > /dev/null || echo "run.sh: gnuplot not found: the report will have no charts (apt-get install gnuplot-nox)" >&2
 "$python" -c "import torch, torchvision" 2> /dev/null || { echo "run.sh: $python needs torch and torchvision" >&2; exit 1; }
 

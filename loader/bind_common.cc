@@ -6,6 +6,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <sstream>
+#include <unordered_map>
 
 #include "format/reader.h"
 #include "loader/archive_impl.h"
@@ -39,10 +40,21 @@ std::string List(const std::vector<std::string>& v, size_t max = 20) {
   return out;
 }
 
+// Whether `made` (the archive's tensor for one name) is exactly tensor
+// record `t` too: the same storage, offset, shape and strides.
+bool SameView(const Archive::Impl& impl, const at::Tensor& made, uint32_t t) {
+  const format::Index& index = impl.index();
+  const format::TensorRecord& rec = index.tensors()[t];
+  return made.storage().is_alias_of(impl.Storage(rec.storage)) &&
+         made.storage_offset() == static_cast<int64_t>(rec.storage_offset) &&
+         made.sizes().equals(c10::IntArrayRef(index.sizes(rec), rec.ndim)) &&
+         made.strides().equals(c10::IntArrayRef(index.strides(rec), rec.ndim));
+}
+
 }  // namespace
 
 BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive& archive,
-                     const BindOptions& options) {
+                     const BindOptions& options, std::vector<Replacement>& replacements) {
   const Archive::Impl& impl = archive.impl();
   const format::Index& index = impl.index();
   const uint32_t entry = impl.BindEntry(options.entry);
@@ -65,10 +77,20 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   // A module usually lists its tensors in the order the archive was packed
   // from: the record after the last match is tried before the name table.
   uint32_t next = e.first_tensor;
+  size_t meta = 0;  // slots on the meta device
   const uint32_t end = e.first_tensor + e.tensor_count;
   for (size_t i = 0; i < slots.size(); ++i) {
     if (i + kAhead < slots.size()) PrefetchTensor(slots[i + kAhead].tensor);
     const std::string& name = slots[i].name;
+    const c10::DeviceType device = slots[i].tensor->device_type();
+    if (device != c10::DeviceType::CPU && device != c10::DeviceType::Meta) {
+      throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
+                  "bind: " + format::Quote(name) + " is on " +
+                      slots[i].tensor->device().str() +
+                      ": tsar binds modules on cpu or meta (built with torch.device(\"meta\")); "
+                      "move the module to cpu or meta first. Nothing was changed");
+    }
+    if (device == c10::DeviceType::Meta) ++meta;
     const bool prefixed = name.compare(0, mp.size(), mp) == 0;
     if (prefixed) key.assign(options.archive_prefix).append(name, mp.size());
     uint32_t t = format::kNone;
@@ -117,6 +139,39 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     throw Error(ErrorCode::kBindMismatch, archive.path(), std::nullopt, msg);
   }
 
+  // A meta slot left unbound would leave a module that cannot run: refused,
+  // strict or not, before anything changes.
+  std::vector<std::string> stay_meta;
+  for (size_t i = 0; meta && i < slots.size(); ++i) {
+    if (match[i] == format::kNone && slots[i].tensor->device_type() == c10::DeviceType::Meta)
+      stay_meta.push_back(slots[i].name);
+  }
+  if (!stay_meta.empty()) {
+    throw Error(ErrorCode::kBindMismatch, archive.path(), std::nullopt,
+                "bind: the module would keep tensors on the meta device, which the archive's "
+                "entry " + format::Quote(entry_name) + " does not bind (" + List(stay_meta) +
+                    "); a module on meta is bound completely or not at all. Nothing was changed");
+  }
+  // The meta slots' tensors, made before any slot changes; one per TensorImpl
+  // (tied weights stay one tensor).
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> made;
+  replacements.reserve(replacements.size() + meta);
+  for (size_t i = 0; meta && i < slots.size(); ++i) {
+    const c10::TensorImpl* t = slots[i].tensor;
+    if (match[i] == format::kNone || t->device_type() != c10::DeviceType::Meta) continue;
+    auto [it, fresh] = made.try_emplace(t);
+    if (fresh) {
+      it->second = impl.Make(match[i]);
+      if (t->requires_grad()) it->second.set_requires_grad(true);
+    } else if (!SameView(impl, it->second, match[i])) {
+      throw Error(ErrorCode::kBindMismatch, archive.path(), std::nullopt,
+                  "bind: " + format::Quote(slots[i].name) +
+                      " is tied in the module to another name bound from a different tensor of "
+                      "the archive; the module expects one tensor. Nothing was changed");
+    }
+    replacements.push_back({i, it->second});
+  }
+
   // set_ on a leaf that requires grad is only allowed with grad mode off.
   c10::AutoGradMode no_grad(false);
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -124,7 +179,9 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     if (match[i] == format::kNone) continue;
     const format::TensorRecord& rec = index.tensors()[match[i]];
     c10::TensorImpl* t = slots[i].tensor;
-    if (t->allow_tensor_metadata_change() && t->layout() == c10::kStrided) {
+    if (t->device_type() == c10::DeviceType::Meta) {
+      // replaced: made above, installed by the caller
+    } else if (t->allow_tensor_metadata_change() && t->layout() == c10::kStrided) {
       // What set_(storage, offset, sizes, strides) does, without a temporary
       // tensor or the dispatcher: about half the cost per tensor. The dtype
       // was checked equal above; the view was proved in bounds by R53.

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh build
 work=$(mktemp -d /tmp/tsar-demo-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 samples/cpp-server/make_model.py "$work"
+.venv/bin/python samples/cpp-server/make_model.py "$work"
 # The weights into the archive, the architecture without them for the workers.
 build/cli/tsar pack "$work/resnet18_ts.pt" -o "$work/resnet18.tsar" --arch "$work/resnet18_arch_ts.pt"
 build/cli/tsar inspect "$work/resnet18.tsar" | sed -n 1,6p   # (sed, not head: no SIGPIPE under pipefail)

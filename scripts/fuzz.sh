@@ -20,7 +20,7 @@ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DTSAR_WITH_TORCH=ON -DTSAR_SANITIZE=ON -DTSAR_FUZZ=ON > /dev/null
 cmake --build build-fuzz -j "$(nproc)"
-/usr/bin/python3 tests/fuzz/make_import_seeds.py build-fuzz/tests/import_seeds
+.venv/bin/python tests/fuzz/make_import_seeds.py build-fuzz/tests/import_seeds
 
 seeds() {
   case $1 in

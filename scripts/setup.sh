@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # setup.sh [BUILD_DIR]: installs the Debian 12 packages tsar needs (only those
-# missing; needs root), configures and builds tsar with CMake + Ninja, then
-# installs the Python package for Debian's /usr/bin/python3 (see README).
+# missing; needs root), makes the project's virtual environment .venv with
+# torch 2.x and the test tools (pinned in scripts/requirements.txt), then
+# configures and builds tsar with CMake + Ninja against that torch's own
+# LibTorch. The Python package is importable from BUILD_DIR/python (the tests
+# use it there); `pip install .` installs it into an environment (README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 
 packages=(
   g++ cmake ninja-build pkg-config ccache          # toolchain
-  libtorch-dev                                      # LibTorch 1.13 (CPU)
+  python3 python3-venv python3-dev                  # .venv and the extension's headers
   libxxhash-dev libcli11-dev nlohmann-json3-dev libhdf5-dev libminizip-dev
   libgtest-dev libbenchmark-dev                     # tests, benchmarks
   clang libclang-rt-14-dev                          # libFuzzer + sanitizers
-  python3-torch python3-torchvision python3-h5py python3-numpy   # test fixtures
-  pybind11-dev python3-dev python3-pytest           # the Python package and its tests
   util-linux mount                                  # unshare, mount (read-only mount test)
   gnuplot-nox                                       # benchmark charts (bench/run.sh)
 )
@@ -29,16 +30,13 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
 fi
-
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
-cmake --build "$build" -j "$(nproc)"
-
-# `import tsar` for /usr/bin/python3: the package goes where Debian's own
-# Python packages are (/usr/lib/python3/dist-packages/tsar); remove it with
-# rm -r. Elsewhere: cmake --install BUILD --component python --prefix PREFIX.
-python_prefix=${TSAR_PYTHON_PREFIX:-/usr}
-if [ -w "$python_prefix/lib/python3/dist-packages" ] || [ "$(id -u)" -eq 0 ]; then
-  cmake --install "$build" --component python --prefix "$python_prefix" > /dev/null
-else
-  sudo cmake --install "$build" --component python --prefix "$python_prefix" > /dev/null
+if dpkg-query -W -f='${Status}' libtorch-dev 2>/dev/null | grep -q "install ok installed"; then
+  echo "setup: note: Debian's libtorch-dev 1.13 is installed; tsar builds against .venv's torch" \
+       "and pins the wheel's c10 (cmake/TsarTorch.cmake)"
 fi
+
+# .venv from Debian's python3, made once; reinstalled when requirements.txt changes.
+scripts/make-venv.sh .venv
+
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTSAR_PYTHON="$PWD/.venv/bin/python" > /dev/null
+cmake --build "$build" -j "$(nproc)"

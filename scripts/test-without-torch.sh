@@ -5,7 +5,7 @@
 # safetensors and HDF5 files, inspects, verifies and exports them, writing the
 # same bytes as REFERENCE_TSAR (the LibTorch build's tsar), and that it says
 # clearly what it cannot do (a TorchScript input, export to .pt). Fixtures
-# are made with /usr/bin/python3 (python3-torch, h5py).
+# are made with .venv/bin/python (torch, h5py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-notorch}
@@ -18,7 +18,7 @@ if ldd "$t" | grep -E 'libtorch|libc10'; then echo "FAIL: $t links LibTorch"; ex
 
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
-/usr/bin/python3 - "$d" <<'PY'
+"${TSAR_PYTHON:-.venv/bin/python}" - "$d" <<'PY'
 import json, struct, sys
 import h5py, numpy as np, torch
 d = sys.argv[1]

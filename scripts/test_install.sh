@@ -8,7 +8,11 @@ build=$1 src=$2 archive=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" > /dev/null
-cmake -S "$src/tests/install" -B "$tmp/app" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" > /dev/null
+# LibTorch: the torch wheel's of the build (TsarTorch.cmake), c10 pinned to it.
+torch_dir=$(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt")
+c10=$(sed -n 's/^c10_LIBRARY:FILEPATH=//p' "$build/CMakeCache.txt")
+cmake -S "$src/tests/install" -B "$tmp/app" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+  -DTorch_DIR="$torch_dir" ${c10:+-Dc10_LIBRARY="$c10"} > /dev/null
 cmake --build "$tmp/app" > /dev/null
 out=$("$tmp/app/app" "$archive")
 echo "find_package: $out"

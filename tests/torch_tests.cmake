@@ -1,6 +1,5 @@
 # tsar_tests: writer, loader and CLI tests against real Python-made fixtures.
-# The fixtures are made at test time by /usr/bin/python3 (ctest fixture "models").
-set(TSAR_PYTHON /usr/bin/python3 CACHE FILEPATH "Python with torch, torchvision and h5py, for test fixtures")
+# The fixtures are made at test time by TSAR_PYTHON (the .venv) (ctest fixture "models").
 set(TSAR_FIXTURES_DIR ${CMAKE_BINARY_DIR}/fixtures)
 
 add_executable(tsar_tests
@@ -29,7 +28,8 @@ target_compile_definitions(tsar_tests PRIVATE
   TSAR_REFUSE_MMAP="$<TARGET_FILE:tsar_refuse_mmap>"
   TSAR_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
   TSAR_IMPORT_FIXTURES_DIR="${CMAKE_BINARY_DIR}/import_fixtures"
-  TSAR_CLI="$<TARGET_FILE:tsar_cli>")
+  TSAR_CLI="$<TARGET_FILE:tsar_cli>"
+  TSAR_PYTHON_EXE="${TSAR_PYTHON}")
 
 add_test(NAME fixtures.models
   COMMAND ${TSAR_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/make_fixtures.py ${TSAR_FIXTURES_DIR})

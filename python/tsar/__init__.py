@@ -21,12 +21,25 @@ The file format: spec/FORMAT.md in the tsar repository.
 """
 import torch  # noqa: F401  (must come before the extension: it registers torch.Tensor)
 
+from ._build_info import __version__, torch_version as _built_against
+
+# The extension links this torch's LibTorch by name: against another build it
+# would fail with undefined symbols, or worse, run with a different ABI.
+if torch.__version__ != _built_against:
+    raise ImportError(
+        f"tsar {__version__} was built against torch {_built_against}, but this environment "
+        f"has torch {torch.__version__} ({torch.__file__}): rebuild tsar here "
+        f"(pip install --force-reinstall --no-deps <tsar source or wheel>), or install "
+        f"torch=={_built_against}"
+    )
+
 from ._errors import Error, ErrorCode
 from ._archive import Archive, TensorInfo, open
 from ._save import PackSummary, pack, save
 from ._bind import BindReport, install_fault_handler, load, load_into
 
 __all__ = [
+    "__version__",
     "Archive",
     "BindReport",
     "Error",

@@ -17,7 +17,7 @@ epoch=${SOURCE_DATE_EPOCH:-0}
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 "$here/make_model.py" "$work"
+"${TSAR_PYTHON:-$here/../../.venv/bin/python}" "$here/make_model.py" "$work"   # torch: the project's .venv
 mkdir -p "$out/models"
 rm -f "$out/models/resnet18.tsar" "$out/resnet18_arch_ts.pt"
 "$tsar" pack -q "$work/resnet18_ts.pt" -o "$out/models/resnet18.tsar" --arch "$out/resnet18_arch_ts.pt"

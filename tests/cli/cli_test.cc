@@ -94,7 +94,7 @@ TEST_F(CliTest, PackedTorchSaveFilesMatchWhatPythonSees) {
        {"resnet18_sd.pt", "tied_sd.pt", "big.pt", "dtypes.pt", "params.pt", "checkpoint.pt"}) {
     const Result r = Tsar("pack -q " + Fixture(f) + " -o " + Path("out.tsar"));
     ASSERT_EQ(r.code, 0) << f << ": " << r.err;
-    const Result check = Sh("/usr/bin/python3 " + kSource + "/tests/cli/check_pack.py " +
+    const Result check = Sh(std::string(TSAR_PYTHON_EXE) + " " + kSource + "/tests/cli/check_pack.py " +
                             Fixture(f) + " " + Path("out.tsar"));
     EXPECT_EQ(check.code, 0) << f << ":\n" << check.out << check.err;
   }
@@ -277,7 +277,7 @@ TEST_F(CliTest, ExportsReadBackExactlyByTorchH5pyAndSafetensors) {
     const std::string out = Path(std::string("out.") + c.ext);
     const Result r = Tsar("export -q --materialize-shared " + Path("a.tsar") + " -o " + out);
     ASSERT_EQ(r.code, 0) << c.fixture << " " << c.ext << ": " << r.err;
-    const Result check = Sh("/usr/bin/python3 " + kSource + "/tests/cli/check_export.py " +
+    const Result check = Sh(std::string(TSAR_PYTHON_EXE) + " " + kSource + "/tests/cli/check_export.py " +
                             Fixture(c.fixture) + " " + out);
     EXPECT_EQ(check.code, 0) << c.fixture << " -> " << c.ext << ":\n" << check.out << check.err;
     // Packing the export again gives the same archive content: for .pt exactly

@@ -77,7 +77,7 @@ def roundtrip(cli, tmp_path, obj, name="ckpt"):
     torch.save(obj, src)
     subprocess.run([cli, "pack", str(src), "-o", str(arc)], check=True, capture_output=True)
     subprocess.run([cli, "export", str(arc), "-o", str(back)], check=True, capture_output=True)
-    return torch.load(src), torch.load(back), arc
+    return torch.load(src, weights_only=False), torch.load(back, weights_only=False), arc  # the test's own files
 
 
 def model():
@@ -246,7 +246,7 @@ def test_the_value_tree_sample_exports_to_the_object_it_describes(cli, samples, 
     back = tmp_path / "sample.pt"
     subprocess.run([cli, "export", os.path.join(samples, "valid", "value_tree.tsar"), "-o",
                     str(back)], check=True, capture_output=True)
-    got = torch.load(back)
+    got = torch.load(back, weights_only=False)
     w = torch.tensor([1.0, 2.0])
     want = {"model": collections.OrderedDict(w=torch.nn.Parameter(w, requires_grad=False)), "step": torch.tensor(5),
             "epoch": 3, "lr": 0.25, "flag": True, "none": None, "big": 2**64, "name": "run\u00e9",
