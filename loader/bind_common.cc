@@ -6,7 +6,6 @@
 #include <c10/core/TensorImpl.h>
 
 #include <sstream>
-#include <unordered_map>
 
 #include "format/reader.h"
 #include "loader/archive_impl.h"
@@ -40,21 +39,30 @@ std::string List(const std::vector<std::string>& v, size_t max = 20) {
   return out;
 }
 
-// Whether `made` (the archive's tensor for one name) is exactly tensor
-// record `t` too: the same storage, offset, shape and strides.
-bool SameView(const Archive::Impl& impl, const at::Tensor& made, uint32_t t) {
-  const format::Index& index = impl.index();
-  const format::TensorRecord& rec = index.tensors()[t];
-  return made.storage().is_alias_of(impl.Storage(rec.storage)) &&
-         made.storage_offset() == static_cast<int64_t>(rec.storage_offset) &&
-         made.sizes().equals(c10::IntArrayRef(index.sizes(rec), rec.ndim)) &&
-         made.strides().equals(c10::IntArrayRef(index.strides(rec), rec.ndim));
+// A TensorImpl's dispatch keys, which choose the kernels of every op on it.
+// key_set_ is protected: a pointer to it formed through a derived class
+// applies to any TensorImpl.
+struct KeysOf : c10::TensorImpl {
+  static constexpr auto kMember = &KeysOf::key_set_;
+};
+
+// A meta tensor whose storage is now the archive's (a CPU storage; the device
+// follows the storage) becomes a CPU tensor in place: the Meta backend bit of
+// its dispatch keys, which both its Dense and its Autograd keys take, becomes
+// the CPU bit, giving exactly the keys of a CPU tensor made by at::empty. The
+// TensorImpl, and so the Parameter object around it, a C++ module's member
+// handle and tied names, stay what they were.
+void MetaToCpu(c10::TensorImpl* t) {
+  c10::DispatchKeySet& keys = t->*KeysOf::kMember;
+  if (!keys.has_backend(c10::BackendComponent::MetaBit)) return;
+  keys = keys.remove_backend(c10::BackendComponent::MetaBit)
+             .add(c10::DispatchKeySet(c10::BackendComponent::CPUBit));
 }
 
 }  // namespace
 
 BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive& archive,
-                     const BindOptions& options, std::vector<Replacement>& replacements) {
+                     const BindOptions& options) {
   const Archive::Impl& impl = archive.impl();
   const format::Index& index = impl.index();
   const uint32_t entry = impl.BindEntry(options.entry);
@@ -90,7 +98,17 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
                       ": tsar binds modules on cpu or meta (built with torch.device(\"meta\")); "
                       "move the module to cpu or meta first. Nothing was changed");
     }
-    if (device == c10::DeviceType::Meta) ++meta;
+    if (device == c10::DeviceType::Meta) {
+      if (!slots[i].tensor->allow_tensor_metadata_change() ||
+          slots[i].tensor->layout() != c10::kStrided) {
+        throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
+                    "bind: " + format::Quote(name) +
+                        " is a meta tensor that does not allow its storage to change (a "
+                        "tensor.data or detach() alias?); bind the module's own parameters. "
+                        "Nothing was changed");
+      }
+      ++meta;
+    }
     const bool prefixed = name.compare(0, mp.size(), mp) == 0;
     if (prefixed) key.assign(options.archive_prefix).append(name, mp.size());
     uint32_t t = format::kNone;
@@ -152,26 +170,6 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
                 "entry " + format::Quote(entry_name) + " does not bind (" + List(stay_meta) +
                     "); a module on meta is bound completely or not at all. Nothing was changed");
   }
-  // The meta slots' tensors, made before any slot changes; one per TensorImpl
-  // (tied weights stay one tensor).
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> made;
-  replacements.reserve(replacements.size() + meta);
-  for (size_t i = 0; meta && i < slots.size(); ++i) {
-    const c10::TensorImpl* t = slots[i].tensor;
-    if (match[i] == format::kNone || t->device_type() != c10::DeviceType::Meta) continue;
-    auto [it, fresh] = made.try_emplace(t);
-    if (fresh) {
-      it->second = impl.Make(match[i]);
-      if (t->requires_grad()) it->second.set_requires_grad(true);
-    } else if (!SameView(impl, it->second, match[i])) {
-      throw Error(ErrorCode::kBindMismatch, archive.path(), std::nullopt,
-                  "bind: " + format::Quote(slots[i].name) +
-                      " is tied in the module to another name bound from a different tensor of "
-                      "the archive; the module expects one tensor. Nothing was changed");
-    }
-    replacements.push_back({i, it->second});
-  }
-
   // set_ on a leaf that requires grad is only allowed with grad mode off.
   c10::AutoGradMode no_grad(false);
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -179,9 +177,7 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     if (match[i] == format::kNone) continue;
     const format::TensorRecord& rec = index.tensors()[match[i]];
     c10::TensorImpl* t = slots[i].tensor;
-    if (t->device_type() == c10::DeviceType::Meta) {
-      // replaced: made above, installed by the caller
-    } else if (t->allow_tensor_metadata_change() && t->layout() == c10::kStrided) {
+    if (t->allow_tensor_metadata_change() && t->layout() == c10::kStrided) {
       // What set_(storage, offset, sizes, strides) does, without a temporary
       // tensor or the dispatcher: about half the cost per tensor. The dtype
       // was checked equal above; the view was proved in bounds by R53.
@@ -189,6 +185,7 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
       t->set_sizes_and_strides(c10::IntArrayRef(index.sizes(rec), rec.ndim),
                                c10::IntArrayRef(index.strides(rec), rec.ndim));
       t->set_storage_offset(static_cast<int64_t>(rec.storage_offset));
+      if (meta) MetaToCpu(t);  // after the storage: a no-op for a cpu tensor
       if (!t->is_inference()) t->bump_version();
     } else {
       at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(t))

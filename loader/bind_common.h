@@ -22,25 +22,12 @@ struct BindSlot {
   c10::TensorImpl* tensor;
 };
 
-// A slot whose tensor cannot take the archive's storage in place: one on the
-// meta device (its TensorImpl's dispatch keys say Meta, whatever storage it is
-// given). BindSlots makes the archive's tensor for it, with the slot's
-// requires_grad, and the caller puts it in the module where the slot's tensor
-// was, as load_state_dict(assign=True) does. Slots that held one TensorImpl
-// (tied weights) get one tensor.
-struct Replacement {
-  size_t slot;
-  at::Tensor tensor;
-};
-
-// Everything is checked before anything changes: names, dtypes and shapes
-// (strict), the training mode, and each slot's device: cpu is rebound in
-// place, meta is replaced, any other device is refused (kInvalidArgument,
-// naming the tensor and its device), and so is a meta slot the archive does
-// not bind (the module could not run, strict or not). The names of the slots
-// bound are moved into the report; `replacements` receives the meta slots'
-// tensors, which the caller must install (it resolves where before calling).
+// Each slot's device is checked before anything changes: cpu and meta are
+// rebound in place (a meta TensorImpl becomes a cpu one), any other device is
+// refused with kInvalidArgument naming the tensor, and so is a meta slot the
+// archive does not bind (kBindMismatch, strict or not: the module could not
+// run). The names of the slots bound are moved into the report.
 BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive& archive,
-                     const BindOptions& options, std::vector<Replacement>& replacements);
+                     const BindOptions& options);
 
 }  // namespace tsar

@@ -5,19 +5,6 @@
 #include "tsar/error.h"
 
 namespace tsar {
-namespace {
-
-// Puts a meta slot's replacement where the dotted name says: the attribute
-// keeps its kind (parameter or buffer) in the module's type.
-void Install(torch::jit::Module module, const std::string& name, const at::Tensor& tensor) {
-  size_t start = 0;
-  for (size_t dot; (dot = name.find('.', start)) != std::string::npos; start = dot + 1) {
-    module = module.attr(name.substr(start, dot - start)).toModule();
-  }
-  module.setattr(name.substr(start), tensor);
-}
-
-}  // namespace
 
 BindReport bind(torch::jit::Module& module, const Archive& archive, const BindOptions& options) {
   std::vector<BindSlot> slots;
@@ -34,20 +21,7 @@ BindReport bind(torch::jit::Module& module, const Archive& archive, const BindOp
                 "inlined into its code, with no parameters or buffers left to bind; bind the "
                 "module before freezing it");
   }
-  std::vector<Replacement> replacements;
-  // The names are moved into the report: keep the replaced slots' own.
-  std::vector<std::string> names;
-  for (const auto& s : slots) {
-    if (s.tensor->device_type() == c10::DeviceType::Meta) {
-      names.resize(slots.size());
-      break;
-    }
-  }
-  for (size_t i = 0; !names.empty() && i < slots.size(); ++i) names[i] = slots[i].name;
-  BindReport report =
-      BindSlots(slots, !frozen && module.is_training(), archive, options, replacements);
-  for (const auto& r : replacements) Install(module, names[r.slot], r.tensor);
-  return report;
+  return BindSlots(slots, !frozen && module.is_training(), archive, options);
 }
 
 }  // namespace tsar

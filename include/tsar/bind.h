@@ -49,7 +49,12 @@ struct BindReport {
 // requires_grad of parameters is kept. Strict mode throws kBindMismatch
 // listing every mismatch before changing anything; non-strict binds what
 // matches and reports the rest. kInvalidArgument for a training-mode module
-// over a kShared archive. Not thread-safe for one module; different modules
+// over a kShared archive. A module on the meta device (its tensors registered
+// as meta tensors: LibTorch's Module::to(kMeta) refuses, set_data() keeps types),
+// wholly or partly, is bound in place too: each meta tensor becomes a CPU
+// tensor over the archive (same TensorImpl, so member handles stay valid);
+// a meta tensor left unbound is kBindMismatch even when not strict, and a
+// tensor on another device (CUDA) is kInvalidArgument; nothing is changed then. Not thread-safe for one module; different modules
 // may be bound concurrently from one Archive.
 BindReport bind(torch::nn::Module& module, const Archive& archive, const BindOptions& options = {});
 BindReport bind(torch::jit::Module& module, const Archive& archive,

@@ -224,8 +224,7 @@ PYBIND11_MODULE(_tsar, m) {
       py::arg("metadata"), py::arg("dtype"), py::arg("only"), py::arg("exclude"),
       py::arg("strip_prefix"), py::arg("architecture"), py::arg("base") = std::string());
 
-  // slots: the module's state_dict(keep_vars=True) items, rebound in place;
-  // those on the meta device come back as (index, tensor) to be installed.
+  // slots: the module's state_dict(keep_vars=True) items, rebound in place.
   m.def(
       "bind",
       [](const Archive& archive, const std::vector<std::pair<std::string, at::Tensor>>& items,
@@ -240,11 +239,8 @@ PYBIND11_MODULE(_tsar, m) {
         o.allow_training = allow_training;
         o.archive_prefix = archive_prefix;
         o.module_prefix = module_prefix;
-        std::vector<Replacement> replacements;
-        const BindReport r = BindSlots(slots, training, archive, o, replacements);
-        py::list replaced;  // (item index, tensor): meta slots, installed by tsar/_bind.py
-        for (const auto& x : replacements) replaced.append(py::make_tuple(x.slot, x.tensor));
-        return py::make_tuple(r.bound, r.missing, r.unexpected, r.mismatched, replaced);
+        const BindReport r = BindSlots(slots, training, archive, o);
+        return py::make_tuple(r.bound, r.missing, r.unexpected, r.mismatched);
       },
       py::arg("archive"), py::arg("slots"), py::arg("training"), py::arg("entry"),
       py::arg("strict"), py::arg("allow_training"), py::arg("archive_prefix"),

@@ -6,7 +6,6 @@ import torch
 
 from . import _tsar
 from ._archive import Archive, open as _open
-from ._errors import Error, ErrorCode
 
 
 class BindReport(NamedTuple):
@@ -54,49 +53,24 @@ def load_into(
     name ``archive_prefix + (M without module_prefix)``; module names without
     ``module_prefix`` are missing (``BindOptions`` in C++).
 
+    Devices: a module on the CPU, or built on the meta device (``with
+    torch.device("meta"): model = Model()``, or ``model.to("meta")``), or partly
+    both. A meta tensor becomes a CPU tensor inside the mapping in place: the
+    same ``Parameter`` object, as for a CPU tensor, so no weight memory is ever
+    allocated. A meta tensor the archive does not bind is refused (BIND_MISMATCH)
+    even with strict=False, and a tensor on any other device (CUDA...) is
+    refused (INVALID_ARGUMENT) naming it; either way nothing is changed.
+
     Returns a :class:`BindReport`. Not thread-safe for one module.
     """
     archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
     items = list(module.state_dict(keep_vars=True).items())
-    # Where each meta tensor lives, found before anything changes.
-    owners = {i: _owner(module, name, t) for i, (name, t) in enumerate(items) if t.is_meta}
     training = any(m.training for m in module.modules())
-    bound, missing, unexpected, mismatched, replaced = _tsar.bind(
+    bound, missing, unexpected, mismatched = _tsar.bind(
         archive._a(), items, training, entry or "", bool(strict), bool(allow_training),
         str(archive_prefix), str(module_prefix),
     )
-    made: Dict[int, torch.Tensor] = {}  # id(old meta tensor) -> new: tied stay one object
-    for i, tensor in replaced:
-        old = items[i][1]
-        new = made.get(id(old))
-        if new is None:
-            if isinstance(old, torch.nn.Parameter):
-                new = torch.nn.Parameter(tensor, requires_grad=old.requires_grad)
-            else:
-                new = tensor
-            made[id(old)] = new
-        owner, table, leaf = owners[i]
-        getattr(owner, table)[leaf] = new
     return BindReport(bound, missing, unexpected, mismatched)
-
-
-def _owner(module: torch.nn.Module, name: str, tensor: torch.Tensor):
-    """(submodule, "_parameters" or "_buffers", attribute) holding ``tensor``
-    under its state_dict name, for a meta tensor that is replaced."""
-    path, _, leaf = name.rpartition(".")
-    try:
-        owner = module.get_submodule(path) if path else module
-    except AttributeError:
-        owner = None
-    for table in ("_parameters", "_buffers"):
-        if owner is not None and getattr(owner, table, {}).get(leaf) is tensor:
-            return owner, table, leaf
-    raise Error(
-        f"load_into: {name!r} is on the meta device, and no submodule holds it as a parameter "
-        f"or buffer under that name (a custom state_dict?): tsar cannot put the archive's "
-        f"tensor in its place. Nothing was changed",
-        ErrorCode.INVALID_ARGUMENT,
-    )
 
 
 def load(path: Union[str, os.PathLike], entry: Optional[str] = None) -> Dict[str, torch.Tensor]:

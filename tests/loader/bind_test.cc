@@ -71,6 +71,111 @@ TEST_F(BindTest, CppModulePackedAndBoundIntoAFreshInstanceGivesTheSameOutputs) {
     EXPECT_TRUE(InRanges(b.value().data_ptr(), ranges)) << b.key();
 }
 
+// Net's tensors, registered on the meta device (LibTorch's Module::to(kMeta)
+// refuses: set_data() will not change a tensor's type, so a C++ module on
+// meta registers meta tensors itself).
+struct MetaNetImpl : torch::nn::Module {
+  MetaNetImpl() {
+    const auto meta = torch::TensorOptions().device(torch::kMeta);
+    auto* fc1 = register_module("fc1", std::make_shared<torch::nn::Module>()).get();
+    w1 = fc1->register_parameter("weight", torch::empty({64, 32}, meta));
+    b1 = fc1->register_parameter("bias", torch::empty({64}, meta));
+    auto* bn = register_module("bn", std::make_shared<torch::nn::Module>()).get();
+    gamma = bn->register_parameter("weight", torch::empty({64}, meta));
+    beta = bn->register_parameter("bias", torch::empty({64}, meta));
+    mean = bn->register_buffer("running_mean", torch::empty({64}, meta));
+    var = bn->register_buffer("running_var", torch::empty({64}, meta));
+    bn->register_buffer("num_batches_tracked", torch::empty({}, meta.dtype(torch::kLong)));
+    auto* fc2 = register_module("fc2", std::make_shared<torch::nn::Module>()).get();
+    w2 = fc2->register_parameter("weight", torch::empty({8, 64}, meta));
+    b2 = fc2->register_parameter("bias", torch::empty({8}, meta));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::linear(x, w1, b1);
+    h = torch::batch_norm(h, gamma, beta, mean, var, false, 0.1, 1e-5, false);
+    return torch::linear(torch::relu(h), w2, b2);
+  }
+  torch::Tensor w1, b1, gamma, beta, mean, var, w2, b2;
+};
+TORCH_MODULE(MetaNet);
+
+TEST_F(BindTest, AModuleOnMetaIsBoundInPlaceAndRunsOnCpu) {
+  torch::manual_seed(2);
+  Net trained;
+  {
+    torch::NoGradGuard g;
+    trained->bn->running_mean.uniform_(-1, 1);
+  }
+  trained->eval();
+  const auto x = torch::randn({4, 32});
+  const auto want = trained->forward(x);
+  Writer w(Path("net.tsar"));
+  w.add_module(*trained);
+  w.finish();
+
+  MetaNet fresh;
+  fresh->eval();
+  ASSERT_TRUE(fresh->w1.is_meta());
+  const c10::TensorImpl* w1_impl = fresh->w1.unsafeGetTensorImpl();
+  const BindReport r = tsar::bind(*fresh, Archive::open(Path("net.tsar")));
+  EXPECT_EQ(r.bound.size(), 9u);
+  // The member handles forward() uses are the bound tensors: the same
+  // TensorImpl, now a CPU tensor over the mapping.
+  EXPECT_EQ(fresh->w1.unsafeGetTensorImpl(), w1_impl);
+  EXPECT_TRUE(fresh->w1.device().is_cpu());
+  EXPECT_TRUE(fresh->w1.requires_grad());
+  const auto ranges = MappedRanges(Path("net.tsar"));
+  for (const auto& t : fresh->named_parameters()) {
+    EXPECT_FALSE(t.value().is_meta()) << t.key();
+    EXPECT_TRUE(InRanges(t.value().data_ptr(), ranges)) << t.key();
+  }
+  for (const auto& t : fresh->named_buffers()) EXPECT_FALSE(t.value().is_meta()) << t.key();
+  EXPECT_TRUE(torch::equal(fresh->forward(x), want));
+}
+
+// A parameter on another device: a TensorImpl that says cuda:0 (no GPU is
+// needed to make one, only to give it memory).
+struct OnCudaImpl : torch::nn::Module {
+  OnCudaImpl() {
+    auto impl = c10::make_intrusive<c10::TensorImpl>(
+        c10::DispatchKeySet(c10::DispatchKey::CUDA), caffe2::TypeMeta::Make<float>(),
+        c10::Device(c10::kCUDA, 0));
+    impl->set_sizes_contiguous({3, 4});
+    weight = register_parameter("weight", at::Tensor(std::move(impl)), /*requires_grad=*/false);
+    bias = register_parameter("bias", torch::zeros({3}));
+  }
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(OnCuda);
+
+TEST_F(BindTest, ATensorOnAnotherDeviceIsRefusedBeforeAnythingChanges) {
+  Writer w(Path("lin.tsar"));
+  torch::nn::Linear lin(4, 3);
+  w.add_module(*lin);
+  w.finish();
+  OnCuda m;
+  m->eval();
+  const void* bias = m->bias.data_ptr();
+  EXPECT_TRUE(Throws([&] { tsar::bind(*m, Archive::open(Path("lin.tsar"))); },
+                     ErrorCode::kInvalidArgument, "\"weight\" is on cuda:0"));
+  EXPECT_EQ(m->bias.data_ptr(), bias) << "nothing may change";
+  EXPECT_TRUE(m->weight.is_cuda());
+}
+
+TEST_F(BindTest, AMetaTensorTheArchiveLacksIsRefusedEvenNonStrict) {
+  Writer w(Path("lin.tsar"));
+  torch::nn::Linear lin(4, 3);
+  w.add_module(*lin);
+  w.finish();
+  MetaNet m;  // fc1, bn, fc2: none of them in the archive
+  m->eval();
+  BindOptions o;
+  o.strict = false;
+  EXPECT_TRUE(Throws([&] { tsar::bind(*m, Archive::open(Path("lin.tsar")), o); },
+                     ErrorCode::kBindMismatch, "meta device"));
+  EXPECT_TRUE(m->w1.is_meta());
+}
+
 TEST_F(BindTest, StrictModeListsEveryMismatchAndChangesNothing) {
   torch::manual_seed(2);
   Net net;
