@@ -82,3 +82,11 @@ if(TARGET tsar_python AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/python)
   set_tests_properties(python.pytest PROPERTIES TIMEOUT 900 ENVIRONMENT
     "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TSAR_CLI=$<TARGET_FILE:tsar_cli>;TSAR_SAMPLES=${PROJECT_SOURCE_DIR}/samples")
 endif()
+
+# pip wheel of the source tree, installed into a fresh venv beside the same
+# torch: import, save, bind, the tsar command and tsar-torch, the version check.
+if(TARGET tsar_python)
+  add_test(NAME python.wheel
+    COMMAND ${PROJECT_SOURCE_DIR}/scripts/check-wheel.sh ${TSAR_PYTHON} ${PROJECT_SOURCE_DIR})
+  set_tests_properties(python.wheel PROPERTIES TIMEOUT 1200)
+endif()

@@ -162,15 +162,23 @@ class TreeWriter {
     const bool param = t.role == Role::kParameter;
     if (param) p_.Global("torch._utils", "_rebuild_parameter");
     if (param) p_.Mark();
-    p_.Global("torch._utils", "_rebuild_tensor_v2");
+    // A dtype without a typed storage class (float8, uint16-64, complex32) is
+    // written as torch 2.x writes it: _rebuild_tensor_v3(..., dtype) over a
+    // torch.storage.UntypedStorage counted in bytes.
+    const bool v3 = StorageClass(t.dtype) == nullptr;
+    p_.Global("torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
     p_.Mark();
     {  // persistent id: ('storage', torch.XStorage, key, location, numel)
       p_.Mark();
       p_.Str("storage");
-      p_.Global("torch", StorageClass(t.dtype));
+      if (v3) {
+        p_.Global("torch.storage", "UntypedStorage");
+      } else {
+        p_.Global("torch", StorageClass(t.dtype));
+      }
       p_.Str(std::to_string(t.storage));
       p_.Str("cpu");
-      p_.Int(static_cast<int64_t>(storages_[t.storage].nbytes / ElementSize(t.dtype)));
+      p_.Int(static_cast<int64_t>(storages_[t.storage].nbytes / (v3 ? 1 : ElementSize(t.dtype))));
       p_.Tuple();
       p_.PersId();
     }
@@ -183,6 +191,7 @@ class TreeWriter {
     p_.Tuple();
     p_.Bool(t.requires_grad && !param);
     p_.OrderedDict();  // backward_hooks
+    if (v3) p_.Global("torch", std::string(DTypeName(t.dtype)));
     p_.Tuple();
     p_.Reduce();
     if (param) {
@@ -215,20 +224,13 @@ std::vector<std::string> ExportTorchSave(const ArchiveFile& a, const std::string
   // One dtype per storage: Python's typed storages cannot mix them.
   std::vector<int> storage_dtype(storages.size(), -1);
   for (const auto& t : infos) {
-    if (!StorageClass(t.dtype)) {
-      throw Error(
-          ErrorCode::kUnsupported, a.path(), std::nullopt,
-          "tensor " + format::Quote(t.entry + "/" + t.name) + ": dtype " +
-              std::string(DTypeName(t.dtype)) +
-              " cannot be written for torch.load of LibTorch 1.13; export to .safetensors instead");
-    }
     int& d = storage_dtype[t.storage];
     if (d >= 0 && d != static_cast<int>(t.dtype)) {
       throw Error(
           ErrorCode::kUnsupported, a.path(), std::nullopt,
           "tensor " + format::Quote(t.entry + "/" + t.name) + ": shares storage #" +
               std::to_string(t.storage) +
-              " with a tensor of another dtype, which torch.save's typed storages cannot express");
+              " with a tensor of another dtype, which torch.save cannot express");
     }
     d = static_cast<int>(t.dtype);
   }

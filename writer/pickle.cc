@@ -7,10 +7,12 @@
 #include <cstring>
 #include <deque>
 #include <iterator>
+#include <string_view>
 #include <unordered_map>
 
 #include "format/endian.h"
 #include "format/reader.h"
+#include "tsar/dtype.h"
 #include "tsar/error.h"
 #include "writer/pickler.h"
 
@@ -92,6 +94,8 @@ struct Object {
 enum class What {
   kOrderedDict,
   kRebuildTensor,
+  kRebuildTensorV3,
+  kDType,
   kRebuildParameter,
   kRebuildParameterState,
   kCodecsEncode,
@@ -107,6 +111,9 @@ struct Allowed {
 constexpr Allowed kAllowed[] = {
     {"collections", "OrderedDict", What::kOrderedDict, nullptr},
     {"torch._utils", "_rebuild_tensor_v2", What::kRebuildTensor, nullptr},
+    // torch >= 2.1 saves dtypes without a typed storage class (float8, uint16-64)
+    // as _rebuild_tensor_v3(..., dtype) over a torch.storage.UntypedStorage.
+    {"torch._utils", "_rebuild_tensor_v3", What::kRebuildTensorV3, nullptr},
     {"torch._utils", "_rebuild_parameter", What::kRebuildParameter, nullptr},
     {"torch._utils", "_rebuild_parameter_with_state", What::kRebuildParameterState, nullptr},
     // Protocol 2 spells a bytes object b as _codecs.encode(str(b, 'latin1'), 'latin1'),
@@ -134,6 +141,26 @@ constexpr Allowed kAllowed[] = {
     {"torch", "UInt32Storage", What::kStorageType, "uint32"},
     {"torch", "UInt64Storage", What::kStorageType, "uint64"},
     {"torch", "UntypedStorage", What::kStorageType, "uint8"},
+    {"torch.storage", "UntypedStorage", What::kStorageType, "uint8"},
+    // _rebuild_tensor_v3's dtype argument: torch.<name> for every tsar dtype.
+    {"torch", "bool", What::kDType, "bool"},
+    {"torch", "uint8", What::kDType, "uint8"},
+    {"torch", "int8", What::kDType, "int8"},
+    {"torch", "int16", What::kDType, "int16"},
+    {"torch", "int32", What::kDType, "int32"},
+    {"torch", "int64", What::kDType, "int64"},
+    {"torch", "float16", What::kDType, "float16"},
+    {"torch", "bfloat16", What::kDType, "bfloat16"},
+    {"torch", "float32", What::kDType, "float32"},
+    {"torch", "float64", What::kDType, "float64"},
+    {"torch", "complex32", What::kDType, "complex32"},
+    {"torch", "complex64", What::kDType, "complex64"},
+    {"torch", "complex128", What::kDType, "complex128"},
+    {"torch", "float8_e5m2", What::kDType, "float8_e5m2"},
+    {"torch", "float8_e4m3fn", What::kDType, "float8_e4m3fn"},
+    {"torch", "uint16", What::kDType, "uint16"},
+    {"torch", "uint32", What::kDType, "uint32"},
+    {"torch", "uint64", What::kDType, "uint64"},
 };
 
 constexpr size_t kMaxGlobalLine = 256;  // bytes of a GLOBAL module or name line
@@ -239,8 +266,9 @@ class Machine {
     std::vector<Value> items;
   };
   void Pickle(uint32_t id, size_t depth, Fragment& f);
-  uint32_t RebuildTensor(const std::vector<uint32_t>& a);
+  uint32_t RebuildTensor(const std::vector<uint32_t>& a, bool v3);
   uint32_t LoadStorage(uint32_t pid);
+  void RetypeStorage(uint32_t storage, uint32_t dtype_node, const std::string& name);
   void Charge(uint64_t bytes);
   Value Convert(uint32_t id, size_t depth);
 
@@ -393,7 +421,9 @@ uint32_t Machine::Call(uint32_t fn_id, uint32_t args_id, uint8_t how, int64_t kw
       return id;
     }
     case What::kRebuildTensor:
-      return RebuildTensor(a);
+      return RebuildTensor(a, false);
+    case What::kRebuildTensorV3:
+      return RebuildTensor(a, true);
     case What::kRebuildParameter:
     case What::kRebuildParameterState: {
       // (data, requires_grad, backward_hooks[, state]); state holds Python
@@ -408,20 +438,25 @@ uint32_t Machine::Call(uint32_t fn_id, uint32_t args_id, uint8_t how, int64_t kw
       return NewTensor(std::move(t));
     }
     case What::kStorageType:
+    case What::kDType:
       break;
   }
   Fail(name + " cannot be called");
 }
 
-uint32_t Machine::RebuildTensor(const std::vector<uint32_t>& a) {
+uint32_t Machine::RebuildTensor(const std::vector<uint32_t>& a, bool v3) {
   // _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad,
   // backward_hooks[, metadata]); torch 2.x adds metadata for conj/neg views.
-  const std::string name = "torch._utils._rebuild_tensor_v2";
-  if (a.size() != 6 && a.size() != 7) {
-    Fail(name + ": expected 6 or 7 arguments, found " + std::to_string(a.size()));
+  // _rebuild_tensor_v3 has a dtype before the metadata.
+  const std::string name = v3 ? "torch._utils._rebuild_tensor_v3" : "torch._utils._rebuild_tensor_v2";
+  const size_t fixed = v3 ? 7 : 6;
+  if (a.size() != fixed && a.size() != fixed + 1) {
+    Fail(name + ": expected " + std::to_string(fixed) + " or " + std::to_string(fixed + 1) +
+         " arguments, found " + std::to_string(a.size()));
   }
   TensorRef t;
   t.storage = static_cast<uint32_t>(Expect(a[0], NodeKind::kStorage, name + " storage").i);
+  if (v3) RetypeStorage(t.storage, a[6], name);
   t.storage_offset = static_cast<uint64_t>(ExpectInt(a[1], name + " storage_offset"));
   const std::vector<uint32_t>& size = Expect(a[2], NodeKind::kTuple, name + " size").items;
   const std::vector<uint32_t>& stride = Expect(a[3], NodeKind::kTuple, name + " stride").items;
@@ -437,8 +472,8 @@ uint32_t Machine::RebuildTensor(const std::vector<uint32_t>& a) {
   if (!Expect(a[5], NodeKind::kDict, name + " backward_hooks").items.empty()) {
     Fail(name + " backward_hooks: expected an empty dict");
   }
-  if (a.size() == 7) {
-    const std::vector<uint32_t>& meta = Expect(a[6], NodeKind::kDict, name + " metadata").items;
+  if (a.size() == fixed + 1) {
+    const std::vector<uint32_t>& meta = Expect(a[fixed], NodeKind::kDict, name + " metadata").items;
     for (size_t k = 1; k < meta.size(); k += 2) {
       if (At(meta[k]).kind != NodeKind::kBool || At(meta[k]).i != 0) {
         throw Error(ErrorCode::kUnsupported, path_, op_offset_,
@@ -467,6 +502,29 @@ uint32_t Machine::RebuildTensor(const std::vector<uint32_t>& a) {
   return NewTensor(std::move(t));
 }
 
+// _rebuild_tensor_v3's dtype gives an UntypedStorage (counted in bytes) its
+// element type, once: torch.save refuses to save one storage as two dtypes.
+void Machine::RetypeStorage(uint32_t storage, uint32_t dtype_node, const std::string& name) {
+  const Node& d = At(dtype_node);
+  if (d.kind != NodeKind::kGlobal || d.i < 0 || kAllowed[d.i].what != What::kDType) {
+    Fail(name + " dtype: expected a torch dtype (torch.float8_e4m3fn, torch.uint16, ...)");
+  }
+  const std::string dtype = kAllowed[d.i].dtype;
+  StorageRef& st = storages_[storage];
+  if (st.dtype == dtype) return;
+  if (!st.untyped || st.dtype != "uint8") {  // typed, or given a dtype already
+    Fail("storage " + Quote(st.key) + ": expected one dtype for every tensor on it, found " +
+         st.dtype + " and " + dtype);
+  }
+  const size_t size = ElementSize(*DTypeFromName(dtype));
+  if (st.numel % size != 0) {
+    Fail("storage " + Quote(st.key) + ": " + std::to_string(st.numel) +
+         " bytes are not a whole number of " + dtype + " elements");
+  }
+  st.numel /= size;
+  st.dtype = dtype;
+}
+
 uint32_t Machine::LoadStorage(uint32_t pid) {
   const std::vector<uint32_t>& p = Expect(pid, NodeKind::kTuple, "persistent id").items;
   if (p.size() != 5 || At(p[0]).kind != NodeKind::kString || At(p[0]).s != "storage") {
@@ -479,6 +537,10 @@ uint32_t Machine::LoadStorage(uint32_t pid) {
   StorageRef ref{Expect(p[2], NodeKind::kString, "storage key").s, kAllowed[type.i].dtype,
                  Expect(p[3], NodeKind::kString, "storage location").s,
                  static_cast<uint64_t>(ExpectInt(p[4], "storage numel"))};
+  if (std::string_view(kAllowed[type.i].name) == "UntypedStorage") {
+    ref.untyped = true;
+    ref.untyped_bytes = ref.numel;
+  }
   // Keys become zip record names, so only the characters torch uses get through.
   bool key_ok = !ref.key.empty() && ref.key.size() <= kMaxKeyLength;
   for (char c : ref.key) {
@@ -494,7 +556,9 @@ uint32_t Machine::LoadStorage(uint32_t pid) {
     storages_.push_back(ref);
   } else {
     const StorageRef& old = storages_[it->second];
-    if (old.dtype != ref.dtype || old.numel != ref.numel || old.location != ref.location) {
+    const bool same_bytes = old.untyped ? ref.untyped && old.untyped_bytes == ref.numel
+                                        : old.dtype == ref.dtype && old.numel == ref.numel;
+    if (!same_bytes || old.location != ref.location) {
       Fail("storage " + Quote(ref.key) +
            ": expected the same dtype, numel and location at "
            "every reference, found " +

@@ -18,6 +18,10 @@ struct StorageRef {
   std::string dtype;     // PyTorch name, as tsar::DTypeName: "float32", "bool", ...
   std::string location;  // device the storage was saved from: "cpu", "cuda:0"
   uint64_t numel = 0;    // elements of `dtype` (bytes for torch.UntypedStorage)
+  // A torch.UntypedStorage: `dtype` is uint8 until a _rebuild_tensor_v3 gives it
+  // its tensors' dtype (numel then counts those); untyped_bytes is its size.
+  bool untyped = false;
+  uint64_t untyped_bytes = 0;
 };
 
 // A tensor view onto a storage. Offsets, sizes and strides count elements.

@@ -54,8 +54,9 @@ struct BindReport {
 // wholly or partly, is bound in place too: each meta tensor becomes a CPU
 // tensor over the archive (same TensorImpl, so member handles stay valid);
 // a meta tensor left unbound is kBindMismatch even when not strict, and a
-// tensor on another device (CUDA) is kInvalidArgument; nothing is changed then. Not thread-safe for one module; different modules
-// may be bound concurrently from one Archive.
+// tensor on another device (CUDA) is kInvalidArgument; nothing is changed
+// then. Not thread-safe for one module; different modules may be bound
+// concurrently from one Archive.
 BindReport bind(torch::nn::Module& module, const Archive& archive, const BindOptions& options = {});
 BindReport bind(torch::jit::Module& module, const Archive& archive,
                 const BindOptions& options = {});

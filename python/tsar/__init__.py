@@ -28,9 +28,9 @@ from ._build_info import __version__, torch_version as _built_against
 if torch.__version__ != _built_against:
     raise ImportError(
         f"tsar {__version__} was built against torch {_built_against}, but this environment "
-        f"has torch {torch.__version__} ({torch.__file__}): rebuild tsar here "
-        f"(pip install --force-reinstall --no-deps <tsar source or wheel>), or install "
-        f"torch=={_built_against}"
+        f"has torch {torch.__version__} ({torch.__file__}): rebuild tsar in this "
+        f"environment (pip install --force-reinstall --no-deps <tsar source folder>), or "
+        f"install torch=={_built_against}"
     )
 
 from ._errors import Error, ErrorCode

@@ -11,9 +11,11 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Every dtype of PyTorch 1.13 that tsar's format has a code for (spec §5.1).
+# torch 2.x adds the float8 formats of FP8 checkpoints and the wide unsigned ints.
+NEW_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64]
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16,
           torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
-          torch.complex32]
+          torch.complex32] + NEW_DTYPES
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -46,7 +48,10 @@ def make_tensor(dtype, shape, seed):
     n = 1
     for s in shape:
         n *= s
-    if dtype == torch.bool:
+    if dtype in NEW_DTYPES:  # every bit pattern: NaNs, the largest unsigned values
+        size = torch.empty((), dtype=dtype).element_size()
+        flat = torch.randint(0, 256, (n * size,), generator=g, dtype=torch.uint8).view(dtype)
+    elif dtype == torch.bool:
         flat = torch.randint(0, 2, (n,), generator=g).bool()
     elif dtype == torch.complex32:
         flat = (torch.randn(n, 2, generator=g) * 100).half().view(torch.complex32).reshape(n)

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# check-wheel.sh PYTHON SOURCE_DIR: `pip wheel SOURCE_DIR` with PYTHON's pip
+# (build isolation on, as a user runs it), then installs the wheel into a fresh
+# virtual environment that has the same torch (PYTHON's site-packages linked in,
+# not reinstalled) and checks there: tsar.__version__, a save and a zero-copy
+# load, the `tsar` command on PATH with a TorchScript pack (which runs
+# libexec/tsar/tsar-torch: its run path must reach the torch wheel), and that
+# importing tsar beside another torch version fails naming both versions.
+set -euo pipefail
+python=$(command -v "${1:?usage: check-wheel.sh PYTHON SOURCE_DIR}")
+python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python")
+src=$(cd "${2:?usage: check-wheel.sh PYTHON SOURCE_DIR}" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+start=$(date +%s)
+"$python" -m pip wheel -q --no-deps -w "$tmp/dist" "$src"
+wheel=$(ls "$tmp"/dist/tsar-*.whl)
+echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB) in $(( $(date +%s) - start )) s"
+
+# A fresh venv beside the same torch: the packages of PYTHON's environment are
+# linked into it, so torch lies at <venv>/lib/pythonX.Y/site-packages/torch.
+/usr/bin/python3 -m venv "$tmp/v"
+site=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+fresh_site=$("$tmp/v/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+for entry in "$site"/*; do
+  name=$(basename "$entry")
+  case $name in pip|pip-*|tsar|tsar-*|_distutils_hack|distutils-precedence.pth|setuptools|setuptools-*) continue ;; esac
+  [ -e "$fresh_site/$name" ] || ln -s "$entry" "$fresh_site/$name"
+done
+"$tmp/v/bin/python" -m pip install -q --no-deps --no-index "$wheel"
+
+cd "$tmp"
+want=$(sed -n 's/^project(tsar VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")
+got=$("$tmp/v/bin/python" -c 'import tsar; print(tsar.__version__)')
+[ "$got" = "$want" ] || { echo "FAIL: tsar.__version__ is $got, CMakeLists.txt says $want"; exit 1; }
+
+"$tmp/v/bin/python" - <<'PY'
+import torch, tsar
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).eval()
+tsar.save(m, "m.tsar")
+with torch.device("meta"):
+    fresh = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).eval()
+tsar.load_into(fresh, "m.tsar")
+x = torch.randn(3, 8)
+assert torch.equal(fresh(x), m(x))
+torch.jit.save(torch.jit.script(m), "m_ts.pt")
+print("wheel: import tsar, save, load_into (meta) ok")
+PY
+
+tsar_cmd=$(PATH="$tmp/v/bin:$PATH" command -v tsar)
+[ "$tsar_cmd" = "$tmp/v/bin/tsar" ] || { echo "FAIL: tsar on PATH is $tsar_cmd"; exit 1; }
+"$tmp/v/bin/tsar" --version
+"$tmp/v/bin/tsar" pack -q m_ts.pt -o ts.tsar   # TorchScript: runs in tsar-torch
+"$tmp/v/bin/tsar" diff m.tsar ts.tsar > /dev/null || { echo "FAIL: TorchScript pack differs"; exit 1; }
+if ldd "$tmp/v/bin/tsar" | grep -E 'libtorch|libc10'; then echo "FAIL: the tsar command links LibTorch"; exit 1; fi
+
+# Another torch than the one it was built against: a clear ImportError.
+info=$("$tmp/v/bin/python" -c 'import importlib.util as u; print(u.find_spec("tsar").submodule_search_locations[0])')/_build_info.py
+sed -i 's/^torch_version = .*/torch_version = "1.0.0+other"/' "$info"
+if out=$("$tmp/v/bin/python" -c 'import tsar' 2>&1); then
+  echo "FAIL: import tsar beside another torch succeeded"; exit 1
+fi
+echo "$out" | tail -1
+torch_version=$("$python" -c 'import torch; print(torch.__version__)')
+echo "$out" | grep -qF "built against torch 1.0.0+other, but this environment has torch $torch_version (" \
+  || { echo "FAIL: the message does not name both versions"; exit 1; }
+echo "check-wheel: ok"
