@@ -6,6 +6,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <sstream>
+#include <unordered_set>
 
 #include "format/reader.h"
 #include "loader/archive_impl.h"
@@ -159,9 +160,16 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
 
   // A meta slot left unbound would leave a module that cannot run: refused,
   // strict or not, before anything changes.
+  // A name the archive lacks is fine when its tensor is bound through another
+  // name (a tied weight stored once, as save_pretrained stores lm_head).
   std::vector<std::string> stay_meta;
+  std::unordered_set<const c10::TensorImpl*> bound_impls;
   for (size_t i = 0; meta && i < slots.size(); ++i) {
-    if (match[i] == format::kNone && slots[i].tensor->device_type() == c10::DeviceType::Meta)
+    if (match[i] != format::kNone) bound_impls.insert(slots[i].tensor);
+  }
+  for (size_t i = 0; meta && i < slots.size(); ++i) {
+    if (match[i] == format::kNone && slots[i].tensor->device_type() == c10::DeviceType::Meta &&
+        bound_impls.count(slots[i].tensor) == 0)
       stay_meta.push_back(slots[i].name);
   }
   if (!stay_meta.empty()) {
