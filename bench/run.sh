@@ -8,7 +8,7 @@
 # inputs (about 2.5 GB: a 512 MiB model in three formats, resnet18, 100,000
 # tensors) go to a temporary directory under $TMPDIR (default /var/tmp; it must
 # be a disk, not tmpfs, for the cold-load benchmark) and are removed at exit.
-# Needs: /usr/bin/python3 with torch and torchvision, gnuplot, cmake, ninja.
+# Needs: the project's .venv (scripts/setup.sh; or TSAR_PYTHON) with torch and torchvision, gnuplot, cmake, ninja.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)

@@ -266,9 +266,12 @@ def test_every_dtype_exports_back_exactly(tmp_path, cli):
     run_cli(cli, "pack", pt, "-o", tmp_path / "a.tsar", "-q")
     run_cli(cli, "export", tmp_path / "a.tsar", "-o", tmp_path / "back.pt", "-q")
     back = torch.load(tmp_path / "back.pt", weights_only=True)
-    assert list(back) == list(sd)
+    mapped = torch.load(tmp_path / "back.pt", weights_only=True, mmap=True)  # records 64-aligned
+    assert list(back) == list(sd) == list(mapped)
     for name, t in sd.items():
         assert same_tensor(back[name], t) == "", name
+        assert same_tensor(mapped[name], t) == "", name
+        assert mapped[name].data_ptr() % 64 == 0 or mapped[name].numel() == 0, name
 
     # The safetensors library's own file, with its dtype names (F8_E4M3, U16...).
     flat = {k: v.contiguous() for k, v in sd.items() if not v.is_complex()}  # none in safetensors
