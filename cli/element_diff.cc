@@ -48,7 +48,31 @@ double Float8E4M3(uint8_t b) {
   return sign ? -v : v;
 }
 
-// The element as (real, imaginary) doubles; imaginary 0 for real dtypes.
+// The fnuz float8 formats (AMD/Graphcore): no infinities, no negative zero;
+// 0x80 is the only NaN. Exponent bias 8 for e4m3fnuz, 16 for e5m2fnuz.
+double Float8Fnuz(uint8_t b, int mant_bits, int bias) {
+  if (b == 0x80) return std::numeric_limits<double>::quiet_NaN();
+  const int exp = (b & 0x7f) >> mant_bits, mant = b & ((1 << mant_bits) - 1);
+  const double v = exp == 0 ? std::ldexp(mant, 1 - bias - mant_bits)
+                            : std::ldexp((1 << mant_bits) + mant, exp - bias - mant_bits);
+  return (b & 0x80) ? -v : v;
+}
+
+// float8_e8m0fnu (OCP MX block scale): 2^(b - 127), unsigned; 0xff is NaN.
+double Float8E8M0(uint8_t b) {
+  return b == 0xff ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(1.0, b - 127);
+}
+
+// One FP4 E2M1 value (a nibble): bias 1, no infinities or NaN; 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+double Float4E2M1(uint8_t nibble) {
+  const int exp = (nibble >> 1) & 0x3, mant = nibble & 0x1;
+  const double v = exp == 0 ? 0.5 * mant : std::ldexp(2 + mant, exp - 2);
+  return (nibble & 0x8) ? -v : v;
+}
+
+// The element as (real, imaginary) doubles; imaginary 0 for real dtypes. A
+// float4_e2m1fn_x2 element is the pair of FP4 values of its byte (low nibble,
+// high nibble), compared as a pair the way complex elements are.
 void Decode(DType dtype, const uint8_t* p, double* re, double* im) {
   *im = 0;
   switch (dtype) {
@@ -81,6 +105,19 @@ void Decode(DType dtype, const uint8_t* p, double* re, double* im) {
       return;
     case DType::kFloat8E4M3FN:
       *re = Float8E4M3(p[0]);
+      return;
+    case DType::kFloat8E4M3FNUZ:
+      *re = Float8Fnuz(p[0], 3, 8);
+      return;
+    case DType::kFloat8E5M2FNUZ:
+      *re = Float8Fnuz(p[0], 2, 16);
+      return;
+    case DType::kFloat8E8M0FNU:
+      *re = Float8E8M0(p[0]);
+      return;
+    case DType::kFloat4E2M1FNx2:
+      *re = Float4E2M1(p[0] & 0xf);
+      *im = Float4E2M1(p[0] >> 4);
       return;
     default:
       *re = 0;
@@ -115,22 +152,7 @@ __int128 Integer(DType dtype, const uint8_t* p) {
 
 }  // namespace
 
-bool IsInexact(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-    case DType::kBFloat16:
-    case DType::kFloat32:
-    case DType::kFloat64:
-    case DType::kComplex32:
-    case DType::kComplex64:
-    case DType::kComplex128:
-    case DType::kFloat8E5M2:
-    case DType::kFloat8E4M3FN:
-      return true;
-    default:
-      return false;
-  }
-}
+bool IsInexact(DType dtype) { return IsFloatingOrComplex(dtype); }
 
 bool ElementsDiffer(DType dtype, const uint8_t* a, const uint8_t* b, const Tolerance& tol,
                     double* abs_diff) {

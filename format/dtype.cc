@@ -1,6 +1,8 @@
 // The dtype table of spec/FORMAT.md section 5: codes, element sizes, names.
 #include "tsar/dtype.h"
 
+#include "format/spec.h"
+
 namespace tsar {
 namespace {
 
@@ -30,6 +32,10 @@ constexpr DTypeInfo kTable[] = {
     {DType::kUInt16, 2, "uint16"},
     {DType::kUInt32, 4, "uint32"},
     {DType::kUInt64, 8, "uint64"},
+    {DType::kFloat8E4M3FNUZ, 1, "float8_e4m3fnuz"},
+    {DType::kFloat8E5M2FNUZ, 1, "float8_e5m2fnuz"},
+    {DType::kFloat8E8M0FNU, 1, "float8_e8m0fnu"},
+    {DType::kFloat4E2M1FNx2, 1, "float4_e2m1fn_x2"},
 };
 constexpr size_t kCount = sizeof(kTable) / sizeof(kTable[0]);
 
@@ -58,6 +64,14 @@ size_t ElementSize(DType dtype) noexcept {
 std::string_view DTypeName(DType dtype) noexcept {
   const auto code = static_cast<uint16_t>(dtype);
   return code >= 1 && code <= kCount ? kTable[code - 1].name : "unknown";
+}
+
+bool IsFloatingOrComplex(DType dtype) noexcept {
+  return format::DTypeCodeMayRequireGrad(static_cast<uint16_t>(dtype));
+}
+
+uint16_t MinorForDType(DType dtype) noexcept {
+  return static_cast<uint16_t>(dtype) >= format::kFirstMinor3DTypeCode ? 3 : 0;
 }
 
 std::optional<DType> DTypeFromName(std::string_view name) noexcept {

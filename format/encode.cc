@@ -155,8 +155,10 @@ uint32_t IndexBuilder::AddTensor(TensorSpec t) {
   const auto dtype = static_cast<uint16_t>(t.dtype);
   if (!DTypeFromCode(dtype)) {  // R37
     Misuse(ErrorCode::kInvalidArgument,
-           what() + "dtype: expected a dtype code of §5 (1-18), found " + Dec(dtype));
+           what() + "dtype: expected a dtype code of §5 (1-" + Dec(kLastDTypeCode) + "), found " +
+               Dec(dtype));
   }
+  dtype_minor_ = std::max(dtype_minor_, MinorForDType(t.dtype));  // §7.1: codes 19-22 need 1.3
   const auto role = static_cast<uint8_t>(t.role);
   if (role > kRoleMax) {  // R38
     Misuse(ErrorCode::kInvalidArgument, what() + "role: expected 0-3, found " + Dec(role));
@@ -479,7 +481,7 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
   // §7.5: the lowest minor that defines the features used (0 with none).
   const bool tree = !values_.empty();
   const uint32_t flags = (tree ? kFeatureValueTree : 0) | (has_layer_ ? kFeatureLayers : 0);
-  StoreU16(p + kOffMinor, MinorForFeatures(flags));
+  StoreU16(p + kOffMinor, std::max(MinorForFeatures(flags), dtype_minor_));
   StoreU32(p + kOffFlags, flags);
   StoreU32(p + kOffHeaderSize, kHeaderSize);
   StoreU64(p + kOffFileSize, file_size_);

@@ -181,6 +181,7 @@ class IndexBuilder {
   std::vector<SparseItem> sparse_;
   std::vector<MetadataSpec> metadata_;
   std::vector<ValueSpec> values_;
+  uint16_t dtype_minor_ = 0;  // the lowest minor that defines every dtype added
   bool has_layer_ = false;
   LayerSpec layer_;
   std::vector<BaseStorage> base_storages_;

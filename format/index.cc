@@ -418,8 +418,13 @@ void Index::Decode(const std::string& path) {
     }
     const uint16_t dtype = LoadU16(base + off + 12);
     const auto dt = DTypeFromCode(dtype);
-    if (!dt) {  // R37
-      r.Fail(ErrorCode::kBadDtype, off + 12, field("dtype"), "a dtype code of §5 (1-18)",
+    const uint16_t max_dtype = MaxDTypeCode(header_.minor);
+    if (!dt || dtype > max_dtype) {  // R37: codes 19-22 need minor 3
+      r.Fail(ErrorCode::kBadDtype, off + 12, field("dtype"),
+             "a dtype code of §5 (1-" + Dec(max_dtype) + ")" +
+                 (dt ? " in format 1." + Dec(header_.minor) + "; code " + Dec(dtype) +
+                           " needs minor 3"
+                     : std::string()),
              Dec(dtype));
     }
     t.dtype = *dt;
@@ -439,7 +444,7 @@ void Index::Decode(const std::string& path) {
     if (t.requires_grad && !DTypeCodeMayRequireGrad(dtype)) {
       r.Fail(ErrorCode::kInvalidValue, off + 15, field("requires_grad"),
              "0 with dtype " + std::string(DTypeName(t.dtype)) +
-                 " (only floating-point and complex dtypes, codes 7-15, may require grad)",
+                 " (only floating-point and complex dtypes, codes 7-15 and 19-22, may require grad)",
              "1");
     }
     t.ndim = LoadU32(base + off + 16);

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tsar/version.h"
+
 namespace tsar::format {
 
 // §4.1: 0x89 catches 7-bit transports, "TSAR" names the format, CR LF catches
@@ -15,7 +17,9 @@ inline constexpr uint8_t kMagic[8] = {0x89, 'T', 'S', 'A', 'R', 0x0D, 0x0A, 0x1A
 // archive that uses no feature of a later minor (§7.5), so such archives stay
 // byte-identical to what a 1.0 writer makes and readable by 1.0 readers.
 inline constexpr uint16_t kMajorVersion = 1;
-inline constexpr uint16_t kMinorVersion = 2;
+inline constexpr uint16_t kMinorVersion = 3;
+static_assert(kMajorVersion == TSAR_FORMAT_MAJOR && kMinorVersion == TSAR_FORMAT_MINOR,
+              "include/tsar/version.h names the format version this code implements");
 
 // §4.1, §7.5: header `flags` are required-feature bits from minor 1 on. A
 // reader refuses an archive that sets a bit it does not implement (readers of
@@ -86,15 +90,24 @@ inline constexpr uint8_t kRoleMax = 3;
 // §4.5 tensor flags.
 inline constexpr uint8_t kTensorFlagRequiresGrad = 0x01;
 
+// §5.1, R37: codes 1-18 exist in every 1.x; codes 19-22 (the float8 fnuz
+// variants, float8_e8m0fnu, float4_e2m1fn_x2) were added by format 1.3, so
+// they are valid only in an archive whose minor is 3 or more, and an archive
+// that uses one is written as minor 3.
+inline constexpr uint16_t kLastDTypeCodeOfMinor2 = 18;
+inline constexpr uint16_t kFirstMinor3DTypeCode = 19;
+inline constexpr uint16_t kLastDTypeCode = 22;
+inline constexpr uint16_t MaxDTypeCode(uint16_t minor) {
+  return minor >= 3 ? kLastDTypeCode : kLastDTypeCodeOfMinor2;
+}
+
 // §4.5 / §5.1, R77: requires_grad is allowed only on the floating-point and
 // complex dtypes, codes 7-15 (float16, bfloat16, float32, float64, complex32,
-// complex64, complex128, float8_e5m2, float8_e4m3fn): LibTorch refuses it on
-// any other dtype ("Only Tensors of floating point and complex dtype can
-// require gradients").
-inline constexpr uint16_t kFirstGradDTypeCode = 7;
-inline constexpr uint16_t kLastGradDTypeCode = 15;
+// complex64, complex128, float8_e5m2, float8_e4m3fn) and 19-22 (every dtype
+// of format 1.3): LibTorch refuses it on any other dtype ("Only Tensors of
+// floating point and complex dtype can require gradients").
 inline constexpr bool DTypeCodeMayRequireGrad(uint16_t code) {
-  return code >= kFirstGradDTypeCode && code <= kLastGradDTypeCode;
+  return (code >= 7 && code <= 15) || (code >= 19 && code <= 22);
 }
 
 // §4.5 device hint.

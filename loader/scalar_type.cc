@@ -8,8 +8,17 @@
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
 #define TSAR_HAVE_FLOAT8 1
 #endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+#define TSAR_HAVE_FLOAT8_FNUZ 1
+#endif
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
 #define TSAR_HAVE_UINT_WIDE 1
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
+#define TSAR_HAVE_FLOAT8_E8M0 1
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+#define TSAR_HAVE_FLOAT4 1
 #endif
 
 namespace tsar {
@@ -55,6 +64,20 @@ std::optional<c10::ScalarType> MaybeScalarType(DType dtype) {
       return c10::ScalarType::UInt32;
     case DType::kUInt64:
       return c10::ScalarType::UInt64;
+#endif
+#ifdef TSAR_HAVE_FLOAT8_FNUZ
+    case DType::kFloat8E4M3FNUZ:
+      return c10::ScalarType::Float8_e4m3fnuz;
+    case DType::kFloat8E5M2FNUZ:
+      return c10::ScalarType::Float8_e5m2fnuz;
+#endif
+#ifdef TSAR_HAVE_FLOAT8_E8M0
+    case DType::kFloat8E8M0FNU:
+      return c10::ScalarType::Float8_e8m0fnu;
+#endif
+#ifdef TSAR_HAVE_FLOAT4
+    case DType::kFloat4E2M1FNx2:
+      return c10::ScalarType::Float4_e2m1fn_x2;
 #endif
     default:
       break;
@@ -109,6 +132,20 @@ std::optional<DType> FromScalarType(c10::ScalarType type) {
       return DType::kUInt32;
     case c10::ScalarType::UInt64:
       return DType::kUInt64;
+#endif
+#ifdef TSAR_HAVE_FLOAT8_FNUZ
+    case c10::ScalarType::Float8_e4m3fnuz:
+      return DType::kFloat8E4M3FNUZ;
+    case c10::ScalarType::Float8_e5m2fnuz:
+      return DType::kFloat8E5M2FNUZ;
+#endif
+#ifdef TSAR_HAVE_FLOAT8_E8M0
+    case c10::ScalarType::Float8_e8m0fnu:
+      return DType::kFloat8E8M0FNU;
+#endif
+#ifdef TSAR_HAVE_FLOAT4
+    case c10::ScalarType::Float4_e2m1fn_x2:
+      return DType::kFloat4E2M1FNx2;
 #endif
     default:
       return std::nullopt;

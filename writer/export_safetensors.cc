@@ -2,6 +2,7 @@
 // (padded with spaces to a multiple of 8, as the reference writer does), and
 // each tensor's contiguous bytes in tensor order. safetensors forbids shared
 // storage, so aliasing tensors are refused or, on request, copied apart.
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -48,6 +49,14 @@ const char* Code(DType dt) {
       return "U32";
     case DType::kUInt64:
       return "U64";
+    case DType::kFloat8E4M3FNUZ:
+      return "F8_E4M3FNUZ";
+    case DType::kFloat8E5M2FNUZ:
+      return "F8_E5M2FNUZ";
+    case DType::kFloat8E8M0FNU:
+      return "F8_E8M0";
+    case DType::kFloat4E2M1FNx2:
+      return "F4";
     default:
       return nullptr;
   }
@@ -128,11 +137,23 @@ std::vector<std::string> ExportSafetensors(const ArchiveFile& a, const std::stri
           ErrorCode::kOverflow, a.path(), std::nullopt,
           "tensor " + format::Quote(flat(t)) + ": the export would be more than 2^64 - 1 bytes");
     }
+    std::vector<int64_t> shape = t.sizes;
+    if (t.dtype == DType::kFloat4E2M1FNx2) {  // safetensors' F4 shape counts FP4 values
+      if (shape.empty() || shape.back() > std::numeric_limits<int64_t>::max() / 2) {
+        throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
+                    "tensor " + format::Quote(flat(t)) +
+                        ": safetensors' F4 shape counts FP4 values, two per byte, so it needs a "
+                        "last dimension of at most 2^62 - 1, found " +
+                        (shape.empty() ? std::string("a 0-dimensional float4_e2m1fn_x2")
+                                       : std::to_string(shape.back())));
+      }
+      shape.back() *= 2;
+    }
     if (json.size() > 1) json += ',';
     json += nlohmann::json(flat(t)).dump();
     json += ':';
     json +=
-        nlohmann::ordered_json{{"dtype", code}, {"shape", t.sizes}, {"data_offsets", {offset, end}}}
+        nlohmann::ordered_json{{"dtype", code}, {"shape", shape}, {"data_offsets", {offset, end}}}
             .dump();
     offset = end;
   }

@@ -24,6 +24,7 @@
 #include "tsar/error.h"
 #include "writer/importer.h"
 #include "writer/json_util.h"
+#include "writer/strict_json.h"
 
 namespace tsar::importer {
 namespace {
@@ -35,9 +36,6 @@ using format::Quote;
 constexpr uint64_t kMaxHeaderSize = 100'000'000;
 // The header is an 8-byte little-endian length, then that many bytes of JSON.
 constexpr uint64_t kLengthSize = 8;
-// A valid header nests three levels deep ({name: {shape: [...]}}); deeper
-// nesting only costs memory, so it is refused early, as serde_json does at 128.
-constexpr int kMaxJsonDepth = 64;
 constexpr const char* kMetadataKey = "__metadata__";
 
 struct SafetensorsDType {
@@ -62,123 +60,17 @@ constexpr SafetensorsDType kDTypes[] = {
     {"U16", DType::kUInt16},
     {"U32", DType::kUInt32},
     {"U64", DType::kUInt64},
+    {"F8_E4M3FNUZ", DType::kFloat8E4M3FNUZ},
+    {"F8_E5M2FNUZ", DType::kFloat8E5M2FNUZ},
+    {"F8_E8M0", DType::kFloat8E8M0FNU},
+    // Two FP4 values per byte; the file's shape counts FP4 values, so its last
+    // dimension is twice torch's float4_e2m1fn_x2 one (ParseTensor halves it).
+    {"F4", DType::kFloat4E2M1FNx2},
 };
 
 [[noreturn]] void Fail(const std::string& path, std::optional<uint64_t> offset,
                        const std::string& message) {
   throw Error(ErrorCode::kBadInput, path, offset, message);
-}
-
-// A short description of a JSON value for "found ..." (never recursive).
-std::string Describe(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::object:
-      return "an object";
-    case Json::value_t::array: {
-      // Short arrays of numbers, like most data_offsets, are shown as they are.
-      const bool short_numbers =
-          v.size() <= 4 && std::all_of(v.begin(), v.end(), [](const Json& e) {
-            return e.is_number() || e.is_boolean() || e.is_null();
-          });
-      return short_numbers ? v.dump() : "an array of " + std::to_string(v.size());
-    }
-    case Json::value_t::string:
-      return "the string " + Quote(v.get_ref<const std::string&>());
-    case Json::value_t::null:
-      return "null";
-    default:
-      return v.dump();  // a number or a boolean
-  }
-}
-
-std::optional<uint64_t> AsU64(const Json& v) {
-  if (v.is_number_unsigned()) return v.get<uint64_t>();
-  if (v.is_number_integer() && v.get<int64_t>() >= 0) {
-    return static_cast<uint64_t>(v.get<int64_t>());
-  }
-  return std::nullopt;
-}
-
-// nlohmann's DOM parser lets a key repeated in one object through (the
-// last wins); this builder (writer/json_util.h, linear time) refuses it and
-// nesting deeper than kMaxJsonDepth, names the file and offset of a syntax
-// error, and records the keys under each object of the root in file order.
-class StrictDom final : public json::DomBuilder<Json> {
- public:
-  StrictDom(const std::string& path, uint64_t base, const std::string& what,
-            const std::string& noun, std::map<std::string, std::vector<std::string>>* key_order)
-      : DomBuilder(kMaxJsonDepth),
-        path_(path),
-        base_(base),
-        what_(what),
-        noun_(noun),
-        key_order_(key_order) {}
-
- private:
-  bool OnKey(const Json& object, const std::string& k) override {
-    const size_t depth = stack().size();  // open containers; `object` is the last
-    if (object.contains(k)) {
-      if (depth == 1)
-        Fail(path_, std::nullopt, what_ + ": " + noun_ + " " + Quote(k) + " appears twice");
-      std::string where;
-      for (size_t i = 0; i + 1 < keys_.size(); ++i) {
-        where += (i ? "." : "") + Quote(keys_[i]);
-      }
-      Fail(path_, std::nullopt, what_ + ": " + where + ": key " + Quote(k) + " appears twice");
-    }
-    if (depth == 2 && key_order_ != nullptr && stack()[0]->is_object()) {
-      (*key_order_)[keys_[0]].push_back(k);
-    }
-    keys_.resize(depth);
-    keys_.back() = k;
-    return true;
-  }
-  void OnClose() override {
-    if (keys_.size() > stack().size()) keys_.resize(stack().size());
-  }
-  bool OnTooDeep() override {
-    Fail(path_, std::nullopt,
-         what_ + ": expected JSON nested at most " + std::to_string(kMaxJsonDepth) +
-             " levels deep, found deeper nesting");
-  }
-  bool OnError(std::size_t position, const nlohmann::detail::exception& e) override {
-    std::string msg = e.what();
-    const size_t cut = msg.find("] ");
-    if (cut != std::string::npos) msg = msg.substr(cut + 2);
-    for (char& c : msg) {
-      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
-    }
-    Fail(path_, base_ + (position > 0 ? position - 1 : 0),
-         what_ + ": expected valid JSON, found " + msg);
-  }
-
-  const std::string& path_;
-  const uint64_t base_;
-  const std::string& what_;
-  const std::string& noun_;
-  std::map<std::string, std::vector<std::string>>* key_order_;
-  std::vector<std::string> keys_;  // the current key of each open object, outermost first
-};
-
-// Parses `text` (found at file offset `base` of `path`) as one JSON value,
-// with only whitespace after it. Unlike nlohmann's default, a key repeated in
-// one object is an error (`noun` names the root's keys in that message), so
-// is nesting deeper than kMaxJsonDepth, and so is a NUL byte anywhere
-// (nlohmann's lexer would take it for the end of the text and ignore the rest,
-// while other readers see more). Fills `key_order` with the keys of each
-// object directly under the root, in file order (the Json object itself is
-// sorted by key).
-Json ParseStrictJson(std::string_view text, const std::string& path, uint64_t base,
-                     const std::string& what, const std::string& noun,
-                     std::map<std::string, std::vector<std::string>>* key_order) {
-  const size_t nul = text.find('\0');
-  if (nul != std::string_view::npos) {
-    Fail(path, base + nul, what + ": expected JSON text, found a NUL byte");
-  }
-  StrictDom dom(path, base, what, noun, key_order);
-  Json::sax_parse(text.begin(), text.end(), &dom, nlohmann::detail::input_format_t::json,
-                  /*strict=*/true);
-  return dom.Take();
 }
 
 struct TensorSpec {
@@ -231,7 +123,7 @@ TensorSpec ParseTensor(const std::string& path, const std::string& name, const J
     Fail(path, std::nullopt,
          where +
              "dtype: expected one of BOOL, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64, "
-             "F8_E5M2, F8_E4M3, U16, U32, U64, found " +
+             "F8_E5M2, F8_E4M3, U16, U32, U64, F8_E4M3FNUZ, F8_E5M2FNUZ, F8_E8M0, F4, found " +
              Quote(t.dtype_name));
   }
   t.dtype = known->dtype;
@@ -254,6 +146,15 @@ TensorSpec ParseTensor(const std::string& path, const std::string& name, const J
     overflow = overflow || !format::CheckedMul(numel, *d, &numel);
   }
   const std::string described = t.dtype_name + " " + ShapeText(t.shape);
+  if (t.dtype == DType::kFloat4E2M1FNx2) {  // the file counts FP4 values, two per byte
+    if (t.shape.empty() || t.shape.back() % 2 != 0) {
+      Fail(path, std::nullopt,
+           where + "shape: expected a last dimension of even length for F4 (two values per byte), "
+                   "found " + described);
+    }
+    t.shape.back() /= 2;
+    numel /= 2;  // even: its last factor is
+  }
   uint64_t nbytes = 0;
   // A zero dimension makes the product zero even after an earlier overflow.
   if (has_zero) {
@@ -427,7 +328,7 @@ Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& op
          "index: expected at most " + std::to_string(kMaxHeaderSize) + " bytes, found " +
              std::to_string(file->size()));
   }
-  std::map<std::string, std::vector<std::string>> key_order;
+  KeyOrder key_order;
   const Json index =
       ParseStrictJson(std::string_view(reinterpret_cast<const char*>(file->data()), file->size()),
                       path, 0, "index", "key", &key_order);
@@ -473,7 +374,7 @@ Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& op
   const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
   std::vector<std::string> shards;
   std::unordered_set<std::string> shard_set;
-  for (const std::string& name : key_order["weight_map"]) {
+  for (const std::string& name : key_order.members["weight_map"]) {
     const Json& shard = weight_map[name];
     if (!shard.is_string()) {
       Fail(path, std::nullopt,
@@ -515,7 +416,7 @@ Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& op
       found_in.emplace(t.name, &shard);
     }
   }
-  for (const std::string& name : key_order["weight_map"]) {
+  for (const std::string& name : key_order.members["weight_map"]) {
     if (found_in.count(name) == 0) {
       Fail(path, std::nullopt,
            "tensor " + Quote(name) + ": expected in shard " +

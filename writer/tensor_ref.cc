@@ -26,8 +26,8 @@ uint64_t TensorRef::numel() const {
 }
 
 bool TensorRef::is_floating_point() const {
-  return dtype == DType::kFloat64 || dtype == DType::kFloat32 || dtype == DType::kFloat16 ||
-         dtype == DType::kBFloat16 || dtype == DType::kFloat8E5M2 || dtype == DType::kFloat8E4M3FN;
+  return IsFloatingOrComplex(dtype) && dtype != DType::kComplex32 && dtype != DType::kComplex64 &&
+         dtype != DType::kComplex128;
 }
 
 void TensorRef::ByteSpan(uint64_t* begin, uint64_t* end) const {

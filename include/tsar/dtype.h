@@ -30,15 +30,21 @@ enum class DType : uint16_t {
   kUInt16 = 16,  // LibTorch >= 2.3
   kUInt32 = 17,
   kUInt64 = 18,
+  // Format 1.3 (an archive using one of these is written as minor 3).
+  kFloat8E4M3FNUZ = 19,  // torch.float8_e4m3fnuz (LibTorch >= 2.2)
+  kFloat8E5M2FNUZ = 20,  // torch.float8_e5m2fnuz (LibTorch >= 2.2)
+  kFloat8E8M0FNU = 21,   // torch.float8_e8m0fnu, MX block scales (LibTorch >= 2.7)
+  kFloat4E2M1FNx2 = 22,  // torch.float4_e2m1fn_x2: two FP4 values per byte (LibTorch >= 2.8)
 };
 
 // Every code this version knows, in code order.
-inline constexpr DType kAllDTypes[] = {DType::kBool,       DType::kUInt8,      DType::kInt8,
-                                       DType::kInt16,      DType::kInt32,      DType::kInt64,
-                                       DType::kFloat16,    DType::kBFloat16,   DType::kFloat32,
-                                       DType::kFloat64,    DType::kComplex32,  DType::kComplex64,
-                                       DType::kComplex128, DType::kFloat8E5M2, DType::kFloat8E4M3FN,
-                                       DType::kUInt16,     DType::kUInt32,     DType::kUInt64};
+inline constexpr DType kAllDTypes[] = {
+    DType::kBool,          DType::kUInt8,           DType::kInt8,           DType::kInt16,
+    DType::kInt32,         DType::kInt64,           DType::kFloat16,        DType::kBFloat16,
+    DType::kFloat32,       DType::kFloat64,         DType::kComplex32,      DType::kComplex64,
+    DType::kComplex128,    DType::kFloat8E5M2,      DType::kFloat8E4M3FN,   DType::kUInt16,
+    DType::kUInt32,        DType::kUInt64,          DType::kFloat8E4M3FNUZ, DType::kFloat8E5M2FNUZ,
+    DType::kFloat8E8M0FNU, DType::kFloat4E2M1FNx2};
 
 // The dtype with on-disk code `code`, or nullopt for an unknown code.
 std::optional<DType> DTypeFromCode(uint16_t code) noexcept;
@@ -48,6 +54,14 @@ size_t ElementSize(DType dtype) noexcept;
 
 // PyTorch's name without the "torch." prefix: "float32", "bfloat16", "bool"...
 std::string_view DTypeName(DType dtype) noexcept;
+
+// Floating-point or complex (c10's isFloatingType || isComplexType): the
+// dtypes that may require grad (spec R77).
+bool IsFloatingOrComplex(DType dtype) noexcept;
+
+// The lowest format minor version that defines `dtype` (spec section 5.1):
+// 0 for codes 1-18, 3 for codes 19-22.
+uint16_t MinorForDType(DType dtype) noexcept;
 
 // Inverse of DTypeName; also accepts PyTorch's aliases ("float", "half",
 // "double", "long", "int", "short", "cfloat", "cdouble", "chalf").

@@ -40,7 +40,7 @@ MetadataValue FromPython(const py::handle& v, const std::string& key) {
   if (py::isinstance<py::float_>(v)) return v.cast<double>();
   throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
               "metadata " + key + ": expected str, int, float or bytes, found " +
-                  std::string(py::str(v.get_type().attr("__name__"))));
+                  std::string(py::str(py::type::of(v).attr("__name__"))));
 }
 
 // "" = as they are; else a floating dtype name ("float16"), as PackOptions::dtype.

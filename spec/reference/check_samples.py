@@ -21,7 +21,8 @@ from tsar_ref import TsarError, decode, hexb, open_archive, verify, xxh3  # noqa
 
 ROLES = {"tensor": 0, "parameter": 1, "buffer": 2, "sparse_component": 3}
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
-          "complex32", "complex64", "complex128", "float8_e5m2", "float8_e4m3fn", "uint16", "uint32", "uint64"]
+          "complex32", "complex64", "complex128", "float8_e5m2", "float8_e4m3fn", "uint16", "uint32", "uint64",
+          "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2"]
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""tsar_ref.py: an independent decoder of tsar format 1.2 (document revision 5), written
+"""tsar_ref.py: an independent decoder of tsar format 1.3 (document revision 6), written
 from the rules of spec/FORMAT.md alone (not from the C++ code). Used to check the spec against samples/
 and, in tests, to read archives that the C++ packer wrote.
 
@@ -33,15 +33,17 @@ def xxh3_128(b):
     return h.low64, h.high64
 
 MAGIC = bytes([0x89, 0x54, 0x53, 0x41, 0x52, 0x0D, 0x0A, 0x1A])
-ESIZE = {1:1,2:1,3:1,4:2,5:4,6:8,7:2,8:2,9:4,10:8,11:4,12:8,13:16,14:1,15:1,16:2,17:4,18:8}
+ESIZE = {1:1,2:1,3:1,4:2,5:4,6:8,7:2,8:2,9:4,10:8,11:4,12:8,13:16,14:1,15:1,16:2,17:4,18:8,
+         19:1,20:1,21:1,22:1}
 DTNAME = {1:"bool",2:"uint8",3:"int8",4:"int16",5:"int32",6:"int64",7:"float16",8:"bfloat16",9:"float32",
           10:"float64",11:"complex32",12:"complex64",13:"complex128",14:"float8_e5m2",15:"float8_e4m3fn",
-          16:"uint16",17:"uint32",18:"uint64"}
-GRAD_DTYPES = range(7, 16)  # §5.1: the floating-point and complex codes, the only ones R77 lets require grad
+          16:"uint16",17:"uint32",18:"uint64",19:"float8_e4m3fnuz",20:"float8_e5m2fnuz",21:"float8_e8m0fnu",
+          22:"float4_e2m1fn_x2"}
+GRAD_DTYPES = set(range(7, 16)) | set(range(19, 23))  # §5.1: the floating-point and complex codes, the only ones R77 lets require grad
 NONE = 0xFFFFFFFF
 I64MAX = 2**63 - 1
 U64 = 2**64
-MINOR = 2                  # §7: this decoder implements format 1.2
+MINOR = 3                  # §7: this decoder implements format 1.3
 KNOWN_FEATURES = 0x3       # §5.3: header flag bits 0, the value tree (§4.10), and 1, layers (§4.11)
 MAX_LAYER_DEPTH = 8        # §4.11.1: kMaxLayerDepth
 # §5.7: value kinds, by code, as ValueKindName spells them
@@ -240,13 +242,16 @@ def decode(data, path):
         if st >= SC + BC:  # R36
             fail("out_of_bounds", off + 8, F("storage"), f"less than storage_count + base_storage_count {SC + BC}" if layers else f"less than storage_count {SC}", st)
         dt = u16(off + 12)
-        if dt not in ESIZE: fail("bad_dtype", off + 12, F("dtype"), "a dtype code of §5 (1-18)", dt)
+        maxdt = 22 if minor >= 3 else 18  # R37: codes 19-22 are format 1.3's
+        if dt not in ESIZE or dt > maxdt:
+            fail("bad_dtype", off + 12, F("dtype"), f"a dtype code of §5 (1-{maxdt})" +
+                 (f" in format 1.{minor}; code {dt} needs minor 3" if dt in ESIZE else ""), dt)
         role = u8(off + 14)
         if role > 3: fail("invalid_value", off + 14, F("role"), "0-3", role)
         tf = u8(off + 15)
         if tf & 0xFE: fail("reserved_non_zero", off + 15, F("flags"), "bits 1-7 zero", f"0x{tf:02x}")
         if tf & 1 and dt not in GRAD_DTYPES:  # R77, right after R39
-            fail("invalid_value", off + 15, F("requires_grad"), f"0 with dtype {DTNAME[dt]} (only floating-point and complex dtypes, codes 7-15, may require grad)", 1)
+            fail("invalid_value", off + 15, F("requires_grad"), f"0 with dtype {DTNAME[dt]} (only floating-point and complex dtypes, codes 7-15 and 19-22, may require grad)", 1)
         nd = u32(off + 16)
         if nd > 64: fail("bad_shape", off + 16, F("ndim"), "at most 64", nd)
         di = u32(off + 20)

@@ -17,7 +17,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "spec", "
 import tsar_ref  # noqa: E402
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
-          "complex32", "complex64", "complex128", "float8_e5m2", "float8_e4m3fn", "uint16", "uint32", "uint64"]
+          "complex32", "complex64", "complex128", "float8_e5m2", "float8_e4m3fn", "uint16", "uint32", "uint64",
+          "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2"]
 
 
 def python_entries(obj):

@@ -390,8 +390,8 @@ TEST(IndexExtent, EmptyTensorsNonZeroSizesMultiplyToAtMost2p63Minus1) {
 }
 
 TEST(IndexDecode, RequiresGradOnlyOnFloatingPointAndComplexDtypes) {
-  // R77: every dtype of §5.1 with bit 0 of flags set; codes 7-15 are the
-  // floating-point and complex ones.
+  // R77: every dtype of §5.1 with bit 0 of flags set; codes 7-15 and 19-22
+  // are the floating-point and complex ones.
   for (DType dt : kAllDTypes) {
     IndexBuilder b;
     b.AddEntry("m");
@@ -401,7 +401,7 @@ TEST(IndexDecode, RequiresGradOnlyOnFloatingPointAndComplexDtypes) {
     f[flags] = 1;
     Refix(f);
     const auto code = static_cast<uint16_t>(dt);
-    if (code >= 7 && code <= 15) {
+    if ((code >= 7 && code <= 15) || (code >= 19 && code <= 22)) {
       EXPECT_TRUE(ParseString(f).tensors()[0].requires_grad) << DTypeName(dt);
     } else {
       EXPECT_TRUE(ThrowsTsar([&] { ParseString(f); }, ErrorCode::kInvalidValue, flags))
@@ -422,8 +422,8 @@ TEST(IndexDecode, RequiresGradOnlyOnFloatingPointAndComplexDtypes) {
   EXPECT_EQ(e.offset(), t0 + 15);
   EXPECT_STREQ(e.what(),
                "v.tsar: offset 191 (0xbf): tensor #0 \"idx\" requires_grad: expected 0 with dtype "
-               "int64 (only floating-point and complex dtypes, codes 7-15, may require grad), "
-               "found 1");
+               "int64 (only floating-point and complex dtypes, codes 7-15 and 19-22, may require "
+               "grad), found 1");
   // Order: R39 (reserved bits) before R77, and R77 before R40 (ndim).
   f = good;
   f[t0 + 15] = '\x81';
@@ -537,7 +537,7 @@ TEST(IndexBuilder, RefusesFieldValuesOutsideTheirEnumerations) {
       b.AddTensor(t);
     };
   };
-  EXPECT_TRUE(Refuses(with("dtype", [](TensorSpec& t) { t.dtype = static_cast<DType>(19); }),
+  EXPECT_TRUE(Refuses(with("dtype", [](TensorSpec& t) { t.dtype = static_cast<DType>(23); }),
                       ErrorCode::kInvalidArgument, "dtype"));
   EXPECT_TRUE(Refuses(with("dtype0", [](TensorSpec& t) { t.dtype = static_cast<DType>(0); }),
                       ErrorCode::kInvalidArgument, "dtype0"));
@@ -997,7 +997,7 @@ TEST(IndexDecode, AcceptsAHigherMinorWithALongerHeader) {
   const uint64_t storage_off = data_offset;
   f += v10.substr(v10.size() - 8);
   auto* p = reinterpret_cast<uint8_t*>(f.data());
-  StoreU16(p + kOffMinor, 3);
+  StoreU16(p + kOffMinor, 4);
   StoreU32(p + kOffHeaderSize, 128);
   StoreU64(p + kOffIndexOffset, 128);
   StoreU64(p + kOffDataOffset, data_offset);
@@ -1007,14 +1007,14 @@ TEST(IndexDecode, AcceptsAHigherMinorWithALongerHeader) {
   StoreU64(p + storages, storage_off);
   StoreU64(p + kOffIndexXxh3, IndexChecksum(p, 128 + index_size));
   const Index idx = ParseString(f);
-  EXPECT_EQ(idx.header().minor, 3);
+  EXPECT_EQ(idx.header().minor, 4);
   EXPECT_EQ(idx.tensors()[0].name, "w");
   // A feature bit this reader does not know: refused, naming the format needed (R79).
   StoreU32(p + kOffFlags, 0x4);
   StoreU64(p + kOffIndexXxh3, IndexChecksum(p, 128 + index_size));
   ExpectDecodeError(f, ErrorCode::kUnsupportedVersion, kOffFlags,
-                    "flags: expected feature bits of format 1.2 (0x3), found 0x4 (the archive "
-                    "needs a reader of format 1.3)");
+                    "flags: expected feature bits of format 1.3 (0x3), found 0x4 (the archive "
+                    "needs a reader of format 1.4)");
   // Minor 1 exactly: the header must be 64 bytes again (R4).
   StoreU16(p + kOffMinor, 1);
   StoreU32(p + kOffFlags, 0);

@@ -142,7 +142,12 @@ struct Draft {
   std::string Expected(const std::string& file) {
     nlohmann::ordered_json j;
     j["file_size"] = file.size();
-    j["format_version"] = layer ? "1.2" : values.empty() ? "1.0" : "1.1";
+    // §7.1: the lowest version with the features and dtype codes the sample uses.
+    int minor = layer ? 2 : values.empty() ? 0 : 1;
+    for (const TensorSpec& t : tensors) {
+      if (static_cast<uint16_t>(t.dtype) >= 19) minor = std::max(minor, 3);
+    }
+    j["format_version"] = "1." + std::to_string(minor);
     nlohmann::ordered_json storages = nlohmann::ordered_json::array();
     for (uint32_t i = 0; i < data.size(); ++i) {
       storages.push_back({{"id", i},
@@ -457,6 +462,11 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
        with(
            minimal, [](std::string& f) { Put16(f, Table(f, 2) + 12, 99); }, true),
        ErrorCode::kBadDtype, tensor0(12), "dtype code 99"},
+      {"tensor_dtype_needs_1_3",
+       with(
+           minimal, [](std::string& f) { Put16(f, Table(f, 2) + 12, 19); }, true),
+       ErrorCode::kBadDtype, tensor0(12),
+       "dtype code 19 (float8_e4m3fnuz, added by format 1.3) in a minor 0 archive"},
       {"tensor_bad_role",
        with(
            minimal, [](std::string& f) { f[Table(f, 2) + 14] = 9; }, true),
@@ -682,16 +692,21 @@ Draft Shared() {
   return d;
 }
 
-// valid/dtypes: one 2-element tensor of every dtype code.
-Draft Dtypes() {
+// valid/dtypes: one 2-element tensor of every dtype code of format 1.0 (1-18);
+// valid/dtypes_1_3: the same for the codes format 1.3 added (19-22), a minor 3 archive.
+Draft DtypesOf(uint16_t first, uint16_t last) {
   Draft d;
   d.Entry("zoo");
   for (DType dt : kAllDTypes) {
+    const auto code = static_cast<uint16_t>(dt);
+    if (code < first || code > last) continue;
     const uint32_t s = d.Storage(Pattern(2 * ElementSize(dt), static_cast<uint8_t>(dt)));
     d.Tensor(T(std::string(DTypeName(dt)), s, dt, {2}, {1}));
   }
   return d;
 }
+Draft Dtypes() { return DtypesOf(1, format::kLastDTypeCodeOfMinor2); }
+Draft Dtypes13() { return DtypesOf(format::kFirstMinor3DTypeCode, format::kLastDTypeCode); }
 
 // valid/entries_meta: two entries, metadata of every type at both scopes,
 // requires_grad and a device hint.
@@ -924,6 +939,7 @@ std::vector<SampleFile> GenerateSamples() {
                          {"minimal", Minimal},
                          {"shared", Shared},
                          {"dtypes", Dtypes},
+                         {"dtypes_1_3", Dtypes13},
                          {"entries_meta", EntriesMeta},
                          {"aligned", Aligned},
                          {"empty_views", EmptyViews},

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -181,10 +182,19 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
       EXPECT_EQ(e["component_count"], sp.component_count) << tsar_path << " sparse #" << i;
     }
     // The value tree (§4.10, format 1.1): every value record and link.
-    EXPECT_EQ(j["format_version"], idx.is_layer()         ? "1.2"
-                                   : idx.values().empty() ? "1.0"
-                                                          : "1.1")
-        << tsar_path;
+    EXPECT_EQ(j["format_version"], "1." + std::to_string(idx.header().minor)) << tsar_path;
+    EXPECT_EQ(idx.header().minor, std::max<int>(idx.is_layer()           ? 2
+                                                : idx.values().empty() ? 0
+                                                                       : 1,
+                                                std::any_of(idx.tensors().begin(),
+                                                            idx.tensors().end(),
+                                                            [](const auto& t) {
+                                                              return static_cast<int>(t.dtype) >=
+                                                                     19;
+                                                            })
+                                                    ? 3
+                                                    : 0))
+        << tsar_path << ": not the lowest minor with its features and dtypes (§7.1)";
     ASSERT_EQ(j.value("values", nlohmann::json::array()).size(), idx.values().size()) << tsar_path;
     for (size_t i = 0; i < idx.values().size(); ++i) {
       const format::ValueRecord& v = idx.values()[i];
@@ -204,7 +214,7 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
     EXPECT_EQ(j.value("links", nlohmann::json::array()), nlohmann::json(idx.links())) << tsar_path;
     ++checked;
   }
-  EXPECT_EQ(checked, 10);
+  EXPECT_EQ(checked, 11);
 }
 
 // valid/layer.tsar opens over valid/shared.tsar (§4.11): its base storages

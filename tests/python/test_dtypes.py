@@ -1,6 +1,8 @@
 """save -> open keeps every dtype, shape, stride and bit; 0-d, empty and
 non-contiguous tensors; roles and requires_grad."""
+import json
 import os
+import subprocess
 
 import pytest
 import torch
@@ -146,3 +148,71 @@ def test_sparse_round_trip(tmp_path):
         assert torch.equal(a["coo"].to_dense(), coo.to_dense())
         assert torch.equal(a["csr"].to_dense(), csr.to_dense())
         assert a.info("coo.indices").role == "sparse_component"
+
+
+# Format 1.3 added codes 19-22 (spec §5.1, §7.1): an archive that uses one is
+# written as minor 3, any other stays what a 1.0 writer writes.
+FORMAT_1_3 = [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu,
+              torch.float4_e2m1fn_x2]
+
+
+def test_new_dtypes_make_a_minor_3_archive_and_old_ones_do_not(tmp_path):
+    old = {"w": make_tensor(torch.float8_e4m3fn, (4,), seed=1), "i": torch.arange(3)}
+    tsar.save(old, str(tmp_path / "old.tsar"))
+    with tsar.open(str(tmp_path / "old.tsar")) as a:
+        assert a.format_version == (1, 0)
+    for dtype in FORMAT_1_3:
+        path = str(tmp_path / f"{str(dtype)[6:]}.tsar")
+        tsar.save(dict(old, new=make_tensor(dtype, (4,), seed=2)), path)
+        with tsar.open(path) as a:
+            assert a.format_version == (1, 3), dtype
+            assert same_tensor(a["new"], make_tensor(dtype, (4,), seed=2)) == ""
+        # The spec's own decoder agrees, and refuses the same file relabelled minor 0.
+        ref = reference_decoder()
+        data = bytearray(open(path, "rb").read())
+        assert ref.decode(bytes(data), path)["header"]["minor"] == 3
+        data[10:12] = (0).to_bytes(2, "little")  # and refix index_xxh3 (§4.1: bytes [0, 56) and the index)
+        index_end = int.from_bytes(data[24:32], "little") + int.from_bytes(data[32:40], "little")
+        data[56:64] = ref.xxh3(bytes(data[:56] + data[64:index_end])).to_bytes(8, "little")
+        with pytest.raises(ref.TsarError) as e:
+            ref.decode(bytes(data), path)
+        assert e.value.code == "bad_dtype" and "needs minor 3" in str(e.value)
+        open(path, "wb").write(data)
+        with pytest.raises(tsar.Error) as e:
+            tsar.open(path)
+        assert e.value.code == tsar.ErrorCode.BAD_DTYPE and "needs minor 3" in str(e.value)
+
+
+def _fp4(nibble):
+    """FP4 E2M1 by the spec's table (§5.1), independent of cli/element_diff.cc."""
+    mag = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][nibble & 7]
+    return -mag if nibble & 8 else mag
+
+
+def _values(dtype, raw):
+    """Each byte's value(s) as float64: torch's own conversion where it has one."""
+    if dtype == torch.float4_e2m1fn_x2:
+        return torch.tensor([[_fp4(b & 15), _fp4(b >> 4)] for b in raw.tolist()], dtype=torch.float64)
+    return raw.view(dtype).to(torch.float64).unsqueeze(1)
+
+
+@pytest.mark.parametrize("dtype", FORMAT_1_3, ids=lambda d: str(d)[6:])
+def test_diff_decodes_new_dtypes_as_torch_does(tmp_path, cli, dtype):
+    """tsar diff's element decoders against torch's (and the spec's FP4 table): every
+    byte value against its neighbour, the largest |a - b| and how many differ."""
+    a_raw = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    b_raw = (a_raw.to(torch.int32) + 1).remainder(256).to(torch.uint8)
+    va, vb = _values(dtype, a_raw), _values(dtype, b_raw)
+    finite = torch.isfinite(va).all(1) & torch.isfinite(vb).all(1)
+    a_raw, b_raw, va, vb = a_raw[finite], b_raw[finite], va[finite], vb[finite]
+    tsar.save({"x": a_raw.view(dtype)}, str(tmp_path / "a.tsar"))
+    tsar.save({"x": b_raw.view(dtype)}, str(tmp_path / "b.tsar"))
+    dist = (va - vb).pow(2).sum(1).sqrt()  # a pair (FP4 x2) is compared as a complex value is
+    r = subprocess.run([cli, "diff", str(tmp_path / "a.tsar"), str(tmp_path / "b.tsar"), "--json",
+                        "--atol", "1e-300"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    changed = json.loads(r.stdout)["changed"]
+    assert len(changed) == 1 and changed[0]["name"].endswith("x")
+    assert changed[0]["elements"] == len(a_raw)
+    assert changed[0]["differing_elements"] == int((dist > 1e-300).sum())
+    assert changed[0]["max_abs_diff"] == pytest.approx(dist.max().item(), rel=1e-12)

@@ -76,7 +76,9 @@ def test_valid_samples_match_their_expected_json(samples):
              "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
              "complex32": torch.complex32, "complex64": torch.complex64, "complex128": torch.complex128,
              "float8_e5m2": torch.float8_e5m2, "float8_e4m3fn": torch.float8_e4m3fn,
-             "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64}
+             "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64,
+             "float8_e4m3fnuz": torch.float8_e4m3fnuz, "float8_e5m2fnuz": torch.float8_e5m2fnuz,
+             "float8_e8m0fnu": torch.float8_e8m0fnu, "float4_e2m1fn_x2": torch.float4_e2m1fn_x2}
     checked = 0
     dtypes = set()
     for path in valid_samples(samples):

@@ -11,8 +11,12 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Every dtype of PyTorch 1.13 that tsar's format has a code for (spec §5.1).
-# torch 2.x adds the float8 formats of FP8 checkpoints and the wide unsigned ints.
-NEW_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64]
+# torch 2.x adds the float8 formats of FP8 checkpoints and the wide unsigned ints
+# (codes 14-18), then the fnuz float8 variants, the MX scale float8_e8m0fnu and
+# the packed FP4 pair float4_e2m1fn_x2 (codes 19-22, format 1.3).
+NEW_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64,
+              torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu,
+              torch.float4_e2m1fn_x2]
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16,
           torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
           torch.complex32] + NEW_DTYPES
