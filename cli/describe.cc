@@ -1,6 +1,8 @@
 // Value formatting of the tsar command line (cli/describe.h).
 #include "cli/describe.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <sstream>
 
@@ -9,7 +11,9 @@
 namespace tsar::cli {
 
 void ExplainNotAnArchive(const std::string& path, const Error& e) {
-  if (e.code() != ErrorCode::kBadMagic) return;
+  struct stat st;
+  const bool directory = stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  if (e.code() != ErrorCode::kBadMagic && !directory) return;
   importer::InputKind kind = importer::InputKind::kUnknown;
   try {
     kind = importer::Detect(path);
@@ -24,8 +28,8 @@ void ExplainNotAnArchive(const std::string& path, const Error& e) {
     return;
   throw Error(ErrorCode::kBadMagic, path, std::nullopt,
               std::string("this is ") + (kind == importer::InputKind::kHdf5 ? "an " : "a ") +
-                  importer::InputKindName(kind) +
-                  " file, not a tsar archive; pack it first: tsar pack " + path +
+                  importer::InputKindName(kind) + (directory ? " directory" : " file") +
+                  ", not a tsar archive; pack it first: tsar pack " + path +
                   " -o ARCHIVE.tsar");
 }
 

@@ -13,7 +13,8 @@ Run AddPack(CLI::App& app) {
       app.add_subcommand("pack", "Pack model weights into a .tsar archive (atomically)");
   sub->add_option("inputs", args->inputs,
                   "Input files, detected by content: torch.save (.pt/.pth/.bin), TorchScript,\n"
-                  "safetensors (or a sharded *.safetensors.index.json), HDF5 (h5py), or a tsar\n"
+                  "safetensors (or a sharded *.safetensors.index.json), HDF5 (h5py), a directory\n"
+                  "written by TensorDict's memmap() (nested keys joined with '.'), or a tsar\n"
                   "archive (repacked: flattened, rebased, converted with --dtype)");
   sub->add_option("-o,--output", args->output,
                   "Archive to write; replaced atomically, never half-written")

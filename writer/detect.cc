@@ -33,6 +33,8 @@ const char* InputKindName(InputKind kind) {
       return "HDF5";
     case InputKind::kTsar:
       return "tsar";
+    case InputKind::kTensorDict:
+      return "TensorDict memmap";
     case InputKind::kUnknown:
       break;
   }
@@ -46,6 +48,14 @@ bool IsTorchScript(const zip::Reader& zip) {
 
 InputKind DetectByBytes(const std::string& path) {
   struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    struct stat meta;
+    const std::string json = path + "/meta.json";
+    if (stat(json.c_str(), &meta) == 0 && S_ISREG(meta.st_mode)) return InputKind::kTensorDict;
+    throw Error(ErrorCode::kBadInput, path, std::nullopt,
+                "a directory without a meta.json: the only directory tsar reads is one that "
+                "TensorDict's memmap() wrote");
+  }
   const int fd = OpenRegularFile(path, &st, ErrorCode::kBadInput);
   uint8_t b[16] = {0};
   const ssize_t n = pread(fd, b, sizeof b, 0);

@@ -17,14 +17,16 @@ enum class InputKind {
   kSafetensors,
   kSafetensorsIndex,
   kHdf5,
-  kTsar,  // a tsar archive: repacked (flattened, rebased, converted)
+  kTsar,        // a tsar archive: repacked (flattened, rebased, converted)
+  kTensorDict,  // a directory TensorDict's memmap() wrote (meta.json, KEY.memmap)
 };
 // "torch.save", "TorchScript", "safetensors", "safetensors index", "HDF5",
-// "tsar", "unknown".
+// "tsar", "TensorDict memmap", "unknown".
 const char* InputKindName(InputKind kind);
 
-// What the first bytes say; every zip is kTorchSave here. Throws kNotFound /
-// kIo when the file cannot be read, kBadInput when it is not a regular file.
+// What the first bytes say; every zip is kTorchSave here. A directory with a
+// meta.json is kTensorDict. Throws kNotFound / kIo when the file cannot be
+// read, kBadInput when it is neither a regular file nor such a directory.
 InputKind DetectByBytes(const std::string& path);
 
 // A zip whose central directory names TorchScript's records.

@@ -36,6 +36,12 @@ Imported Import(const std::string& path, const ImportOptions& options) {
     }
     return options.torchscript(path, options);
   }
+  // TensorDict's meta.json, named as such, stands for its directory.
+  const size_t slash = path.rfind('/');
+  if (kind == InputKind::kSafetensorsIndex &&
+      path.compare(slash == std::string::npos ? 0 : slash + 1, std::string::npos, "meta.json") == 0) {
+    return ImportTensorDict(path, options);
+  }
   switch (kind) {
     case InputKind::kTorchSave:
     case InputKind::kTorchScript:
@@ -48,6 +54,8 @@ Imported Import(const std::string& path, const ImportOptions& options) {
       return ImportHdf5(path, options);
     case InputKind::kTsar:
       return ImportTsar(path, options);
+    case InputKind::kTensorDict:
+      return ImportTensorDict(path, options);
     case InputKind::kUnknown:
       break;
   }

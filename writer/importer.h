@@ -82,6 +82,9 @@ std::string FirstLine(const std::exception& e);
 Imported ImportSafetensors(const std::string& path, const ImportOptions& options);
 Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& options);
 Imported ImportHdf5(const std::string& path, const ImportOptions& options);
+// A directory TensorDict's memmap() wrote, or its top meta.json
+// (writer/import_tensordict.cc): one entry, nested keys joined with '.'.
+Imported ImportTensorDict(const std::string& path, const ImportOptions& options);
 // A tsar archive, a layer's base storages included (writer/import_tsar.cc):
 // packing it writes a standalone archive (a flattened layer), or a layer
 // over another base.

@@ -169,7 +169,8 @@ def pack(
     """What ``tsar pack`` does: imports files and writes one archive at ``dst``.
 
     ``src`` is a file (torch.save, TorchScript, safetensors or its sharded
-    ``*.safetensors.index.json``, HDF5; detected by content), a list of files, or
+    ``*.safetensors.index.json``, HDF5, a directory written by TensorDict's
+    ``memmap()`` whose nested keys are joined with '.'; detected by content), a list of files, or
     a dict ``{entry_name: file}`` (as ``--entry NAME=FILE``). A file holding one
     state_dict becomes entry ``entry``. Nothing in an input is ever executed:
     torch.save files are read by tsar's own pickle reader, which keeps whole
