@@ -191,21 +191,25 @@ void SequentialWriter::Write(uint64_t offset, const void* data, uint64_t size) {
     throw std::logic_error("SequentialWriter: a write at " + std::to_string(offset) +
                            " before the end of the previous one, " + std::to_string(end_));
   }
-  const uint64_t run_end = run_offset_ + run_.size();
-  if (!run_.empty() &&
-      (offset - run_end > kMaxGap || offset - run_end + size > kRun - run_.size())) {
-    Flush();
-  }
+  if (!run_.empty() && offset - (run_offset_ + run_.size()) > kMaxGap) Flush();
   end_ = offset + size;
-  if (size >= kRun) {  // large: straight to the file
-    Flush();
-    file_.WriteAt(offset, data, size);
-    return;
-  }
-  if (run_.empty()) run_offset_ = offset;
-  run_.resize(offset - run_offset_, 0);  // the gap, as zeros
   const auto* p = static_cast<const uint8_t*>(data);
-  run_.insert(run_.end(), p, p + size);
+  // The bytes up to the next block boundary join the run (with the gap
+  // before them, as zeros); the run goes out when it reaches the boundary.
+  if (run_.empty()) run_offset_ = offset;
+  run_.resize(offset - run_offset_, 0);
+  const uint64_t head = std::min(size, (kBlock - offset % kBlock) % kBlock);
+  run_.insert(run_.end(), p, p + head);
+  if (head == size && (offset + head) % kBlock != 0) return;
+  Flush();
+  p += head;
+  offset += head;
+  size -= head;
+  // Whole blocks straight to the file; the rest starts the next run.
+  const uint64_t body = size - size % kBlock;
+  if (body > 0) file_.WriteAt(offset, p, body);
+  run_offset_ = offset + body;
+  run_.assign(p + body, p + size);
 }
 
 void SequentialWriter::Flush() {
