@@ -1,4 +1,5 @@
 """tsar.load_into (rebind a module in place, zero copy) and tsar.load."""
+import gc
 import os
 from typing import Dict, List, NamedTuple, Optional, Union
 
@@ -6,6 +7,48 @@ import torch
 
 from . import _tsar
 from ._archive import Archive, open as _open
+
+
+_Module = torch.nn.Module
+_PLAIN = {}  # type -> whether state_dict of its instances is Module's own walk
+
+
+def _plain(cls) -> bool:
+    """True when ``cls`` keeps nn.Module's state_dict: no override of
+    state_dict, _save_to_state_dict or get_extra_state."""
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        plain = (cls.state_dict is _Module.state_dict
+                 and cls._save_to_state_dict is _Module._save_to_state_dict
+                 and cls.get_extra_state is _Module.get_extra_state)
+        _PLAIN[cls] = plain
+    return plain
+
+
+def _state_items(module):
+    """``list(module.state_dict(keep_vars=True).items())`` and whether any
+    submodule is training, in one walk of the module tree. state_dict()
+    itself costs 2.4 us and modules() 0.8 us a module in Python (0.43 s for a
+    mixture of experts of 133,000 modules); this walk reads the same dicts in
+    the same order. Modules with state_dict hooks or their own state_dict
+    logic are left to state_dict()."""
+    items, training = [], False
+    stack = [("", module)]
+    while stack:
+        prefix, m = stack.pop()
+        if (m._state_dict_hooks or m._state_dict_pre_hooks or not _plain(type(m))):
+            return list(module.state_dict(keep_vars=True).items()), any(x.training for x in module.modules())
+        training = training or m.training
+        for name, p in m._parameters.items():
+            if p is not None:
+                items.append((prefix + name, p))
+        skip = m._non_persistent_buffers_set
+        for name, b in m._buffers.items():
+            if b is not None and name not in skip:
+                items.append((prefix + name, b))
+        children = [(prefix + name + ".", c) for name, c in m._modules.items() if c is not None]
+        stack.extend(reversed(children))
+    return items, training
 
 
 class BindReport(NamedTuple):
@@ -64,13 +107,23 @@ def load_into(
     Returns a :class:`BindReport`. Not thread-safe for one module.
     """
     archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
-    items = list(module.state_dict(keep_vars=True).items())
-    training = any(m.training for m in module.modules())
-    bound, missing, unexpected, mismatched = _tsar.bind(
-        archive._a(), items, training, entry or "", bool(strict), bool(allow_training),
-        str(archive_prefix), str(module_prefix),
-    )
-    return BindReport(bound, missing, unexpected, mismatched)
+    # The walk and the report make one tuple per tensor and no reference
+    # cycle; left on, the collector promotes them and runs full collections
+    # over the whole heap (a second model awaiting collection made binding
+    # 100,000 tensors 5x slower).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        items, training = _state_items(module)
+        bound, missing, unexpected, mismatched = _tsar.bind(
+            archive._a(), items, training, entry or "", bool(strict), bool(allow_training),
+            str(archive_prefix), str(module_prefix),
+        )
+        del items
+        return BindReport(bound, missing, unexpected, mismatched)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def load(path: Union[str, os.PathLike], entry: Optional[str] = None) -> Dict[str, torch.Tensor]:

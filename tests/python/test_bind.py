@@ -164,3 +164,47 @@ def test_entry_selects_the_state_dict(tmp_path):
     with pytest.raises(tsar.Error) as ei:
         tsar.load_into(m, path, entry="nope")
     assert ei.value.code == tsar.ErrorCode.NOT_FOUND
+
+
+def test_the_module_walk_lists_what_state_dict_lists():
+    """load_into walks the module tree itself (tsar._bind._state_items): the same
+    names, tensor objects and order as state_dict(keep_vars=True), and whether any
+    submodule trains; modules with hooks or their own state_dict logic fall back."""
+    import torchvision
+    from tsar._bind import _state_items
+
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+            self.register_parameter("gone", None)  # None: not in state_dict
+            self.register_buffer("scratch", torch.zeros(2), persistent=False)
+            self.register_buffer("kept", torch.ones(2))
+            self.register_buffer("empty", None)
+            self.seq = torch.nn.Sequential(torch.nn.BatchNorm1d(2), torch.nn.Identity())
+            self.tied = self.lin  # one module under two names
+            self.skip = None
+
+    class Custom(torch.nn.Linear):
+        def _save_to_state_dict(self, destination, prefix, keep_vars):
+            destination[prefix + "renamed"] = self.weight
+
+    def check(m, want_training):
+        items, training = _state_items(m)
+        want = list(m.state_dict(keep_vars=True).items())
+        assert [n for n, _ in items] == [n for n, _ in want]
+        assert all(a is b for (_, a), (_, b) in zip(items, want))
+        assert training == want_training
+
+    check(torchvision.models.resnet18().eval(), False)
+    m = Odd().eval()
+    check(m, False)
+    m.seq[1].train()  # one submodule training is enough
+    check(m, True)
+    custom = torch.nn.Sequential(Custom(2, 2)).eval()
+    check(custom, False)
+    assert "0.renamed" in [n for n, _ in _state_items(custom)[0]]
+    hooked = torch.nn.Sequential(torch.nn.Linear(2, 2)).eval()
+    hooked[0]._register_state_dict_hook(lambda mod, sd, prefix, local: sd.pop(prefix + "bias"))
+    check(hooked, False)
+    assert [n for n, _ in _state_items(hooked)[0]] == ["0.weight"]
