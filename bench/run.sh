@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# bench/run.sh [--build DIR] [--quick] [--only P1,P2,...] [--keep-data DIR]
+# bench/run.sh [--build DIR] [--quick] [--only P1,P2,...,PEERS] [--keep-data DIR]
 #
 # Runs every benchmark of bench/README.md and writes bench/results/
-# (report.md, results.csv, samples.csv, p1/p3/p4 PNG charts). It builds what
+# (report.md, results.csv, samples.csv, p1/p3/p4 PNG charts; peers/peers.md
+# with the real peers of issue 28 and their charts). It builds what
 # it needs: tsar and tsar_bench via bench/standalone (Release) in DIR
 # (default: build-bench/), or reuses DIR if it is already configured. The
 # inputs (about 2.5 GB: a 512 MiB model in three formats, resnet18, 100,000
@@ -69,6 +70,18 @@ fi
 if [ -z "$only" ] || [[ ",$only," == *,P12,* ]]; then
   "$python" "$here/p12_scale.py" --cli "$build/cli/tsar" --data "$data" --out "$results/p12_scale.md" \
     --samples "$results/samples.csv"
+fi
+# Peers (issue 28): tsar beside torch.load(mmap), safetensors, TensorDict,
+# from_pretrained, fastsafetensors and the Run:ai streamer on the same files
+# (results/peers/peers.md). The streaming peers are pinned in
+# scripts/requirements-peers.txt; the set-up installs them, this makes sure.
+if [ -z "$only" ] || [[ ",$only," == *,PEERS,* ]]; then
+  "$python" -m pip install -q -r "$repo/scripts/requirements-peers.txt"
+  size=bench
+  [ ${#quick[@]} -eq 0 ] || size=small
+  PYTHONPATH="$build/python" "$python" "$here/peers/run.py" --out "$results/peers" --size "$size" \
+    --cli "$build/cli/tsar" --workdir "$data/peers"
+  rm -rf "${data:?}/peers"
 fi
 commit=$(git -C "$repo" rev-parse --short HEAD 2> /dev/null || true)
 # Uncommitted changes to the measured code make the commit id insufficient.

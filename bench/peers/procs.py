@@ -1,0 +1,171 @@
+"""The measures of issue 28 that need fresh processes, each peer and tsar on
+the same files: P13 first output (exec to the first forward's result, warm
+and cold page cache), P14 (8 processes started together on a cold cache,
+until all have answered) and P3 (8 workers holding the model: summed Pss
+above 8 workers that hold none).
+
+A worker is ``python -m peers.procs worker PEER KIND SIZE PATH``: it builds the
+architecture, loads PATH with the peer's adapter, runs one forward and prints
+one line, ``READY <seconds since its own exec>`` (the exec time comes from the
+parent in TSAR_BENCH_T0, time.time() just before the spawn). With --hold it
+then waits for its stdin to close, so that the parent can read its Pss. PEER
+"none" loads nothing: the architecture built on meta, then given uninitialised
+CPU memory (to_empty) for its weights (the floor: exec + import + build +
+forward); PEER "meta" only builds on meta and holds
+(the memory floor of P3).
+
+Cold: every file of the model is written back and evicted with
+posix_fadvise(POSIX_FADV_DONTNEED) before the spawn (no page of it is cached,
+as after a reboot); warm: evicted, then read once with read(2) from start to
+end (p9_warm.warm_page_cache), so every peer's file is cached the same way.
+The disk's read bandwidth is measured in the same run: the largest file,
+evicted, then read with 16 MiB read(2) calls.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.dirname(HERE)
+
+
+def evict(paths: List[str]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def disk_bandwidth(path: str) -> float:
+    """Bytes per second of reading `path` from the disk with 16 MiB reads."""
+    evict([path])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t0 = time.perf_counter()
+        n = 0
+        while True:
+            b = os.read(fd, 16 << 20)
+            if not b:
+                break
+            n += len(b)
+        return n / (time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+
+
+def spawn(peer: str, kind: str, size: str, path: str, hold: bool = False) -> subprocess.Popen:
+    env = dict(os.environ, TSAR_BENCH_T0=repr(time.time()), PYTHONPATH=os.pathsep.join(
+        [BENCH] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    cmd = [sys.executable, "-m", "peers.procs", "worker", peer, kind, size, path]
+    if hold:
+        cmd.append("--hold")
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def ready(p: subprocess.Popen, timeout: float = 600) -> float:
+    """The worker's seconds from exec to its first output (raises if it failed)."""
+    line = p.stdout.readline()
+    if not line.startswith("READY "):
+        p.kill()
+        raise RuntimeError(f"worker failed: {line.strip()} {p.stderr.read()[-2000:]}")
+    return float(line.split()[1])
+
+
+def first_output(peer: str, kind: str, size: str, path: str, files: List[str], cold: bool) -> float:
+    from peers.p9_warm import warm_page_cache
+
+    if cold:
+        evict(files)
+    else:
+        warm_page_cache(files)
+    p = spawn(peer, kind, size, path)
+    t = ready(p)
+    p.stdin.close()
+    p.wait()
+    return t
+
+
+def many_cold(peer: str, kind: str, size: str, path: str, files: List[str], n: int = 8) -> float:
+    """P14: seconds from starting n workers together (cold cache) until the last answered."""
+    evict(files)
+    t0 = time.time()
+    ps = [spawn(peer, kind, size, path) for _ in range(n)]
+    for p in ps:
+        ready(p)
+    elapsed = time.time() - t0
+    for p in ps:
+        p.stdin.close()
+        p.wait()
+    return elapsed
+
+
+def pss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no Pss for {pid}")
+
+
+def summed_pss(peer: str, kind: str, size: str, path: str, n: int = 8) -> int:
+    """Summed Pss (KiB) of n workers that each hold the model, after one forward."""
+    ps = [spawn(peer, kind, size, path, hold=True) for _ in range(n)]
+    try:
+        for p in ps:
+            ready(p)
+        return sum(pss_kib(p.pid) for p in ps)
+    finally:
+        for p in ps:
+            p.stdin.close()
+            p.wait()
+
+
+# --- the worker -----------------------------------------------------------------------
+def worker(peer: str, kind: str, size: str, path: str, hold: bool) -> None:
+    import torch  # noqa: F401  (part of what every loader pays)
+    from peers import adapters, models
+
+    spec = models.spec(kind, size)
+    if peer == "meta":  # the memory floor: torch imported, the architecture on meta
+        spec.make(True)
+        print(f"READY {time.time() - float(os.environ['TSAR_BENCH_T0']):.6f}", flush=True)
+        sys.stdin.read()
+        return
+    if peer == "none":  # the floor: weights allocated in place, never initialised or read
+        module = spec.make(True).to_empty(device="cpu")
+    else:
+        module = adapters.by_name([peer])[0].load(path, spec.make)
+    y = spec.forward(module, spec.example_input())
+    float(y.float().sum())  # the result exists
+    if hold:
+        adapters.touch_every_page(module)  # what a worker serving requests ends up holding
+    print(f"READY {time.time() - float(os.environ['TSAR_BENCH_T0']):.6f}", flush=True)
+    if hold:
+        sys.stdin.read()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("worker")
+    w.add_argument("peer")
+    w.add_argument("kind")
+    w.add_argument("size")
+    w.add_argument("path")
+    w.add_argument("--hold", action="store_true")
+    args = ap.parse_args()
+    if args.cmd == "worker":
+        worker(args.peer, args.kind, args.size, args.path, args.hold)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,400 @@
+"""run.py --out DIR [--size bench|small|tiny] [--workdir DIR] [--only P9,P13,P14,P3,P5,VERIFY]
+
+tsar beside the real peers (issue 28), on the same tensors, in one run: every
+peer gets the file format it is built for, written from one reference model
+of each kind (models.py), and every measure runs every peer on the same page
+cache state. Writes DIR/peers.md (tables, versions, exact calls, where a peer
+wins), DIR/peers.csv and one PNG chart per measure (gnuplot, if installed).
+
+Measures (see bench/README.md, "Peers"):
+  P9   warm open + bind into a module built on meta (p9_warm.py), models a, b, c
+  P13  exec to first output in a fresh process, warm and cold cache, models a, b;
+       cold beside the disk's read bandwidth measured in the same run
+  P14  8 processes started together on a cold cache, until all answered, model b
+  P3   8 workers holding model b: summed Pss above 8 workers holding nothing
+  P5   open of 100,000 tensors, and open + every tensor, model c
+  VERIFY  time to check every byte (tsar verify) beside memcpy of as many bytes
+"""
+import argparse
+import csv
+import gc
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import torch  # noqa: E402
+
+from peers import adapters, models, p9_warm, procs  # noqa: E402
+
+MEASURES = ("P9", "P13", "P14", "P3", "P5", "VERIFY")
+# The peers of the process measures: every CPU loader (the GPU rows are the issue "CUDA"'s).
+PROCESS_PEERS = ["tsar", "torch.load(mmap)", "safetensors.load_file", "safetensors.safe_open",
+                 "tensordict.load_memmap", "transformers.from_pretrained", "fastsafetensors (buffered)",
+                 "runai-model-streamer (buffered)"]
+
+
+class Report:
+    def __init__(self, out):
+        self.out, self.rows, self.md = out, [], []
+
+    def row(self, measure, model, peer, figure, value, unit, note=""):
+        self.rows.append([measure, model, peer, figure, value, unit, note])
+
+    def text(self, s=""):
+        print(s, flush=True)
+        self.md.append(s)
+
+    def table(self, head, rows):
+        self.text("| " + " | ".join(head) + " |")
+        self.text("|" + "---|" * len(head))
+        for r in rows:
+            self.text("| " + " | ".join(str(x) for x in r) + " |")
+        self.text()
+
+    def chart(self, name, title, ylabel, labels, series):
+        """A bar chart: labels on x, one bar per (series name, values)."""
+        if not shutil.which("gnuplot") or not labels:
+            return
+        data = os.path.join(self.out, name + ".dat")
+        with open(data, "w") as f:
+            for i, label in enumerate(labels):
+                vals = ["NaN" if s[1][i] is None else f"{s[1][i]:.6g}" for s in series]
+                f.write('"%s" %s\n' % (label.replace('"', "'"), " ".join(vals)))
+        plots = ", ".join(f"'{data}' using {i + 2}:xtic(1) title '{s[0]}'" for i, s in enumerate(series))
+        script = (f"set terminal png size 1100,500; set output '{os.path.join(self.out, name + '.png')}';"
+                  f"set title '{title}'; set ylabel '{ylabel}'; set style data histograms;"
+                  "set style fill solid 0.8; set xtics rotate by -30; set key top left; set grid y;"
+                  f"set yrange [0:*]; plot {plots}")
+        subprocess.run(["gnuplot", "-e", script], check=False, capture_output=True)
+        os.unlink(data)
+        self.text(f"![{title}]({name}.png)")
+        self.text()
+
+    def save(self):
+        with open(os.path.join(self.out, "peers.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["measure", "model", "peer", "figure", "value", "unit", "note"])
+            w.writerows(self.rows)
+        with open(os.path.join(self.out, "peers.md"), "w") as f:
+            f.write("\n".join(self.md) + "\n")
+
+
+def ms(x):
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def ratio(x, y):
+    return "-" if not x or not y else f"{x / y:.1f}x"
+
+
+def sources(size, workdir, kinds, log):
+    out = {}
+    for kind in kinds:
+        spec = models.spec(kind, size)
+        log(f"# {spec.title}: building the reference weights")
+        os.makedirs(os.path.join(workdir, kind), exist_ok=True)
+        out[kind] = adapters.Source(spec, spec.reference(), os.path.join(workdir, kind))
+    return out
+
+
+def runnable(names, spec):
+    for a in adapters.by_name(names):
+        reason = a.unavailable() or a.applies(spec)
+        yield a, reason
+
+
+def p9(rep, srcs, repeat):
+    rep.text("## P9: warm open + bind")
+    rep.text("From the file (cached, every peer's the same way) to a module whose parameters are "
+             "the file's tensors: the architecture built on meta beforehand (`build`, not counted), "
+             "then the peer's calls (`bind`); `+ touch` reads one byte of every page after. "
+             "from_pretrained builds its own architecture, so its figure is the whole load. "
+             "Median of %d runs, garbage collector off while timing." % repeat)
+    rep.text()
+    for kind, src in srcs.items():
+        results = []
+        for a, reason in runnable([], src.spec):
+            if reason:
+                results.append(p9_warm.Measurement(a, src.spec, reason=reason))
+                continue
+            try:
+                results.append(p9_warm.measure(a, src.spec, a.prepare(src), repeat, touch=True))
+            except Exception as e:
+                results.append(p9_warm.Measurement(a, src.spec, reason=f"failed: {type(e).__name__}: {e}"))
+            gc.collect()
+        tsar = next(r for r in results if r.adapter.name == "tsar").median("bind")
+        rows, labels, binds = [], [], []
+        best = None
+        for r in results:
+            if r.reason:
+                rep.row("P9", kind, r.adapter.name, "bind", "", "s", r.reason)
+                continue
+            b = r.median("bind") or r.median("load")
+            rep.row("P9", kind, r.adapter.name, "bind", f"{b:.6f}", "s")
+            rep.row("P9", kind, r.adapter.name, "bind+touch", f"{r.bind_touch() or r.median('load'):.6f}", "s")
+            if r.adapter.name != "tsar":
+                best = b if best is None else min(best, b)
+            rows.append([r.adapter.name, r.adapter.version, ms(b), ms(r.bind_touch()),
+                         ratio(b, tsar), "maps the file" if r.adapter.maps_file else "copies"])
+            labels.append(r.adapter.name)
+            binds.append(b * 1e3)
+        rep.text(f"### ({kind}) {src.spec.title}")
+        rep.table(["peer", "version", "bind ms", "bind + touch ms", "/ tsar", "tensors"], rows)
+        goal = 30 if kind == "c" else 10
+        rep.text(f"tsar {ms(tsar)} ms, the fastest peer {ms(best)} ms: **{best / tsar:.1f}x** "
+                 f"(goal {goal}x: {'met' if best / tsar >= goal else 'missed'}).")
+        for r in results:
+            if r.reason:
+                rep.text(f"- {r.adapter.name} {r.adapter.version}: {r.reason}")
+        rep.text()
+        rep.chart(f"peers_p9_{kind}", f"P9 warm open + bind, model ({kind}), ms", "ms", labels,
+                  [("bind", binds)])
+
+
+def files_of(path):
+    return adapters.files_of(path)
+
+
+def p13(rep, srcs, repeat, log):
+    rep.text("## P13: first output in a fresh process")
+    bw = None
+    rows, labels, warm_s, cold_s = [], [], [], []
+    for kind in ("a", "b"):
+        if kind not in srcs:
+            continue
+        src = srcs[kind]
+        biggest = max((os.path.getsize(f), f) for f in files_of(adapters.by_name(["tsar"])[0].prepare(src)))[1]
+        bw = procs.disk_bandwidth(biggest)
+        rep.row("P13", kind, "disk", "read bandwidth", f"{bw:.0f}", "B/s", "16 MiB read(2) of the evicted .tsar")
+        floor = statistics.median(procs.first_output("none", kind, src.spec.size, "-", [], False)
+                                  for _ in range(repeat))
+        rep.row("P13", kind, "none", "first output", f"{floor:.6f}", "s", "meta + to_empty, no file")
+        rows.append([f"({kind})", "no load (floor)", "", ms(floor), "", "", ""])
+        for a, reason in runnable(PROCESS_PEERS, src.spec):
+            if reason:
+                continue
+            path = a.prepare(src)
+            files = files_of(path)
+            nbytes = sum(os.path.getsize(f) for f in files)
+            log(f"# P13 {kind} {a.name}")
+            try:
+                warm = statistics.median(procs.first_output(a.name, kind, src.spec.size, path, files, False)
+                                         for _ in range(repeat))
+                cold = statistics.median(procs.first_output(a.name, kind, src.spec.size, path, files, True)
+                                         for _ in range(repeat))
+            except Exception as e:
+                rep.row("P13", kind, a.name, "first output", "", "s", f"failed: {e}")
+                continue
+            rep.row("P13", kind, a.name, "warm", f"{warm:.6f}", "s")
+            rep.row("P13", kind, a.name, "cold", f"{cold:.6f}", "s")
+            read_bw = nbytes / (cold - warm) if cold > warm else None
+            rows.append([f"({kind})", a.name, a.version, ms(warm), ms(warm - floor), ms(cold),
+                         "-" if read_bw is None else f"{read_bw / 2**20:.0f} MiB/s ({read_bw / bw:.2f}x)"])
+            labels.append(f"{kind}: {a.name}")
+            warm_s.append(warm * 1e3)
+            cold_s.append(cold * 1e3)
+    rep.text("From `exec` of a new Python process to the first forward's result (the worker of "
+             "`procs.py`: import, build on meta, load, forward). *Above floor* subtracts a process "
+             "that builds the model on meta, gives it uninitialised memory (`to_empty`) and loads "
+             "nothing (`import torch` alone "
+             "is about 1.6 s). Cold: the files evicted with `posix_fadvise(DONTNEED)` first; "
+             "*cold read rate* is the file's bytes over (cold - warm), beside the disk's read "
+             f"bandwidth measured in the same run ({bw / 2**20:.0f} MiB/s). Median of {repeat}.")
+    rep.text()
+    rep.table(["model", "peer", "version", "warm ms", "warm above floor ms", "cold ms", "cold read rate"], rows)
+    rep.chart("peers_p13", "P13 exec to first output, ms", "ms", labels, [("warm", warm_s), ("cold", cold_s)])
+
+
+def p14_p3(rep, srcs, log, workers=8):
+    if "b" not in srcs:
+        return
+    src = srcs["b"]
+    rep.text("## P14 and P3: eight workers, model (b)")
+    # Workers that import torch and build the architecture on meta, holding no weight.
+    base = procs.summed_pss("meta", "b", src.spec.size, "-", n=workers) * 1024 / workers
+    rep.row("P3", "b", "meta (no weights)", "Pss per worker", f"{base:.0f}", "B")
+    rows, labels, pss_s, start_s = [], [], [], []
+    for a, reason in runnable(PROCESS_PEERS, src.spec):
+        if reason:
+            continue
+        path = a.prepare(src)
+        files = files_of(path)
+        one = sum(os.path.getsize(f) for f in files)
+        n = workers if a.maps_file else 2  # 8 private copies of 2 GiB and 8 torch imports do not fit in 24 GiB
+        log(f"# P14/P3 {a.name} ({n} workers)")
+        try:
+            start = procs.many_cold(a.name, "b", src.spec.size, path, files, n)
+            pss = procs.summed_pss(a.name, "b", src.spec.size, path, n) * 1024 - base * n
+        except Exception as e:
+            rep.row("P3", "b", a.name, "summed Pss", "", "B", f"failed: {e}")
+            continue
+        rep.row("P14", "b", a.name, f"{n} cold starts", f"{start:.6f}", "s")
+        rep.row("P3", "b", a.name, f"summed Pss of {n}", f"{pss}", "B")
+        rows.append([a.name, n, ms(start), f"{one * n / 2**20 / (start):.0f}" if start else "-",
+                     f"{pss / 2**20:.0f}", "maps the file" if a.maps_file else "copies"])
+        labels.append(a.name)
+        pss_s.append(pss / 2**20 / n * workers if not a.maps_file else pss / 2**20)
+        start_s.append(start * 1e3)
+    rep.text(f"P14: {workers} processes started together on a cold cache (files evicted), until the "
+             "last printed its first output; MiB/s is the model's bytes times the workers over that time. "
+             f"P3: summed Pss of the workers, each after one forward and a read of every page of its "
+             f"tensors, minus {workers} workers that built the architecture on meta and hold no "
+             f"weight ({base / 2**20:.0f} MiB each): the model-attributable memory. A copying peer "
+             f"holds a private copy per worker by contract: it runs with 2 "
+             f"workers here (8 private copies of 2 GiB beside 8 `import torch` do not fit in 24 GiB); "
+             "the chart shows its figure times 4. The model's file is "
+             f"{sum(os.path.getsize(f) for f in files_of(adapters.by_name(['tsar'])[0].prepare(src))) / 2**20:.0f} MiB "
+             "(one copy; goal for tsar: at most 1.05x).")
+    rep.text()
+    rep.table(["peer", "workers", "all answered ms", "MiB/s", "model-attributable summed Pss MiB", "tensors"], rows)
+    rep.chart("peers_p3", f"P3 summed Pss of {workers} workers holding model (b), MiB", "MiB", labels,
+              [("summed Pss", pss_s)])
+    rep.chart("peers_p14", f"P14 {workers} workers from a cold cache, until all answered, ms", "ms",
+              labels, [("all answered", start_s)])
+
+
+def p5(rep, srcs, repeat):
+    if "c" not in srcs:
+        return
+    import tsar
+    from safetensors import safe_open
+
+    src = srcs["c"]
+    paths = {a.name: a.prepare(src) for a in adapters.by_name(["tsar", "safetensors.safe_open", "torch.load(mmap)"])}
+    for p in paths.values():
+        p9_warm.warm_page_cache(files_of(p))
+
+    def timed(fn):
+        out = []
+        for _ in range(repeat):
+            gc.collect()
+            gc.disable()
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+            gc.enable()
+        return statistics.median(out)
+
+    def tsar_open():
+        tsar.open(paths["tsar"]).close()
+
+    def tsar_all():
+        with tsar.open(paths["tsar"]) as a:
+            a.state_dict()
+
+    def st_open():
+        with safe_open(paths["safetensors.safe_open"], "pt") as f:
+            f.keys()
+
+    def st_all():
+        with safe_open(paths["safetensors.safe_open"], "pt") as f:
+            {k: f.get_tensor(k) for k in f.keys()}
+
+    def pt_all():
+        torch.load(paths["torch.load(mmap)"], mmap=True, weights_only=True)
+
+    figures = [("tsar", "tsar.open(path)", timed(tsar_open), "tsar.open(path).state_dict()", timed(tsar_all)),
+               ("safetensors", "safe_open(path).keys()", timed(st_open),
+                "{k: f.get_tensor(k) for k in f.keys()}", timed(st_all)),
+               ("torch.load(mmap)", "-", None, "torch.load(path, mmap=True, weights_only=True)", timed(pt_all))]
+    rep.text("## P5: 100,000 tensors, model (c)")
+    rep.text(f"Warm cache, in process, median of {repeat}.")
+    rep.text()
+    rows = []
+    for name, c1, t1, c2, t2 in figures:
+        rep.row("P5", "c", name, "open", "" if t1 is None else f"{t1:.6f}", "s", c1)
+        rep.row("P5", "c", name, "open + every tensor", f"{t2:.6f}", "s", c2)
+        rows.append([name, c1, ms(t1), c2, ms(t2)])
+    rep.table(["peer", "open", "ms", "open + every tensor", "ms"], rows)
+    rep.chart("peers_p5", "P5 100,000 tensors: open + every tensor, ms", "ms", [f[0] for f in figures],
+              [("open + every tensor", [f[4] * 1e3 for f in figures])])
+
+
+def verify(rep, srcs, repeat, cli):
+    if "b" not in srcs:
+        return
+    src = srcs["b"]
+    path = adapters.by_name(["tsar"])[0].prepare(src)
+    p9_warm.warm_page_cache([path])
+    size = os.path.getsize(path)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        subprocess.run([cli, "verify", path], check=True, capture_output=True)
+        times.append(time.perf_counter() - t0)
+    t = statistics.median(times)
+    x = torch.empty(size // 2, dtype=torch.uint8)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    cp = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        y.copy_(x)
+        cp.append(time.perf_counter() - t0)
+    memcpy = (size // 2) / statistics.median(cp)
+    rep.row("VERIFY", "b", "tsar", "verify", f"{t:.6f}", "s", "tsar verify PATH (every storage's XXH3)")
+    rep.row("VERIFY", "b", "memcpy", "bandwidth", f"{memcpy:.0f}", "B/s", f"torch copy_ ({torch.get_num_threads()} threads)")
+    rep.text("## Integrity")
+    rep.text(f"`tsar verify` of model (b) ({size / 2**20:.0f} MiB, warm): {ms(t)} ms, "
+             f"{size / t / 2**30:.2f} GiB/s; memcpy on this machine {memcpy / 2**30:.2f} GiB/s: "
+             f"**{size / t / memcpy:.2f}x** (goal 0.9x). None of the peers offers a check of every byte: "
+             "safetensors, TensorDict and the streamers store no checksum; torch.save's zip records "
+             "carry CRC-32s that torch.load(mmap=True) does not check.")
+    rep.text()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--size", choices=models.SIZES, default="bench")
+    ap.add_argument("--workdir", help="where the model files go (default: a temporary directory under $TMPDIR)")
+    ap.add_argument("--only", default=",".join(MEASURES))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cli", default="tsar", help="the tsar command, for VERIFY")
+    args = ap.parse_args()
+    only = set(args.only.upper().split(","))
+    os.makedirs(args.out, exist_ok=True)
+    owned = None
+    workdir = args.workdir
+    if not workdir:
+        owned = tempfile.TemporaryDirectory(prefix="tsar-peers.", dir=os.environ.get("TMPDIR", "/var/tmp"))
+        workdir = owned.name
+    rep = Report(args.out)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    kinds = ["a", "b"] + (["c"] if only & {"P9", "P5"} else [])
+    rep.text(f"# tsar beside the peers ({args.size} size), {time.strftime('%Y-%m-%d %H:%M')}")
+    rep.text()
+    rep.text(f"Machine: {os.cpu_count()} cores, load average {open('/proc/loadavg').read().split()[0]} at start. "
+             "Versions and exact calls:")
+    rep.text()
+    for a in adapters.ADAPTERS:
+        rep.text(f"- **{a.name}** {a.version}: `{a.calls}`")
+    rep.text()
+    try:
+        srcs = sources(args.size, workdir, kinds, log)
+        if "P9" in only:
+            p9(rep, srcs, args.repeat)
+        if "P5" in only:
+            p5(rep, srcs, args.repeat)
+        srcs.pop("c", None)
+        if "P13" in only:
+            p13(rep, srcs, args.repeat, log)
+        if only & {"P14", "P3"}:
+            p14_p3(rep, srcs, log)
+        if "VERIFY" in only:
+            verify(rep, srcs, args.repeat, args.cli)
+    finally:
+        rep.save()
+        if owned:
+            owned.cleanup()
+
+
+if __name__ == "__main__":
+    main()
