@@ -6,7 +6,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/describe.h"
-#include "format/checksum.h"
+#include "loader/hash_storages.h"
 #include "tsar/archive_file.h"
 
 namespace tsar::cli {
@@ -23,21 +23,18 @@ int VerifyOne(const std::string& path) {
   }
   const ArchiveFile& a = *opened;
   const auto storages = a.storages();
-  uint64_t total = 0, done = 0;
+  uint64_t total = 0;
   for (const auto& s : storages) total += s.nbytes;
   Progress progress("verifying " + path, total, true);
+  std::vector<ByteRange> ranges;  // a layer's base storages too, in the base file
+  for (const auto& s : storages) {
+    ranges.push_back({static_cast<const uint8_t*>(a.storage_data(s.id)), s.nbytes});
+  }
+  const std::vector<uint64_t> hashes =
+      HashRanges(ranges, [&](uint64_t done) { progress.Update(done); });
   std::vector<uint32_t> bad;
-  constexpr uint64_t kChunk = 16u << 20;
-  for (const auto& s : storages) {  // a layer's base storages too, in the base file
-    const auto* bytes = static_cast<const uint8_t*>(a.storage_data(s.id));
-    format::Xxh3Stream h;
-    for (uint64_t off = 0; off < s.nbytes; off += kChunk) {
-      const uint64_t n = std::min(kChunk, s.nbytes - off);
-      h.Update(bytes + off, static_cast<size_t>(n));
-      done += n;
-      progress.Update(done);
-    }
-    if (h.Digest() != s.xxh3) bad.push_back(s.id);
+  for (const auto& s : storages) {
+    if (hashes[s.id] != s.xxh3) bad.push_back(s.id);
   }
   progress.Done();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

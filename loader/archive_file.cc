@@ -15,6 +15,7 @@
 #include "format/reader.h"
 #include "format/value_tree.h"
 #include "loader/archive_core.h"
+#include "loader/hash_storages.h"
 #include "loader/open_file.h"
 #include "loader/value_tree.h"
 
@@ -324,12 +325,24 @@ std::vector<std::pair<std::string, MetadataValue>> ArchiveFile::metadata_items(
   return out;
 }
 
+namespace {
+
+std::vector<uint64_t> HashStorages(const ArchiveCore& core) {
+  std::vector<ByteRange> ranges;
+  for (uint32_t i = 0; i < core.index.storages().size(); ++i) {
+    ranges.push_back({core.StorageData(i), core.index.storages()[i].nbytes});
+  }
+  return HashRanges(ranges);
+}
+
+}  // namespace
+
 std::vector<std::string> ArchiveFile::damaged() const {
   const auto& index = core_->index;
+  const std::vector<uint64_t> hashes = HashStorages(*core_);
   std::vector<bool> bad(index.storages().size());
   for (uint32_t i = 0; i < index.storages().size(); ++i) {
-    const auto& s = index.storages()[i];
-    bad[i] = format::Xxh3(core_->StorageData(i), s.nbytes) != s.xxh3;
+    bad[i] = hashes[i] != index.storages()[i].xxh3;
   }
   std::vector<std::string> out;
   for (uint32_t t = 0; t < index.tensors().size(); ++t) {
@@ -340,9 +353,10 @@ std::vector<std::string> ArchiveFile::damaged() const {
 
 void ArchiveFile::verify() const {
   const auto& index = core_->index;
-  for (uint32_t i = 0; i < index.storages().size(); ++i) {
+  const std::vector<uint64_t> hashes = HashStorages(*core_);
+  for (uint32_t i = 0; i < index.storages().size(); ++i) {  // the first damaged, in file order
     const auto& s = index.storages()[i];
-    const uint64_t got = format::Xxh3(core_->StorageData(i), s.nbytes);
+    const uint64_t got = hashes[i];
     if (got == s.xxh3) continue;
     const ArchiveCore::Source& src = core_->sources[i];
     std::string tensors;
