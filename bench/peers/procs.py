@@ -116,13 +116,30 @@ def pss_kib(pid: int) -> int:
     raise RuntimeError(f"no Pss for {pid}")
 
 
-def summed_pss(peer: str, kind: str, size: str, path: str, n: int = 8) -> int:
-    """Summed Pss (KiB) of n workers that each hold the model, after one forward."""
+def file_pss_kib(pid: int, files: List[str]) -> int:
+    """Pss (KiB) of the process's mappings of `files` (/proc/PID/smaps): the
+    model's own pages, whatever the rest of the process holds."""
+    wanted = {os.path.realpath(f) for f in files}
+    total, inside = 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's first line
+                inside = len(head) >= 6 and os.path.realpath(head[5]) in wanted
+            elif inside and line.startswith("Pss:"):
+                total += int(head[1])
+    return total
+
+
+def summed_pss(peer: str, kind: str, size: str, path: str, n: int = 8, files=()):
+    """Summed Pss (KiB) of n workers that each hold the model, after one forward;
+    with `files`, also the summed Pss of their mappings of those files."""
     ps = [spawn(peer, kind, size, path, hold=True) for _ in range(n)]
     try:
         for p in ps:
             ready(p)
-        return sum(pss_kib(p.pid) for p in ps)
+        whole = sum(pss_kib(p.pid) for p in ps)
+        return (whole, sum(file_pss_kib(p.pid, files) for p in ps)) if files else whole
     finally:
         for p in ps:
             p.stdin.close()

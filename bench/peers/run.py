@@ -173,10 +173,10 @@ def p13(rep, srcs, repeat, log):
         biggest = max((os.path.getsize(f), f) for f in files_of(adapters.by_name(["tsar"])[0].prepare(src)))[1]
         bw = procs.disk_bandwidth(biggest)
         rep.row("P13", kind, "disk", "read bandwidth", f"{bw:.0f}", "B/s", "16 MiB read(2) of the evicted .tsar")
-        floor = statistics.median(procs.first_output("none", kind, src.spec.size, "-", [], False)
+        floor = statistics.median(procs.first_output("meta", kind, src.spec.size, "-", [], False)
                                   for _ in range(repeat))
-        rep.row("P13", kind, "none", "first output", f"{floor:.6f}", "s", "meta + to_empty, no file")
-        rows.append([f"({kind})", "no load (floor)", "", ms(floor), "", "", ""])
+        rep.row("P13", kind, "meta", "first output", f"{floor:.6f}", "s", "import + build on meta, no load, no forward")
+        rows.append([f"({kind})", "floor: import + build on meta", "", ms(floor), "", "", ""])
         for a, reason in runnable(PROCESS_PEERS, src.spec):
             if reason:
                 continue
@@ -202,8 +202,8 @@ def p13(rep, srcs, repeat, log):
             cold_s.append(cold * 1e3)
     rep.text("From `exec` of a new Python process to the first forward's result (the worker of "
              "`procs.py`: import, build on meta, load, forward). *Above floor* subtracts a process "
-             "that builds the model on meta, gives it uninitialised memory (`to_empty`) and loads "
-             "nothing (`import torch` alone "
+             "that imports torch and builds the model on meta, then stops (no load, no forward; "
+             "`import torch` alone "
              "is about 1.6 s). Cold: the files evicted with `posix_fadvise(DONTNEED)` first; "
              "*cold read rate* is the file's bytes over (cold - warm), beside the disk's read "
              f"bandwidth measured in the same run ({bw / 2**20:.0f} MiB/s). Median of {repeat}.")
@@ -212,11 +212,11 @@ def p13(rep, srcs, repeat, log):
     rep.chart("peers_p13", "P13 exec to first output, ms", "ms", labels, [("warm", warm_s), ("cold", cold_s)])
 
 
-def p14_p3(rep, srcs, log, workers=8):
+def p14_p3(rep, srcs, log, workers=8, do_p14=True):
     if "b" not in srcs:
         return
     src = srcs["b"]
-    rep.text("## P14 and P3: eight workers, model (b)")
+    rep.text("## P14 and P3: eight workers, model (b)" if do_p14 else "## P3: eight workers, model (b)")
     # Workers that import torch and build the architecture on meta, holding no weight.
     base = procs.summed_pss("meta", "b", src.spec.size, "-", n=workers) * 1024 / workers
     rep.row("P3", "b", "meta (no weights)", "Pss per worker", f"{base:.0f}", "B")
@@ -230,18 +230,23 @@ def p14_p3(rep, srcs, log, workers=8):
         n = workers if a.maps_file else 2  # 8 private copies of 2 GiB and 8 torch imports do not fit in 24 GiB
         log(f"# P14/P3 {a.name} ({n} workers)")
         try:
-            start = procs.many_cold(a.name, "b", src.spec.size, path, files, n)
-            pss = procs.summed_pss(a.name, "b", src.spec.size, path, n) * 1024 - base * n
+            start = procs.many_cold(a.name, "b", src.spec.size, path, files, n) if do_p14 else None
+            whole, mapped = procs.summed_pss(a.name, "b", src.spec.size, path, n, files=files)
+            pss = whole * 1024 - base * n
+            mapped *= 1024
         except Exception as e:
             rep.row("P3", "b", a.name, "summed Pss", "", "B", f"failed: {e}")
             continue
-        rep.row("P14", "b", a.name, f"{n} cold starts", f"{start:.6f}", "s")
-        rep.row("P3", "b", a.name, f"summed Pss of {n}", f"{pss}", "B")
+        if start is not None:
+            rep.row("P14", "b", a.name, f"{n} cold starts", f"{start:.6f}", "s")
+        rep.row("P3", "b", a.name, f"summed Pss of {n} above the floor", f"{pss:.0f}", "B")
+        rep.row("P3", "b", a.name, f"summed Pss of {n} workers' mappings of the model files", f"{mapped}", "B")
         rows.append([a.name, n, ms(start), f"{one * n / 2**20 / (start):.0f}" if start else "-",
-                     f"{pss / 2**20:.0f}", "maps the file" if a.maps_file else "copies"])
+                     f"{pss / 2**20:.0f}", f"{mapped / 2**20:.0f} ({mapped / one:.3f}x)",
+                     "maps the file" if a.maps_file else "copies"])
         labels.append(a.name)
         pss_s.append(pss / 2**20 / n * workers if not a.maps_file else pss / 2**20)
-        start_s.append(start * 1e3)
+        start_s.append(None if start is None else start * 1e3)
     rep.text(f"P14: {workers} processes started together on a cold cache (files evicted), until the "
              "last printed its first output; MiB/s is the model's bytes times the workers over that time. "
              f"P3: summed Pss of the workers, each after one forward and a read of every page of its "
@@ -253,11 +258,13 @@ def p14_p3(rep, srcs, log, workers=8):
              f"{sum(os.path.getsize(f) for f in files_of(adapters.by_name(['tsar'])[0].prepare(src))) / 2**20:.0f} MiB "
              "(one copy; goal for tsar: at most 1.05x).")
     rep.text()
-    rep.table(["peer", "workers", "all answered ms", "MiB/s", "model-attributable summed Pss MiB", "tensors"], rows)
+    rep.table(["peer", "workers", "all answered ms", "MiB/s", "summed Pss above the floor MiB",
+               "summed Pss of the file mappings MiB (x one copy)", "tensors"], rows)
     rep.chart("peers_p3", f"P3 summed Pss of {workers} workers holding model (b), MiB", "MiB", labels,
               [("summed Pss", pss_s)])
-    rep.chart("peers_p14", f"P14 {workers} workers from a cold cache, until all answered, ms", "ms",
-              labels, [("all answered", start_s)])
+    if do_p14:
+        rep.chart("peers_p14", f"P14 {workers} workers from a cold cache, until all answered, ms", "ms",
+                  labels, [("all answered", start_s)])
 
 
 def p5(rep, srcs, repeat):
@@ -387,7 +394,7 @@ def main():
         if "P13" in only:
             p13(rep, srcs, args.repeat, log)
         if only & {"P14", "P3"}:
-            p14_p3(rep, srcs, log)
+            p14_p3(rep, srcs, log, do_p14="P14" in only)
         if "VERIFY" in only:
             verify(rep, srcs, args.repeat, args.cli)
     finally:
