@@ -58,8 +58,9 @@ class Report:
             self.text("| " + " | ".join(str(x) for x in r) + " |")
         self.text()
 
-    def chart(self, name, title, ylabel, labels, series):
-        """A bar chart: labels on x, one bar per (series name, values)."""
+    def chart(self, name, title, ylabel, labels, series, log=True):
+        """A bar chart: labels on x, one bar per (series name, values); a
+        logarithmic y axis by default (tsar and the copying peers are 1000x apart)."""
         if not shutil.which("gnuplot") or not labels:
             return
         data = os.path.join(self.out, name + ".dat")
@@ -71,7 +72,8 @@ class Report:
         script = (f"set terminal png size 1100,500; set output '{os.path.join(self.out, name + '.png')}';"
                   f"set title '{title}'; set ylabel '{ylabel}'; set style data histograms;"
                   "set style fill solid 0.8; set xtics rotate by -30; set key top left; set grid y;"
-                  f"set yrange [0:*]; plot {plots}")
+                  "set termoption noenhanced; "  # names with '_' stay as they are
+                  + ("set logscale y; " if log else "set yrange [0:*]; ") + f"plot {plots}")
         subprocess.run(["gnuplot", "-e", script], check=False, capture_output=True)
         os.unlink(data)
         self.text(f"![{title}]({name}.png)")
@@ -209,7 +211,8 @@ def p13(rep, srcs, repeat, log):
              f"bandwidth measured in the same run ({bw / 2**20:.0f} MiB/s). Median of {repeat}.")
     rep.text()
     rep.table(["model", "peer", "version", "warm ms", "warm above floor ms", "cold ms", "cold read rate"], rows)
-    rep.chart("peers_p13", "P13 exec to first output, ms", "ms", labels, [("warm", warm_s), ("cold", cold_s)])
+    rep.chart("peers_p13", "P13 exec to first output, ms", "ms", labels, [("warm", warm_s), ("cold", cold_s)],
+              log=False)
 
 
 def p14_p3(rep, srcs, log, workers=8, do_p14=True):
@@ -261,10 +264,10 @@ def p14_p3(rep, srcs, log, workers=8, do_p14=True):
     rep.table(["peer", "workers", "all answered ms", "MiB/s", "summed Pss above the floor MiB",
                "summed Pss of the file mappings MiB (x one copy)", "tensors"], rows)
     rep.chart("peers_p3", f"P3 summed Pss of {workers} workers holding model (b), MiB", "MiB", labels,
-              [("summed Pss", pss_s)])
+              [("summed Pss", pss_s)], log=False)
     if do_p14:
         rep.chart("peers_p14", f"P14 {workers} workers from a cold cache, until all answered, ms", "ms",
-                  labels, [("all answered", start_s)])
+                  labels, [("all answered", start_s)], log=False)
 
 
 def p5(rep, srcs, repeat):
