@@ -101,7 +101,6 @@ def _default_dtype(dtype):
 
 # --- (a) ResNet-50 style --------------------------------------------------------------
 def _resnet(size: str) -> ModelSpec:
-    import torchvision
     from torchvision.models.resnet import Bottleneck, ResNet
 
     shapes = {

@@ -9,10 +9,8 @@ architecture, loads PATH with the peer's adapter, runs one forward and prints
 one line, ``READY <seconds since its own exec>`` (the exec time comes from the
 parent in TSAR_BENCH_T0, time.time() just before the spawn). With --hold it
 then waits for its stdin to close, so that the parent can read its Pss. PEER
-"none" loads nothing: the architecture built on meta, then given uninitialised
-CPU memory (to_empty) for its weights (the floor: exec + import + build +
-forward); PEER "meta" only builds on meta and holds
-(the memory floor of P3).
+"meta" loads nothing: it imports torch, builds the architecture on meta and
+holds (the floor of P13 and P3).
 
 Cold: every file of the model is written back and evicted with
 posix_fadvise(POSIX_FADV_DONTNEED) before the spawn (no page of it is cached,
@@ -22,26 +20,16 @@ The disk's read bandwidth is measured in the same run: the largest file,
 evicted, then read with 16 MiB read(2) calls.
 """
 import argparse
-import json
 import os
-import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import List
+
+from peers.p9_warm import evict, warm_page_cache
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
-
-
-def evict(paths: List[str]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def disk_bandwidth(path: str) -> float:
@@ -81,8 +69,6 @@ def ready(p: subprocess.Popen, timeout: float = 600) -> float:
 
 
 def first_output(peer: str, kind: str, size: str, path: str, files: List[str], cold: bool) -> float:
-    from peers.p9_warm import warm_page_cache
-
     if cold:
         evict(files)
     else:
@@ -157,10 +143,7 @@ def worker(peer: str, kind: str, size: str, path: str, hold: bool) -> None:
         print(f"READY {time.time() - float(os.environ['TSAR_BENCH_T0']):.6f}", flush=True)
         sys.stdin.read()
         return
-    if peer == "none":  # the floor: weights allocated in place, never initialised or read
-        module = spec.make(True).to_empty(device="cpu")
-    else:
-        module = adapters.by_name([peer])[0].load(path, spec.make)
+    module = adapters.by_name([peer])[0].load(path, spec.make)
     y = spec.forward(module, spec.example_input())
     float(y.float().sum())  # the result exists
     if hold:

@@ -112,6 +112,16 @@ def runnable(names, spec):
         yield a, reason
 
 
+def prepared(names, src):
+    """(adapter, path, its files, their bytes) for each peer that runs here."""
+    for a, reason in runnable(names, src.spec):
+        if reason:
+            continue
+        path = a.prepare(src)
+        files = adapters.files_of(path)
+        yield a, path, files, sum(os.path.getsize(f) for f in files)
+
+
 def p9(rep, srcs, repeat):
     rep.text("## P9: warm open + bind")
     rep.text("From the file (cached, every peer's the same way) to a module whose parameters are "
@@ -160,10 +170,6 @@ def p9(rep, srcs, repeat):
                   [("bind", binds)])
 
 
-def files_of(path):
-    return adapters.files_of(path)
-
-
 def p13(rep, srcs, repeat, log):
     rep.text("## P13: first output in a fresh process")
     bw = None
@@ -172,19 +178,14 @@ def p13(rep, srcs, repeat, log):
         if kind not in srcs:
             continue
         src = srcs[kind]
-        biggest = max((os.path.getsize(f), f) for f in files_of(adapters.by_name(["tsar"])[0].prepare(src)))[1]
+        biggest = max((os.path.getsize(f), f) for f in adapters.files_of(adapters.by_name(["tsar"])[0].prepare(src)))[1]
         bw = procs.disk_bandwidth(biggest)
         rep.row("P13", kind, "disk", "read bandwidth", f"{bw:.0f}", "B/s", "16 MiB read(2) of the evicted .tsar")
         floor = statistics.median(procs.first_output("meta", kind, src.spec.size, "-", [], False)
                                   for _ in range(repeat))
         rep.row("P13", kind, "meta", "first output", f"{floor:.6f}", "s", "import + build on meta, no load, no forward")
         rows.append([f"({kind})", "floor: import + build on meta", "", ms(floor), "", "", ""])
-        for a, reason in runnable(PROCESS_PEERS, src.spec):
-            if reason:
-                continue
-            path = a.prepare(src)
-            files = files_of(path)
-            nbytes = sum(os.path.getsize(f) for f in files)
+        for a, path, files, nbytes in prepared(PROCESS_PEERS, src):
             log(f"# P13 {kind} {a.name}")
             try:
                 warm = statistics.median(procs.first_output(a.name, kind, src.spec.size, path, files, False)
@@ -224,12 +225,7 @@ def p14_p3(rep, srcs, log, workers=8, do_p14=True):
     base = procs.summed_pss("meta", "b", src.spec.size, "-", n=workers) * 1024 / workers
     rep.row("P3", "b", "meta (no weights)", "Pss per worker", f"{base:.0f}", "B")
     rows, labels, pss_s, start_s = [], [], [], []
-    for a, reason in runnable(PROCESS_PEERS, src.spec):
-        if reason:
-            continue
-        path = a.prepare(src)
-        files = files_of(path)
-        one = sum(os.path.getsize(f) for f in files)
+    for a, path, files, one in prepared(PROCESS_PEERS, src):
         n = workers if a.maps_file else 2  # 8 private copies of 2 GiB and 8 torch imports do not fit in 24 GiB
         log(f"# P14/P3 {a.name} ({n} workers)")
         try:
@@ -258,7 +254,7 @@ def p14_p3(rep, srcs, log, workers=8, do_p14=True):
              f"holds a private copy per worker by contract: it runs with 2 "
              f"workers here (8 private copies of 2 GiB beside 8 `import torch` do not fit in 24 GiB); "
              "the chart shows its figure times 4. The model's file is "
-             f"{sum(os.path.getsize(f) for f in files_of(adapters.by_name(['tsar'])[0].prepare(src))) / 2**20:.0f} MiB "
+             f"{sum(os.path.getsize(f) for f in adapters.files_of(adapters.by_name(['tsar'])[0].prepare(src))) / 2**20:.0f} MiB "
              "(one copy; goal for tsar: at most 1.05x).")
     rep.text()
     rep.table(["peer", "workers", "all answered ms", "MiB/s", "summed Pss above the floor MiB",
@@ -279,18 +275,10 @@ def p5(rep, srcs, repeat):
     src = srcs["c"]
     paths = {a.name: a.prepare(src) for a in adapters.by_name(["tsar", "safetensors.safe_open", "torch.load(mmap)"])}
     for p in paths.values():
-        p9_warm.warm_page_cache(files_of(p))
+        p9_warm.warm_page_cache(adapters.files_of(p))
 
     def timed(fn):
-        out = []
-        for _ in range(repeat):
-            gc.collect()
-            gc.disable()
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-            gc.enable()
-        return statistics.median(out)
+        return statistics.median(p9_warm._timed(fn)[0] for _ in range(repeat))
 
     def tsar_open():
         tsar.open(paths["tsar"]).close()

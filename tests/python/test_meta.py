@@ -73,11 +73,17 @@ class TiedLM(torch.nn.Module):
         return self.head(self.norm(torch.relu(self.block(self.emb(ids))) * self.scale))
 
 
-def test_tied_weights_stay_one_parameter(tmp_path):
-    torch.manual_seed(1)
+def saved_tied_lm(tmp_path, seed):
+    """A TiedLM with seeded weights, saved to tmp_path/lm.tsar: (model, path)."""
+    torch.manual_seed(seed)
     ref = TiedLM().eval()
     path = str(tmp_path / "lm.tsar")
     tsar.save(ref, path)
+    return ref, path
+
+
+def test_tied_weights_stay_one_parameter(tmp_path):
+    ref, path = saved_tied_lm(tmp_path, 1)
     with torch.device("meta"):
         m = TiedLM().eval()
     assert m.head.weight is m.emb.weight
@@ -94,10 +100,7 @@ def test_tied_weights_stay_one_parameter(tmp_path):
 
 
 def test_partly_on_meta_binds_all_keeping_cpu_parameters_in_place(tmp_path):
-    torch.manual_seed(2)
-    ref = TiedLM().eval()
-    path = str(tmp_path / "lm.tsar")
-    tsar.save(ref, path)
+    ref, path = saved_tied_lm(tmp_path, 2)
     m = TiedLM().eval()
     m.block.to("meta")
     cpu_param = m.norm.weight  # stays the same object, rebound in place
@@ -176,10 +179,7 @@ def test_the_weights_cost_no_anonymous_memory(tmp_path):
 def test_meta_parameters_stay_the_same_objects(tmp_path):
     """The meta TensorImpl becomes a CPU one in place: an optimizer or hook made
     before the bind holds the bound parameter."""
-    torch.manual_seed(5)
-    ref = TiedLM().eval()
-    path = str(tmp_path / "lm.tsar")
-    tsar.save(ref, path)
+    ref, path = saved_tied_lm(tmp_path, 5)
     with torch.device("meta"):
         m = TiedLM().eval()
     before = {n: p for n, p in m.named_parameters()}
