@@ -32,6 +32,15 @@ class BindTest : public ::testing::Test {
   void SetUp() override { dir_ = testing::TempDir(); }
   void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
   std::string Path(const std::string& n) const { return dir_ + "/" + n; }
+  // Puts `trained` in eval mode, packs it to net.tsar and returns its output on x.
+  torch::Tensor PackNet(Net& trained, const torch::Tensor& x) {
+    trained->eval();
+    const auto out = trained->forward(x);
+    Writer w(Path("net.tsar"));
+    w.add_module(*trained);
+    w.finish();
+    return out;
+  }
   std::string dir_;
 };
 
@@ -43,12 +52,8 @@ TEST_F(BindTest, CppModulePackedAndBoundIntoAFreshInstanceGivesTheSameOutputs) {
     trained->bn->running_mean.uniform_(-1, 1);
     trained->bn->running_var.uniform_(0.5, 2);
   }
-  trained->eval();
   const auto x = torch::randn({4, 32});
-  const auto want = trained->forward(x);
-  Writer w(Path("net.tsar"));
-  w.add_module(*trained);
-  w.finish();
+  const auto want = PackNet(trained, x);
 
   Net fresh;
   fresh->eval();
@@ -106,12 +111,8 @@ TEST_F(BindTest, AModuleOnMetaIsBoundInPlaceAndRunsOnCpu) {
     torch::NoGradGuard g;
     trained->bn->running_mean.uniform_(-1, 1);
   }
-  trained->eval();
   const auto x = torch::randn({4, 32});
-  const auto want = trained->forward(x);
-  Writer w(Path("net.tsar"));
-  w.add_module(*trained);
-  w.finish();
+  const auto want = PackNet(trained, x);
 
   MetaNet fresh;
   fresh->eval();
