@@ -216,3 +216,25 @@ def test_diff_decodes_new_dtypes_as_torch_does(tmp_path, cli, dtype):
     assert changed[0]["elements"] == len(a_raw)
     assert changed[0]["differing_elements"] == int((dist > 1e-300).sum())
     assert changed[0]["max_abs_diff"] == pytest.approx(dist.max().item(), rel=1e-12)
+
+
+def test_a_0d_fp4_pair_cannot_go_to_safetensors(tmp_path, cli):
+    """safetensors' F4 shape counts FP4 values, so a 0-d float4_e2m1fn_x2 (one byte, two
+    values) has no shape there: export refuses it naming the tensor; with a dimension the
+    last one doubles."""
+    one = torch.tensor(0x21, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    tsar.save({"pair": one, "row": torch.arange(3, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)},
+              str(tmp_path / "a.tsar"))
+    r = subprocess.run([cli, "export", str(tmp_path / "a.tsar"), "-o", str(tmp_path / "a.safetensors")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert '"model/pair"' in r.stderr or '"pair"' in r.stderr, r.stderr
+    assert "0-dimensional float4_e2m1fn_x2" in r.stderr
+    assert not os.path.exists(tmp_path / "a.safetensors")
+    tsar.save({"row": torch.arange(3, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)},
+              str(tmp_path / "b.tsar"))
+    subprocess.run([cli, "export", str(tmp_path / "b.tsar"), "-o", str(tmp_path / "b.safetensors")],
+                   check=True, capture_output=True, timeout=60)
+    data = open(tmp_path / "b.safetensors", "rb").read()
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    assert header["row"]["dtype"] == "F4" and header["row"]["shape"] == [6]
