@@ -10,6 +10,7 @@
 #include "format/endian.h"
 #include "format/extent.h"
 #include "format/reader.h"
+#include "format/tensor_parallel.h"
 #include "tsar/error.h"
 
 namespace tsar::format {
@@ -214,6 +215,21 @@ uint32_t IndexBuilder::AddTensor(TensorSpec t) {
                                             Dec(AnyStorageNbytes(t.storage)) + ", found " +
                                             Dec(v.end));
   }
+  if (t.shard_dim != kNone) {  // §4.12: R105-R109 as the decoder words them
+    if (tp_world_ == 0) {
+      Misuse(ErrorCode::kInvalidArgument,
+             what() + "shard_dim: expected SetTensorParallel before a sharded tensor");
+    }
+    const ShardFault f =
+        CheckShard(t.sizes.data(), t.strides.data(), static_cast<uint32_t>(t.sizes.size()),
+                   t.storage_offset, esize, t.role == Role::kSparseComponent, t.shard_dim,
+                   tp_world_, alignment_, AnyStorageNbytes(t.storage), nullptr);
+    if (f.rule != ShardFault::Rule::kNone) {
+      Misuse(ErrorCode::kInvalidArgument,
+             what() + "shard " + f.field + ": expected " + f.expected + ", found " + f.found);
+    }
+    ++shard_count_;
+  }
   Entry& e = entries_.back();
   tensors_.push_back(std::move(t));
   ++e.tensor_count;
@@ -321,6 +337,44 @@ void IndexBuilder::CheckSparse() const {
   }
 }
 
+void IndexBuilder::SetTensorParallel(uint32_t world) {
+  RequireNotPlanned("SetTensorParallel");
+  if (world < 2 || world > kMaxWorld) {  // R100
+    Misuse(ErrorCode::kInvalidArgument,
+           "tp_world: expected 2 to " + Dec(kMaxWorld) + ", found " + Dec(world));
+  }
+  if (shard_count_ != 0 && world != tp_world_) {
+    Misuse(ErrorCode::kInvalidArgument,
+           "SetTensorParallel: expected one world for every sharded tensor, found " +
+               Dec(tp_world_) + " then " + Dec(world));
+  }
+  tp_world_ = world;
+}
+
+// R110: tensors that view a storage holding a sharded tensor's slices are all
+// sharded like the first of them (same dim, dtype and sizes).
+void IndexBuilder::CheckShardedStorages() const {
+  if (tp_world_ == 0) return;
+  std::vector<uint32_t> first(AnyStorageCount(), kNone);
+  for (uint32_t i = 0; i < tensors_.size(); ++i) {
+    if (tensors_[i].shard_dim != kNone && first[tensors_[i].storage] == kNone)
+      first[tensors_[i].storage] = i;
+  }
+  for (uint32_t i = 0; i < tensors_.size(); ++i) {
+    const TensorSpec& t = tensors_[i];
+    const uint32_t k = first[t.storage];
+    if (k == kNone || k == i) continue;
+    const TensorSpec& f = tensors_[k];
+    if (t.shard_dim != f.shard_dim || t.dtype != f.dtype || t.sizes != f.sizes) {
+      Misuse(ErrorCode::kInvalidArgument,
+             "tensor " + Quote(t.name) + ": storage: expected a storage that no sharded tensor "
+             "views, or one sharded like tensor " + Quote(f.name) +
+                 " (same dim, dtype and sizes), found storage #" + Dec(t.storage) +
+                 (t.shard_dim == kNone ? " viewed whole" : " sharded otherwise"));
+    }
+  }
+}
+
 void IndexBuilder::SetValues(std::vector<ValueSpec> values) {
   RequireNotPlanned("SetValues");
   values_ = std::move(values);
@@ -391,6 +445,11 @@ void IndexBuilder::Plan() {
   if (planned_) return;
   CheckSparse();
   CheckValues();
+  CheckShardedStorages();
+  if (tp_world_ != 0 && shard_count_ == 0) {  // R101
+    Misuse(ErrorCode::kInvalidArgument,
+           "shard_count: expected at least 1 sharded tensor in a tensor-parallel archive, found 0");
+  }
   // Names are unique per entry, sparse names included (§6 R66). Tensors and
   // sparse records are checked in the decoder's order, in linear time.
   std::vector<std::unordered_set<std::string_view>> seen(entries_.size());
@@ -442,6 +501,10 @@ void IndexBuilder::Plan() {
     index_size = ((kHeaderSize + index_size + 7) & ~uint64_t{7}) - kHeaderSize + kLayerRecordSize +
                  base_storages_.size() * kBaseStorageRecordSize;
   }
+  if (tp_world_ != 0) {  // §4.12: padding to 8, the shard table
+    index_size = ((kHeaderSize + index_size + 7) & ~uint64_t{7}) - kHeaderSize +
+                 uint64_t{shard_count_} * kShardRecordSize;
+  }
   if (index_size > kMaxIndexSize) {  // R8; it also keeps every count and blob offset in a u32
     Misuse(ErrorCode::kInvalidArgument, "index_size: expected at most " + Dec(kMaxIndexSize) +
                                             " (2 GiB), found " + Dec(index_size));
@@ -480,7 +543,8 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
   StoreU16(p + kOffMajor, kMajorVersion);
   // §7.5: the lowest minor that defines the features used (0 with none).
   const bool tree = !values_.empty();
-  const uint32_t flags = (tree ? kFeatureValueTree : 0) | (has_layer_ ? kFeatureLayers : 0);
+  const uint32_t flags = (tree ? kFeatureValueTree : 0) | (has_layer_ ? kFeatureLayers : 0) |
+                        (tp_world_ != 0 ? kFeatureTensorParallel : 0);
   StoreU16(p + kOffMinor, std::max(MinorForFeatures(flags), dtype_minor_));
   StoreU32(p + kOffFlags, flags);
   StoreU32(p + kOffHeaderSize, kHeaderSize);
@@ -505,6 +569,10 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
     StoreU32(ih + 36, static_cast<uint32_t>(link_count_));
   }
   if (has_layer_) StoreU32(ih + 40, static_cast<uint32_t>(base_storages_.size()));
+  if (tp_world_ != 0) {
+    StoreU32(ih + 44, tp_world_);
+    StoreU32(ih + 48, shard_count_);
+  }
 
   uint8_t* entry_p = ih + kIndexHeaderSize;
   uint8_t* storage_p = entry_p + entries_.size() * kEntryRecordSize;
@@ -607,6 +675,17 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
       StoreU32(b, base_storages_[k].base_storage);
       StoreU64(b + 8, base_storages_[k].nbytes);
       StoreU64(b + 16, base_storages_[k].xxh3);
+    }
+    ext += kLayerRecordSize + base_storages_.size() * kBaseStorageRecordSize;
+  }
+  if (tp_world_ != 0) {  // §4.12: one record per sharded tensor, in tensor order
+    ext = (ext + 7) & ~uint64_t{7};
+    uint8_t* rec = p + ext;
+    for (uint32_t i = 0; i < tensors_.size(); ++i) {
+      if (tensors_[i].shard_dim == kNone) continue;
+      StoreU32(rec, i);
+      StoreU32(rec + 4, tensors_[i].shard_dim);
+      rec += kShardRecordSize;
     }
   }
   StoreU64(ih + 24, blob);

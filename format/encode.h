@@ -29,6 +29,10 @@ struct TensorSpec {
   DeviceType device_type = DeviceType::kUnspecified;
   uint16_t device_index = 0;
   uint32_t sparse = kNone;
+  // §4.12 (format 1.4): the dimension this tensor is split along for the
+  // ranks of SetTensorParallel, or kNone. A sharded tensor is C-contiguous
+  // from offset 0, and its storage holds the slices blocked (ShardLayout).
+  uint32_t shard_dim = kNone;
 };
 
 // One sparse record (§4.6); it belongs to the entry current when it is added.
@@ -121,6 +125,11 @@ class IndexBuilder {
   // come first). Checks R99.
   uint32_t AddBaseStorage(uint32_t base_storage, uint64_t nbytes, uint64_t xxh3);
 
+  // Lays the archive out for `world` tensor-parallel ranks (format 1.4,
+  // header flag kFeatureTensorParallel, §4.12): before any tensor with a
+  // shard_dim is added. `world` is 2 to 65536 (R100); else kInvalidArgument.
+  void SetTensorParallel(uint32_t world);
+
   // The archive's own storages (those AddStorage added).
   uint32_t storage_count() const { return static_cast<uint32_t>(storage_nbytes_.size()); }
   uint64_t storage_nbytes(uint32_t i) const { return storage_nbytes_[i]; }
@@ -164,6 +173,7 @@ class IndexBuilder {
   uint64_t AnyStorageNbytes(uint32_t i) const;
   uint64_t AnyStorageCount() const { return storage_nbytes_.size() + base_storages_.size(); }
   void CheckSparse() const;
+  void CheckShardedStorages() const;  // R110
   void CheckValues() const;
   // Writes the value and link tables at `values_p` (and its bytes into the
   // blob at `blob_p` + *blob), as §4.10 and the blob order of §4.9 say.
@@ -184,6 +194,8 @@ class IndexBuilder {
   uint16_t dtype_minor_ = 0;  // the lowest minor that defines every dtype added
   bool has_layer_ = false;
   LayerSpec layer_;
+  uint32_t tp_world_ = 0;     // SetTensorParallel's world, 0 without
+  uint32_t shard_count_ = 0;  // tensors with a shard_dim
   std::vector<BaseStorage> base_storages_;
   uint64_t link_count_ = 0;
   uint64_t index_size_ = 0;

@@ -3,6 +3,7 @@
 #include "format/index.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "format/extent.h"
 #include "format/name_table.h"
 #include "format/reader.h"
+#include "format/tensor_parallel.h"
 #include "format/values.h"
 
 namespace tsar::format {
@@ -162,7 +164,10 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
   if (h.minor == 0 && h.flags != 0) {  // R13
     r.Fail(ErrorCode::kReservedNonZero, kOffFlags, "flags", "0", Dec(h.flags));
   }
-  if ((h.flags & ~kKnownFeatures) != 0) {  // R79
+  // R79: a bit this reader does not implement, or one that the archive's own
+  // minor does not define (bit 2 is format 1.4's).
+  const uint16_t defined_by = h.minor < kMinorVersion ? h.minor : kMinorVersion;
+  if ((h.flags & ~FeaturesOfMinor(defined_by)) != 0) {
     char found[96];
     if (h.minor > kMinorVersion) {
       std::snprintf(found, sizeof found, "0x%x (the archive needs a reader of format 1.%u)",
@@ -172,8 +177,8 @@ Header DecodeHeader(const uint8_t* data, uint64_t size, uint64_t file_size,
                     h.minor);
     }
     char want[48];
-    std::snprintf(want, sizeof want, "feature bits of format 1.%u (0x%x)", kMinorVersion,
-                  kKnownFeatures);
+    std::snprintf(want, sizeof want, "feature bits of format 1.%u (0x%x)", defined_by,
+                  FeaturesOfMinor(defined_by));
     r.Fail(ErrorCode::kUnsupportedVersion, kOffFlags, "flags", want, found);
   }
   h.index_xxh3 = r.U64(kOffIndexXxh3, "index_xxh3");
@@ -240,12 +245,23 @@ void Index::Decode(const std::string& path) {
   const uint32_t value_count = tree ? r.U32(ih + 32, "value_count") : 0;
   const uint32_t link_count = tree ? r.U32(ih + 36, "link_count") : 0;
   const uint32_t ref_count = layers ? r.U32(ih + 40, "base_storage_count") : 0;
+  const bool tp = (h.flags & kFeatureTensorParallel) != 0;
+  tp_world_ = tp ? r.U32(ih + 44, "tp_world") : 0;
+  shard_count_ = tp ? r.U32(ih + 48, "shard_count") : 0;
   // R17: whatever no feature bit gives a meaning, in offset order.
   if (!tree) RequireZero(r, ih + 32, 8, "index reserved");
   if (!layers) RequireZero(r, ih + 40, 4, "index reserved");
-  RequireZero(r, ih + 44, 20, "index reserved");
+  if (!tp) RequireZero(r, ih + 44, 8, "index reserved");
+  RequireZero(r, ih + 52, 12, "index reserved");
   if (tree && value_count == 0) {  // R80
     r.Fail(ErrorCode::kInvalidValue, ih + 32, "value_count", "at least 1 (the root)", "0");
+  }
+  if (tp && (tp_world_ < 2 || tp_world_ > kMaxWorld)) {  // R100
+    r.Fail(ErrorCode::kInvalidValue, ih + 44, "tp_world", "2 to " + Dec(kMaxWorld),
+           Dec(tp_world_));
+  }
+  if (tp && shard_count_ == 0) {  // R101
+    r.Fail(ErrorCode::kInvalidValue, ih + 48, "shard_count", "at least 1 (a sharded tensor)", "0");
   }
   const uint64_t counts[6] = {entry_count,  storage_count,  tensor_count,
                               sparse_count, metadata_count, dims_count};
@@ -304,6 +320,19 @@ void Index::Decode(const std::string& path) {
     table_offset_[9] = layer_start;
     table_offset_[10] = layer_start + kLayerRecordSize;
     ext_end = layer_start + bytes;
+  }
+  // §4.12: the shard table follows, at a multiple of 8.
+  if (tp) {
+    const uint64_t start = ExtensionStart(r, ext_end, index_end, h.index_size, ih + 48,
+                                          "shard_count", "a shard table", "shard padding");  // R102
+    const uint64_t bytes = uint64_t{shard_count_} * kShardRecordSize;
+    if (bytes > index_end - start) {  // R102
+      r.Fail(ErrorCode::kOutOfBounds, ih + 48, "shard_count",
+             "a shard table that fits in index_size " + Dec(h.index_size),
+             Dec(shard_count_) + " records of " + Dec(kShardRecordSize) + " bytes");
+    }
+    table_offset_[11] = start;
+    ext_end = start + bytes;
   }
   if (h.minor <= kMinorVersion && ext_end != index_end) {  // R20
     r.Fail(ErrorCode::kInvalidValue, kOffIndexSize, "index_size",
@@ -513,6 +542,7 @@ void Index::Decode(const std::string& path) {
     t.numel = v.numel;
     t.nbytes_spanned = v.end - v.begin;
   }
+  if (tp) DecodeShards(r);  // §4.12: R103-R110
 
   // §4.6 sparse records: R54-R64 per record, then R65.
   sparse_.resize(sparse_count);
@@ -737,6 +767,62 @@ void Index::DecodeLayer(const ByteReader& r, uint64_t blob, uint64_t blob_size,
       r.Fail(ErrorCode::kOutOfBounds, off, field() + " base_storage",
              "less than the layer's base_storage_count " + Dec(layer_.base_storage_count),
              Dec(s.base_storage));
+    }
+  }
+}
+
+// §4.12 (format 1.4): the shard table, R103-R109 per record in order, then
+// R110 over the tensors: a storage that holds a sharded tensor's slices is
+// viewed only by tensors sharded the same way.
+void Index::DecodeShards(const ByteReader& r) {
+  const uint8_t* const base = head_.data();
+  const uint32_t tensor_count = static_cast<uint32_t>(tensors_.size());
+  std::vector<uint32_t> first_of(storages_.size(), kNone);  // storage -> its first sharded tensor
+  for (uint32_t j = 0; j < shard_count_; ++j) {
+    const uint64_t off = ShardRecordOffset(j);
+    const uint32_t i = LoadU32(base + off);
+    const uint32_t dim = LoadU32(base + off + 4);
+    const std::string rec = "shard #" + Dec(j);
+    if (i >= tensor_count) {  // R103
+      r.Fail(ErrorCode::kOutOfBounds, off, rec + " tensor",
+             "less than tensor_count " + Dec(tensor_count), Dec(i));
+    }
+    const uint32_t prev = j == 0 ? kNone : LoadU32(base + off - kShardRecordSize);
+    if (j > 0 && i <= prev) {  // R104
+      r.Fail(ErrorCode::kInvalidValue, off, rec + " tensor",
+             "more than shard #" + Dec(j - 1) + "'s tensor " + Dec(prev) +
+                 " (records sorted by tensor, one per tensor)",
+             Dec(i));
+    }
+    TensorRecord& t = tensors_[i];
+    ShardLayout layout;
+    const ShardFault f = CheckShard(sizes(t), strides(t), t.ndim, t.storage_offset,
+                                    ElementSize(t.dtype), t.role == Role::kSparseComponent, dim,
+                                    tp_world_, header_.alignment, storages_[t.storage].nbytes,
+                                    &layout);  // R105-R109
+    if (f.rule != ShardFault::Rule::kNone) {
+      using Rule = ShardFault::Rule;
+      const ErrorCode code = f.rule == Rule::kDim || f.rule == Rule::kDivisible
+                                 ? ErrorCode::kBadShape
+                                 : ErrorCode::kInvalidValue;
+      r.Fail(code, f.rule == Rule::kDim ? off + 4 : off,
+             rec + " " + TensorField(i, t.name, f.field.c_str()), f.expected, f.found);
+    }
+    t.shard_dim = dim;
+    if (first_of[t.storage] == kNone) first_of[t.storage] = i;
+  }
+  for (uint32_t i = 0; i < tensor_count; ++i) {  // R110
+    const TensorRecord& t = tensors_[i];
+    const uint32_t k = first_of[t.storage];
+    if (k == kNone || k == i) continue;
+    const TensorRecord& f = tensors_[k];
+    const bool same = t.shard_dim == f.shard_dim && t.dtype == f.dtype && t.ndim == f.ndim &&
+                      std::equal(sizes(t), sizes(t) + t.ndim, sizes(f));
+    if (!same) {
+      r.Fail(ErrorCode::kInvalidValue, TensorRecordOffset(i) + 8, TensorField(i, t.name, "storage"),
+             "a storage that no sharded tensor views, or one sharded like tensor #" + Dec(k) +
+                 " (same dim, dtype and sizes)",
+             Dec(t.storage) + (t.shard_dim == kNone ? " (viewed whole)" : " (sharded otherwise)"));
     }
   }
 }

@@ -78,6 +78,10 @@ struct TensorRecord {
   uint32_t entry = 0;           // derived from the entry table
   uint64_t numel = 0;           // derived: product of sizes
   uint64_t nbytes_spanned = 0;  // derived: bytes of the storage this view can reach
+  // §4.12 (format 1.4): the dimension a tensor-parallel archive splits this
+  // tensor along (its storage then holds the world's slices, blocked), or
+  // kNone for a tensor stored whole.
+  uint32_t shard_dim = kNone;
 };
 
 // §4.6
@@ -141,6 +145,11 @@ class Index {
   // and its layer record (valid only then).
   bool is_layer() const { return (header_.flags & kFeatureLayers) != 0; }
   const LayerRecord& layer() const { return layer_; }
+  // §4.12 (format 1.4): the number of ranks a tensor-parallel archive (flag
+  // kFeatureTensorParallel) is laid out for, else 0. Its sharded tensors have
+  // a shard_dim; ShardLayoutOf gives where each rank's slice lies.
+  uint32_t tp_world() const { return tp_world_; }
+  uint32_t shard_count() const { return shard_count_; }
   // §4.11: the identity a layer records of this archive as its base: the
   // XXH3-128 of the validated bytes [0, data_offset).
   Hash128 Identity() const { return Xxh3x128(head_.data(), head_.size()); }
@@ -173,17 +182,22 @@ class Index {
   uint64_t StorageRecordOffset(uint32_t i) const;
   // Absolute file offset of the layer record (§4.11); valid in a layer.
   uint64_t LayerRecordOffset() const { return table_offset_[9]; }
+  // Absolute file offset of shard record j (§4.12); valid in a tensor-parallel archive.
+  uint64_t ShardRecordOffset(uint32_t j) const { return table_offset_[11] + uint64_t{j} * kShardRecordSize; }
 
  private:
   Index() = default;
   void Decode(const std::string& path);
   void DecodeLayer(const ByteReader& r, uint64_t blob, uint64_t blob_size, uint32_t ref_count);
+  void DecodeShards(const ByteReader& r);
 
   std::vector<uint8_t> head_;
   Header header_;
   // §4.2 tables, blob, then §4.10 values and links, §4.11 layer record and
-  // base storage table.
-  uint64_t table_offset_[11] = {};
+  // base storage table, §4.12 shard table.
+  uint64_t table_offset_[12] = {};
+  uint32_t tp_world_ = 0;
+  uint32_t shard_count_ = 0;
   uint32_t own_storage_count_ = 0;
   LayerRecord layer_;
   std::vector<EntryRecord> entries_;

@@ -17,7 +17,7 @@ inline constexpr uint8_t kMagic[8] = {0x89, 'T', 'S', 'A', 'R', 0x0D, 0x0A, 0x1A
 // archive that uses no feature of a later minor (§7.5), so such archives stay
 // byte-identical to what a 1.0 writer makes and readable by 1.0 readers.
 inline constexpr uint16_t kMajorVersion = 1;
-inline constexpr uint16_t kMinorVersion = 3;
+inline constexpr uint16_t kMinorVersion = 4;
 static_assert(kMajorVersion == TSAR_FORMAT_MAJOR && kMinorVersion == TSAR_FORMAT_MINOR,
               "include/tsar/version.h names the format version this code implements");
 
@@ -25,13 +25,24 @@ static_assert(kMajorVersion == TSAR_FORMAT_MAJOR && kMinorVersion == TSAR_FORMAT
 // reader refuses an archive that sets a bit it does not implement (readers of
 // 1.0 refuse every bit, R13). Bit 0 (format 1.1): the index holds a value
 // tree (§4.10). Bit 1 (format 1.2): the archive is a layer over a base
-// archive (§4.11).
+// archive (§4.11). Bit 2 (format 1.4): tensors laid out for tensor-parallel
+// ranks (§4.12); it is defined only from minor 4 on, so an archive of a lower
+// minor that sets it is refused like any bit its format does not define (R79).
 inline constexpr uint32_t kFeatureValueTree = 0x1;
 inline constexpr uint32_t kFeatureLayers = 0x2;
-inline constexpr uint32_t kKnownFeatures = kFeatureValueTree | kFeatureLayers;
+inline constexpr uint32_t kFeatureTensorParallel = 0x4;
+inline constexpr uint32_t kKnownFeatures =
+    kFeatureValueTree | kFeatureLayers | kFeatureTensorParallel;
+// R79: the feature bits that format 1.`minor` defines (minor 0 defines none: R13).
+inline constexpr uint32_t FeaturesOfMinor(uint16_t minor) {
+  return minor >= 4 ? kKnownFeatures : kFeatureValueTree | kFeatureLayers;
+}
 // §7.5: the lowest minor version that defines every feature in `flags`.
 inline constexpr uint16_t MinorForFeatures(uint32_t flags) {
-  return (flags & kFeatureLayers) ? 2 : (flags & kFeatureValueTree) ? 1 : 0;
+  return (flags & kFeatureTensorParallel) ? 4
+         : (flags & kFeatureLayers)       ? 2
+         : (flags & kFeatureValueTree)    ? 1
+                                          : 0;
 }
 
 // §4.1: the v1.0 header is 64 bytes; a later minor may grow it up to 4096.
@@ -68,6 +79,10 @@ inline constexpr uint64_t kBaseStorageRecordSize = 32;
 // §4.11: a layer's depth is 1 + its base's (a plain archive's is 0); at most
 // this many layers lie under an archive, which also rules out cycles.
 inline constexpr uint32_t kMaxLayerDepth = 8;
+// §4.12 (format 1.4): the shard table of a tensor-parallel archive, and the
+// largest number of ranks an archive may be laid out for.
+inline constexpr uint64_t kShardRecordSize = 8;
+inline constexpr uint32_t kMaxWorld = 65536;
 
 // §4.1 / §4.4: storage alignment. Storages of at least `alignment` bytes start
 // on a multiple of `alignment`; all others on a multiple of kMinAlignment.

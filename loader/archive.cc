@@ -56,6 +56,7 @@ const c10::Storage& Archive::Impl::Storage(uint32_t i) const {
 
 at::Tensor Archive::Impl::Make(uint32_t i) const {
   const format::TensorRecord& t = index().tensors()[i];
+  if (t.shard_dim != format::kNone) return MakeFull(i);  // §4.12: loader/shards.cc
   const c10::ScalarType type =
       ToScalarType(t.dtype, [&t] { return "tensor " + format::Quote(std::string(t.name)); });
   // make_tensor skips the dispatcher (as LibTorch's own unpickler does);

@@ -231,9 +231,12 @@ TensorInfo MakeInfo(const format::Index& index, uint32_t i) {
   info.storage = t.storage;
   info.role = static_cast<Role>(t.role);
   info.requires_grad = t.requires_grad;
+  if (t.shard_dim != format::kNone) info.shard_dim = t.shard_dim;
   return info;
 }
 }  // namespace
+
+uint32_t ArchiveFile::tp_world() const { return core_->index.tp_world(); }
 
 TensorInfo ArchiveFile::info(const std::string& name, const std::string& entry) const {
   return MakeInfo(core_->index, core_->Find(name, entry));

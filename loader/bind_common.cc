@@ -5,6 +5,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/TensorImpl.h>
 
+#include <algorithm>
 #include <sstream>
 #include <unordered_set>
 
@@ -60,6 +61,55 @@ void MetaToCpu(c10::TensorImpl* t) {
              .add(c10::DispatchKeySet(c10::BackendComponent::CPUBit));
 }
 
+constexpr int64_t kWhole = -1;
+
+// Rank options.rank's part of `w` elements split options.world ways, as
+// torch.chunk gives it.
+int64_t ChunkSize(int64_t n, const BindOptions& o) {
+  const int64_t c = (n + o.world - 1) / o.world;
+  return std::max<int64_t>(0, std::min(c, n - o.rank * c));
+}
+
+// §4.12: which part of archive tensor `rec` a slot of shape `mine` of a
+// rank's module takes: the whole (*split = kWhole), or the rank's chunk along
+// *split. Returns "" or why it cannot.
+std::string RankShape(c10::IntArrayRef mine, const format::TensorRecord& rec,
+                      const format::Index& index, const BindOptions& o, int64_t* split) {
+  const c10::IntArrayRef full(index.sizes(rec), rec.ndim);
+  *split = kWhole;
+  if (o.world <= 1) {
+    if (mine.equals(full)) return "";
+    return "shape " + Shape(mine) + " vs archive " + Shape(full);
+  }
+  std::vector<int64_t> want(full.begin(), full.end());
+  if (rec.shard_dim != format::kNone) {
+    want[rec.shard_dim] = ChunkSize(full[rec.shard_dim], o);
+    if (mine.equals(want)) {
+      *split = rec.shard_dim;
+      return "";
+    }
+    return "shape " + Shape(mine) + " vs " + Shape(want) + ", rank " + std::to_string(o.rank) +
+           "'s slice of archive " + Shape(full) + " packed sharded along dim " +
+           std::to_string(rec.shard_dim);
+  }
+  if (mine.equals(full)) return "";
+  if (mine.size() == full.size()) {
+    int64_t d = kWhole, differing = 0;
+    for (size_t k = 0; k < full.size(); ++k) {
+      if (mine[k] != full[k]) {
+        ++differing;
+        d = static_cast<int64_t>(k);
+      }
+    }
+    if (differing == 1 && mine[d] == ChunkSize(full[d], o)) {
+      *split = d;
+      return "";
+    }
+  }
+  return "shape " + Shape(mine) + " vs archive " + Shape(full) + " (neither whole nor rank " +
+         std::to_string(o.rank) + "'s slice of " + std::to_string(o.world) + " along one dim)";
+}
+
 }  // namespace
 
 BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive& archive,
@@ -76,6 +126,15 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
                 "Python mode=\"copy_on_write\")");
   }
 
+  // §4.12: a rank's module, or an archive with sharded tensors: some slots
+  // take a slice or a full copy (targets[i]) instead of the record's view.
+  const bool tp = options.world > 1 || index.tp_world() != 0;
+  if (options.world > 1 && (options.rank < 0 || options.rank >= options.world)) {
+    throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
+                "bind: rank: expected 0 to " + std::to_string(options.world - 1) + " for world " +
+                    std::to_string(options.world) + ", found " + std::to_string(options.rank));
+  }
+  std::vector<at::Tensor> targets(tp ? slots.size() : 0);
   BindReport report;
   report.bound.reserve(slots.size());
   std::vector<uint32_t> match(slots.size(), format::kNone);
@@ -132,7 +191,11 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
             (want ? std::string(DTypeName(*want)) : std::string(c10::toString(mine_type))) +
             " vs archive " + std::string(DTypeName(rec.dtype));
     }
-    if (!mine.sizes().equals(c10::IntArrayRef(index.sizes(rec), rec.ndim))) {
+    int64_t split = kWhole;
+    if (tp) {
+      const std::string w = RankShape(mine.sizes(), rec, index, options, &split);
+      if (!w.empty()) why += std::string(why.empty() ? "" : ", ") + w;
+    } else if (!mine.sizes().equals(c10::IntArrayRef(index.sizes(rec), rec.ndim))) {
       why += std::string(why.empty() ? "" : ", ") + "shape " + Shape(mine.sizes()) +
              " vs archive " + Shape(index.sizes(rec), rec.ndim);
     }
@@ -141,6 +204,10 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
       continue;
     }
     match[i] = t;
+    if (tp && (split != kWhole || rec.shard_dim != format::kNone)) {
+      targets[i] = split == kWhole ? impl.MakeFull(t)
+                                   : impl.MakeShard(t, options.rank, options.world, split);
+    }
   }
   for (uint32_t i = 0; i < e.tensor_count; ++i) {
     const uint32_t t = e.first_tensor + i;
@@ -185,7 +252,18 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     if (match[i] == format::kNone) continue;
     const format::TensorRecord& rec = index.tensors()[match[i]];
     c10::TensorImpl* t = slots[i].tensor;
-    if (t->allow_tensor_metadata_change() && t->layout() == c10::kStrided) {
+    if (tp && targets[i].defined() && t->allow_tensor_metadata_change() &&
+        t->layout() == c10::kStrided) {  // a slice or a full copy (§4.12)
+      const c10::TensorImpl* src = targets[i].unsafeGetTensorImpl();
+      t->set_storage_keep_dtype(src->storage());
+      t->set_sizes_and_strides(src->sizes(), src->strides());
+      t->set_storage_offset(src->storage_offset());
+      if (meta) MetaToCpu(t);
+      if (!t->is_inference()) t->bump_version();
+    } else if (tp && targets[i].defined()) {
+      at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(t))
+          .set_(targets[i]);
+    } else if (t->allow_tensor_metadata_change() && t->layout() == c10::kStrided) {
       // What set_(storage, offset, sizes, strides) does, without a temporary
       // tensor or the dispatcher: about half the cost per tensor. The dtype
       // was checked equal above; the view was proved in bounds by R53.

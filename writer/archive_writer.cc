@@ -14,6 +14,7 @@
 #include "writer/atomic_file.h"
 #include "writer/convert_dtype.h"
 #include "writer/layer_base.h"
+#include "writer/tensor_parallel.h"
 
 namespace tsar::writer {
 
@@ -145,7 +146,21 @@ void ArchiveWriter::finish() {
     const std::string note = ConvertFloating(items, *st.options.dtype);
     if (!note.empty() && st.options.note) st.options.note(note);
   }
+  // §4.12: the tensors a plan shards now view blocked storages.
+  ShardPlan shards;
+  if (st.options.tp != 0 || !st.options.shard.empty()) {
+    std::vector<ShardItem> items;
+    for (auto& e : st.entries) {
+      for (auto& item : e.items)
+        items.push_back({&item.name, &item.tensor, item.role == Role::kSparseComponent});
+    }
+    WithPath(st.path, [&] {
+      shards = ApplyShardPlan(items, st.options.tp, st.options.shard, st.options.alignment);
+    });
+    if (!shards.note.empty() && st.options.note) st.options.note(shards.note);
+  }
   format::IndexBuilder b(st.options.alignment);
+  if (!shards.dims.empty()) WithPath(st.path, [&] { b.SetTensorParallel(st.options.tp); });
 
   // Storages in order of first use; each keeps the span its tensors cover.
   struct Span {
@@ -169,6 +184,11 @@ void ArchiveWriter::finish() {
   // A span starts on a multiple of 16 (the largest element size), so every
   // tensor's offset within it stays a whole number of its own elements.
   for (Span& s : spans) s.begin &= ~uint64_t{15};
+  // A blocked storage is written whole: the padding between its slices too.
+  for (const Storage* blocked : shards.blocked) {
+    auto it = storage_ids.find(blocked);
+    if (it != storage_ids.end()) spans[it->second].end = blocked->nbytes;
+  }
   // With a base (spec §4.11), the spans whose bytes it holds become base
   // storages, named after the archive's own storages (both in first-use order).
   std::vector<uint32_t> in_base(spans.size(), format::kNone);
@@ -209,6 +229,7 @@ void ArchiveWriter::finish() {
                               std::to_string(own_bytes) + " bytes of its own");
   }
   uint32_t tensor_index = 0;                             // in the archive's tensor table
+  size_t item_index = 0;                                 // over every entry's items, as `shards`
   std::unordered_map<std::string, uint32_t> tensor_ids;  // "entry\0name", for the value tree
   std::vector<uint32_t> sparse_ids(st.sparse.size(), format::kNone);
   for (const auto& e : st.entries) {
@@ -241,6 +262,8 @@ void ArchiveWriter::finish() {
       spec.device_type = t.storage->device_type;
       spec.device_index = t.storage->device_index;
       if (item.sparse >= 0) spec.sparse = sparse_ids[item.sparse];
+      if (!shards.dims.empty()) spec.shard_dim = shards.dims[item_index];
+      ++item_index;
       WithPath(st.path, [&] { b.AddTensor(std::move(spec)); });
       if (st.value && item.sparse < 0) tensor_ids.emplace(e.name + '\0' + item.name, tensor_index);
       ++tensor_index;

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/ordered_dict.h>
 
+#include <climits>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,21 @@ class Archive : public ArchiveFile {
   at::Tensor tensor(const std::string& name, const std::string& entry = "") const;
   // Every tensor of an entry in file order (the state_dict order packed).
   torch::OrderedDict<std::string, at::Tensor> state_dict(const std::string& entry = "") const;
+
+  // Tensor parallelism (spec §4.12): rank `rank`'s slice of tensor `name`
+  // split `world` ways along `dim`, equal to
+  // torch.chunk(tensor(name), world, dim)[rank]. In an archive packed for W
+  // ranks (pack --tp W) a sharded tensor's own slice (world == W, dim its
+  // packed dim or kShardDimOfArchive) is a zero-copy, C-contiguous view of
+  // one run of the file, which is all a rank touches; world a multiple of W
+  // is a zero-copy view inside one run; any other world or dim is a copy. A
+  // tensor stored whole gives a zero-copy strided view (dim is then needed).
+  // Such an archive's tensor() and state_dict() give sharded tensors whole:
+  // a copy, except where the runs lie back to back in C order. kNotFound for
+  // an unknown name, kInvalidArgument for a bad rank, world or dim.
+  static constexpr int64_t kShardDimOfArchive = INT64_MIN;
+  at::Tensor shard(const std::string& name, int64_t rank, int64_t world,
+                   int64_t dim = kShardDimOfArchive, const std::string& entry = "") const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }

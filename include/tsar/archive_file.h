@@ -77,6 +77,10 @@ struct TensorInfo {
   uint32_t storage;         // equal for tensors that share a storage
   Role role;
   bool requires_grad;
+  // §4.12: the dimension a tensor-parallel archive splits it along for its
+  // ranks (its storage then holds the ranks' slices, not the tensor in C
+  // order), or -1 for a tensor stored whole.
+  int64_t shard_dim = -1;
 };
 
 struct StorageInfo {
@@ -141,6 +145,9 @@ class ArchiveFile {
   // base archive). layers() are the paths of the chain as opened: this
   // archive, its base, the base's base... (just path() for a plain archive).
   bool is_layer() const;
+  // §4.12: the number of tensor-parallel ranks the archive was packed for
+  // (pack --tp), or 0 for an archive without a plan.
+  uint32_t tp_world() const;
   std::vector<std::string> layers() const;
 
   // Metadata; entry "" is archive-level (not the first entry here).

@@ -34,6 +34,16 @@ struct BindOptions {
   // archive_prefix are unexpected.
   std::string archive_prefix;
   std::string module_prefix;
+  // Tensor parallelism (spec §4.12): with world > 1, the module is rank
+  // `rank`'s of `world` (0 <= rank < world): a parameter whose shape is the
+  // archive tensor's split `world` ways along one dimension gets rank's
+  // slice, torch.chunk(full, world, dim)[rank] (Archive::shard: zero-copy,
+  // and one contiguous run of the file for a tensor the archive was packed
+  // sharded for `world` ranks); one with the whole shape gets the whole
+  // tensor. For a tensor packed sharded, the split must be along its packed
+  // dimension. Other shapes are mismatches naming both shapes.
+  int64_t rank = 0;
+  int64_t world = 0;
 };
 
 struct BindReport {

@@ -6,6 +6,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tsar/dtype.h"
 
@@ -45,6 +47,22 @@ struct PackOptions {
   // itself be a layer, up to 8 deep. When no storage matches, a plain
   // archive is written (and `note` says so).
   std::string base;
+  // Tensor parallelism (spec §4.12, format 1.4): with `tp` >= 2, every tensor
+  // whose name matches a pattern of `shard` is split along that pattern's
+  // dimension into `tp` equal slices, stored so that each rank's slice is one
+  // contiguous run of the file starting on an `alignment` boundary (on 64
+  // bytes for a slice smaller than `alignment`). Patterns are shell globs
+  // (fnmatch: '*' matches any run of characters, dots included, '?' one,
+  // '[...]' a set) matched against tensor names in every entry; the first
+  // pattern that matches a name decides, and a dimension may be negative
+  // (-1 is the last). Every other tensor is stored once, whole, for every
+  // rank. Refused with kInvalidArgument, naming the pattern or the tensor: a
+  // pattern that matches no tensor, a dimension out of range, a size not
+  // divisible by `tp`, a sparse tensor, or a tensor that is not C-contiguous.
+  // A sharded tensor tied to one that is not sharded the same way is stored
+  // twice (and `note` says so).
+  uint32_t tp = 0;
+  std::vector<std::pair<std::string, int64_t>> shard;
 };
 
 }  // namespace tsar

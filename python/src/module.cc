@@ -59,7 +59,7 @@ py::object Dtype(DType d) {
 py::tuple Info(const TensorInfo& i) {
   return py::make_tuple(i.name, i.entry, Dtype(i.dtype), py::tuple(py::cast(i.sizes)),
                         py::tuple(py::cast(i.strides)), i.storage_offset, i.storage,
-                        RoleName(i.role), i.requires_grad);
+                        RoleName(i.role), i.requires_grad, i.shard_dim);
 }
 
 const char* ModeName(MapMode m) {
@@ -115,6 +115,14 @@ PYBIND11_MODULE(_tsar, m) {
       .def("names", &Archive::names, py::arg("entry"))
       .def("contains", &Archive::contains, py::arg("name"), py::arg("entry"))
       .def("tensor", &Archive::tensor, py::arg("name"), py::arg("entry"))
+      .def_property_readonly("tp_world", &Archive::tp_world)
+      .def(
+          "shard",
+          [](const Archive& a, const std::string& name, int64_t rank, int64_t world,
+             std::optional<int64_t> dim, const std::string& entry) {
+            return a.shard(name, rank, world, dim ? *dim : Archive::kShardDimOfArchive, entry);
+          },
+          py::arg("name"), py::arg("rank"), py::arg("world"), py::arg("dim"), py::arg("entry"))
       .def(
           "state_dict",
           [](const Archive& a, const std::string& entry) {
@@ -165,8 +173,11 @@ PYBIND11_MODULE(_tsar, m) {
          const std::vector<std::pair<
              std::string, std::vector<std::tuple<std::string, at::Tensor, int>>>>& entries,
          const py::list& metadata, uint32_t alignment, const std::string& dtype,
-         const std::string& base, bool durable) {
+         const std::string& base, bool durable, uint32_t tp,
+         const std::vector<std::pair<std::string, int64_t>>& shard) {
         PackOptions o;
+        o.tp = tp;
+        o.shard = shard;
         o.alignment = alignment;
         o.durable = durable;
         o.base = base;
@@ -186,7 +197,9 @@ PYBIND11_MODULE(_tsar, m) {
         w.finish();
       },
       py::arg("path"), py::arg("entries"), py::arg("metadata"), py::arg("alignment"),
-      py::arg("dtype"), py::arg("base") = std::string(), py::arg("durable") = true);
+      py::arg("dtype"), py::arg("base") = std::string(), py::arg("durable") = true,
+      py::arg("tp") = 0,
+      py::arg("shard") = std::vector<std::pair<std::string, int64_t>>());
 
   m.def(
       "pack",
@@ -194,8 +207,11 @@ PYBIND11_MODULE(_tsar, m) {
          const std::string& entry, bool strict, uint32_t alignment, const py::list& metadata,
          const std::string& dtype, const std::vector<std::string>& only,
          const std::vector<std::string>& exclude, const std::string& strip_prefix,
-         const std::string& architecture, const std::string& base) {
+         const std::string& architecture, const std::string& base, uint32_t tp,
+         const std::vector<std::pair<std::string, int64_t>>& shard) {
         PackFilesOptions o;
+        o.pack.tp = tp;
+        o.pack.shard = shard;
         o.pack.base = base;
         o.pack.alignment = alignment;
         o.pack.entry = entry;
@@ -222,14 +238,16 @@ PYBIND11_MODULE(_tsar, m) {
       },
       py::arg("sources"), py::arg("dst"), py::arg("entry"), py::arg("strict"), py::arg("alignment"),
       py::arg("metadata"), py::arg("dtype"), py::arg("only"), py::arg("exclude"),
-      py::arg("strip_prefix"), py::arg("architecture"), py::arg("base") = std::string());
+      py::arg("strip_prefix"), py::arg("architecture"), py::arg("base") = std::string(),
+      py::arg("tp") = 0, py::arg("shard") = std::vector<std::pair<std::string, int64_t>>());
 
   // slots: the module's state_dict(keep_vars=True) items, rebound in place.
   m.def(
       "bind",
       [](const Archive& archive, const std::vector<std::pair<std::string, at::Tensor>>& items,
          bool training, const std::string& entry, bool strict, bool allow_training,
-         const std::string& archive_prefix, const std::string& module_prefix) {
+         const std::string& archive_prefix, const std::string& module_prefix, int64_t rank,
+         int64_t world) {
         std::vector<BindSlot> slots;
         slots.reserve(items.size());
         for (const auto& [name, t] : items) slots.push_back({name, t.unsafeGetTensorImpl()});
@@ -239,12 +257,14 @@ PYBIND11_MODULE(_tsar, m) {
         o.allow_training = allow_training;
         o.archive_prefix = archive_prefix;
         o.module_prefix = module_prefix;
+        o.rank = rank;
+        o.world = world;
         const BindReport r = BindSlots(slots, training, archive, o);
         return py::make_tuple(r.bound, r.missing, r.unexpected, r.mismatched);
       },
       py::arg("archive"), py::arg("slots"), py::arg("training"), py::arg("entry"),
       py::arg("strict"), py::arg("allow_training"), py::arg("archive_prefix"),
-      py::arg("module_prefix"));
+      py::arg("module_prefix"), py::arg("rank") = 0, py::arg("world") = 0);
 
   m.def("install_fault_handler", &InstallFaultHandler);
 }

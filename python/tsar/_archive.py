@@ -32,6 +32,13 @@ class TensorInfo:
     storage: int  # storage id: equal for tensors that share a storage
     role: str  # "tensor", "parameter", "buffer" or "sparse_component"
     requires_grad: bool
+    # The dimension a tensor-parallel archive (saved with ``tp=``) splits it
+    # along for its ranks, or None for a tensor stored whole.
+    shard_dim: Optional[int] = None
+
+    def __post_init__(self):
+        if self.shard_dim is not None and self.shard_dim < 0:
+            object.__setattr__(self, "shard_dim", None)
 
 
 class Archive:
@@ -98,6 +105,12 @@ class Archive:
     def file_size(self) -> int:
         return self._a().file_size
 
+    @property
+    def tp_world(self) -> int:
+        """The number of tensor-parallel ranks the archive was saved for
+        (``tp=`` of :func:`tsar.save` / :func:`tsar.pack`), 0 without a plan."""
+        return self._a().tp_world
+
     # -- tensors -----------------------------------------------------------------
     def keys(self, entry: Optional[str] = None):
         """Tensor names of ``entry`` (default: the first entry) in file order."""
@@ -111,8 +124,31 @@ class Archive:
         return self._a().tensor(name, entry or "")
 
     def state_dict(self, entry: Optional[str] = None) -> "collections.OrderedDict[str, torch.Tensor]":
-        """Every tensor of ``entry`` (default: the first) in file order, zero-copy."""
+        """Every tensor of ``entry`` (default: the first) in file order, zero-copy.
+
+        In a tensor-parallel archive (:attr:`tp_world` > 0) a sharded tensor
+        comes back whole, as saved: a copy, unless its ranks' runs lie back to
+        back in C order (split along its first dimension, slices a multiple of
+        the alignment). Use :meth:`shard` for a rank's slice.
+        """
         return collections.OrderedDict(self._a().state_dict(entry or ""))
+
+    def shard(self, name: str, rank: int, world: int, dim: Optional[int] = None,
+              entry: Optional[str] = None) -> torch.Tensor:
+        """Rank ``rank``'s slice of tensor ``name`` split ``world`` ways along
+        ``dim``: equal to ``torch.chunk(archive[name], world, dim)[rank]``.
+
+        In an archive saved for ``world`` ranks (``tp=world``) a sharded
+        tensor's slice is a zero-copy, C-contiguous view of one run of the
+        file, the only pages the rank touches (``dim`` may be left out: the
+        saved one). A ``world`` that is a multiple of the saved one gives a
+        zero-copy view inside one run; another world or dim gives a copy.
+        A tensor stored whole gives a zero-copy strided view (``dim`` needed).
+
+        Raises :class:`tsar.Error` (NOT_FOUND, INVALID_ARGUMENT for a bad
+        rank, world or dim).
+        """
+        return self._a().shard(name, rank, world, dim, entry or "")
 
     def info(self, name: str, entry: Optional[str] = None) -> TensorInfo:
         return TensorInfo(*self._a().info(name, entry or ""))

@@ -67,6 +67,8 @@ def load_into(
     allow_training: bool = False,
     archive_prefix: str = "",
     module_prefix: str = "",
+    rank: int = 0,
+    world: int = 0,
 ) -> BindReport:
     """Points every parameter and buffer of ``module`` at the archive, in place.
 
@@ -104,6 +106,17 @@ def load_into(
     even with strict=False, and a tensor on any other device (CUDA...) is
     refused (INVALID_ARGUMENT) naming it; either way nothing is changed.
 
+    Tensor parallelism: with ``world`` > 1, ``module`` is rank ``rank``'s of
+    ``world`` (built with its slice shapes). A parameter whose shape is the
+    archive tensor's split ``world`` ways along one dimension is bound to
+    ``torch.chunk(full, world, dim)[rank]`` (:meth:`Archive.shard`), one with
+    the whole shape to the whole tensor, any other shape is a mismatch naming
+    both. In an archive saved for ``world`` ranks (``tsar.save(..., tp=world,
+    shard=...)``, ``tsar pack --tp``) each slice is one contiguous run of the
+    file and the rank touches only its runs and the replicated tensors; from
+    an archive without a plan a slice along a later dimension is a strided
+    view that touches every page of the tensor.
+
     Returns a :class:`BindReport`. Not thread-safe for one module.
     """
     archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
@@ -117,7 +130,7 @@ def load_into(
         items, training = _state_items(module)
         bound, missing, unexpected, mismatched = _tsar.bind(
             archive._a(), items, training, entry or "", bool(strict), bool(allow_training),
-            str(archive_prefix), str(module_prefix),
+            str(archive_prefix), str(module_prefix), int(rank), int(world),
         )
         del items
         return BindReport(bound, missing, unexpected, mismatched)

@@ -2,7 +2,7 @@
 import collections.abc
 import json
 import os
-from typing import List, NamedTuple, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -103,8 +103,26 @@ def _dtype_name(dtype) -> str:
     return allowed[dtype]
 
 
+def _shard_plan(tp, shard):
+    """(tp, [(pattern, dim)]) for the C++ side, from ``tp=`` and ``shard=``."""
+    if tp is None and not shard:
+        return 0, []
+    if isinstance(shard, collections.abc.Mapping):
+        pairs = list(shard.items())
+    else:
+        pairs = [tuple(p) for p in (shard or ())]
+    plan = []
+    for pattern, dim in pairs:
+        if not isinstance(pattern, str) or isinstance(dim, bool) or not isinstance(dim, int):
+            raise TypeError(f"shard: expected {{pattern (str): dim (int)}}, found {pattern!r}: {dim!r}")
+        plan.append((pattern, dim))
+    if isinstance(tp, bool) or not isinstance(tp, int):
+        raise TypeError(f"tp: expected the number of tensor-parallel ranks (an int), found {tp!r}")
+    return tp, plan
+
+
 def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 4096, dtype=None,
-         base=None) -> None:
+         base=None, tp: Optional[int] = None, shard=None) -> None:
     """Writes ``obj`` as a .tsar archive at ``path``, atomically.
 
     ``obj`` is a state_dict (any mapping of str to Tensor; role "tensor", or
@@ -133,6 +151,18 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 409
     layer records the base's path relative to its own directory and the
     base's identity, and opens only with exactly that base.
 
+    ``tp`` and ``shard`` (tensor parallelism, format 1.4): ``tp=W`` ranks and
+    ``shard={pattern: dim}``. Every tensor whose name matches a pattern (a
+    shell glob: ``*`` also matches dots; the first pattern that matches
+    decides; a negative dim counts from the end) is split along ``dim`` into W
+    equal slices, stored so that each rank's slice is one contiguous run of
+    the file starting on an alignment boundary; every other tensor is stored
+    once for all ranks. :meth:`Archive.shard` and ``load_into(..., rank=,
+    world=)`` then map only a rank's runs. A pattern that matches nothing, a
+    dim out of range, a size not divisible by W, a sparse or non-contiguous
+    tensor raise tsar.Error (INVALID_ARGUMENT) naming it. For a LLaMA-style
+    decoder, see ``samples/tp/llama.plan.json``.
+
     Raises:
         TypeError / OverflowError: an object or metadata value tsar cannot store.
         tsar.Error: INVALID_ARGUMENT (bad names, alignment), UNSUPPORTED
@@ -140,8 +170,9 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 409
     """
     entries, entry_meta = _entries(obj, entry)
     meta = entry_meta + [("", k, v) for k, v in _metadata_items(metadata)]
+    world, plan = _shard_plan(tp, shard)
     _tsar.save(os.fspath(path), entries, meta, int(alignment), _dtype_name(dtype),
-               "" if base is None else os.fspath(base))
+               "" if base is None else os.fspath(base), True, world, plan)
 
 
 class PackSummary(NamedTuple):
@@ -165,6 +196,8 @@ def pack(
     strip_prefix: str = "",
     arch=None,
     base=None,
+    tp: Optional[int] = None,
+    shard=None,
 ) -> PackSummary:
     """What ``tsar pack`` does: imports files and writes one archive at ``dst``.
 
@@ -184,7 +217,9 @@ def pack(
     floating dtype), ``only``/``exclude`` (entry names, ``--only``/``--exclude``),
     ``strip_prefix`` (``--strip-prefix``) and ``arch`` (``--arch``: a path where
     the TorchScript input's architecture is written without its weights) and
-    ``base`` (``--base``: write a layer over this archive; see :func:`save`).
+    ``base`` (``--base``: write a layer over this archive; see :func:`save`),
+    ``tp`` and ``shard`` (``--tp``, ``--shard``: lay the archive out for
+    tensor-parallel ranks; see :func:`save`).
     A .tsar input is repacked: without ``base`` a layer comes out standalone.
 
     Raises tsar.Error: BAD_INPUT naming the input file (and offset where known),
@@ -200,5 +235,6 @@ def pack(
         sources, os.fspath(dst), entry, bool(strict), int(alignment), _metadata_items(metadata),
         _dtype_name(dtype), [str(x) for x in only], [str(x) for x in exclude], str(strip_prefix),
         "" if arch is None else os.fspath(arch), "" if base is None else os.fspath(base),
+        *_shard_plan(tp, shard),
     )
     return PackSummary(tensors, entries, nbytes, notes)

@@ -1,0 +1,136 @@
+// Tensor-parallel reads (spec §4.12, format 1.4): a rank's slice of a tensor,
+// and the full value of a tensor whose storage holds its slices blocked.
+//
+//   archive packed with W ranks, tensor sharded along d:
+//     shard(rank, W)           zero-copy, C-contiguous: the rank's own block
+//     shard(rank, k*W)         zero-copy: a narrow of one block (strided unless d
+//                              is the first dimension with a size above 1)
+//     any other world or dim   a copy (taken from the full tensor)
+//     the full tensor          zero-copy when the blocks lie back to back in
+//                              C order (d leads and slices fill whole blocks),
+//                              else a copy
+//   tensor stored whole: torch.chunk(full, world, dim)[rank], a zero-copy
+//   (strided) view.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/TensorImpl.h>
+
+#include "format/reader.h"
+#include "format/tensor_parallel.h"
+#include "loader/archive_impl.h"
+#include "loader/scalar_type.h"
+
+namespace tsar {
+namespace {
+
+std::string Dec(int64_t v) { return std::to_string(v); }
+
+std::vector<int64_t> CStrides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> s(sizes.size());
+  int64_t p = 1;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    s[k] = p;
+    p *= sizes[k];
+  }
+  return s;
+}
+
+}  // namespace
+
+format::ShardLayout Archive::Impl::Layout(uint32_t i) const {
+  const format::TensorRecord& t = index().tensors()[i];
+  format::ShardLayout l;
+  // Validated at open (R105-R109): cannot fail.
+  format::ComputeShardLayout(index().sizes(t), t.ndim, t.shard_dim, ElementSize(t.dtype),
+                             index().tp_world(), index().header().alignment, &l);
+  return l;
+}
+
+at::Tensor Archive::Impl::View(uint32_t i, const std::vector<int64_t>& sizes,
+                               const std::vector<int64_t>& strides, uint64_t offset) const {
+  const format::TensorRecord& t = index().tensors()[i];
+  const c10::ScalarType type =
+      ToScalarType(t.dtype, [&t] { return "tensor " + format::Quote(std::string(t.name)); });
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(Storage(t.storage)), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::scalarTypeToTypeMeta(type));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  out.unsafeGetTensorImpl()->set_storage_offset(static_cast<int64_t>(offset));
+  return out;
+}
+
+at::Tensor Archive::Impl::MakeFull(uint32_t i) const {
+  const format::TensorRecord& t = index().tensors()[i];
+  const format::ShardLayout l = Layout(i);
+  const std::vector<int64_t> sizes(index().sizes(t), index().sizes(t) + t.ndim);
+  at::Tensor out;
+  if (l.outer <= 1 && l.block_stride == l.slice_bytes) {
+    out = View(i, sizes, CStrides(sizes), 0);  // the blocks are the C-order bytes
+  } else {
+    const c10::ScalarType type =
+        ToScalarType(t.dtype, [&t] { return "tensor " + format::Quote(std::string(t.name)); });
+    out = at::empty(sizes, at::TensorOptions().dtype(type));
+    if (l.slice_bytes > 0) {
+      format::ScatterBlocked(l, core->StorageData(t.storage),
+                             static_cast<uint8_t*>(out.data_ptr()));
+    }
+  }
+  if (t.requires_grad) out.set_requires_grad(true);
+  return out;
+}
+
+at::Tensor Archive::Impl::MakeShard(uint32_t i, int64_t rank, int64_t world, int64_t dim) const {
+  const format::TensorRecord& t = index().tensors()[i];
+  const std::string what = "shard of " + format::Quote(QualifiedName(i));
+  const auto fail = [&](const std::string& why) -> at::Tensor {
+    throw Error(ErrorCode::kInvalidArgument, core->path, std::nullopt, what + ": " + why);
+  };
+  if (world < 1) return fail("world: expected at least 1, found " + Dec(world));
+  if (rank < 0 || rank >= world) {
+    return fail("rank: expected 0 to " + Dec(world - 1) + ", found " + Dec(rank));
+  }
+  const auto ndim = static_cast<int64_t>(t.ndim);
+  if (dim == kShardDimOfArchive) {
+    if (t.shard_dim == format::kNone) {
+      return fail("dim: the archive stores this tensor whole, so say which dimension to split");
+    }
+    dim = t.shard_dim;
+  }
+  if (dim < -ndim || dim >= ndim) {
+    return fail("dim: expected -" + Dec(ndim) + " to " + Dec(ndim - 1) + ", found " + Dec(dim));
+  }
+  if (dim < 0) dim += ndim;
+  at::Tensor out;
+  const uint32_t w = index().tp_world();
+  if (t.shard_dim == dim && world % w == 0) {
+    // The rank's block, or (world = k * W) a narrow of one block.
+    const format::ShardLayout l = Layout(i);
+    const int64_t k = world / w, block = rank / k;
+    std::vector<int64_t> sizes(index().sizes(t), index().sizes(t) + t.ndim);
+    sizes[dim] /= w;
+    const uint64_t esize = ElementSize(t.dtype);
+    out = View(i, sizes, CStrides(sizes), static_cast<uint64_t>(block) * l.block_stride / esize);
+    if (k > 1) out = out.chunk(k, dim)[rank % k];
+  } else {
+    const at::Tensor full = t.shard_dim != format::kNone ? MakeFull(i) : Make(i);
+    const std::vector<at::Tensor> parts = full.detach().chunk(world, dim);
+    if (rank >= static_cast<int64_t>(parts.size())) {
+      return fail("rank " + Dec(rank) + ": size " + Dec(full.size(dim)) + " of dim " + Dec(dim) +
+                  " gives only " + Dec(static_cast<int64_t>(parts.size())) + " chunks of " +
+                  Dec(world));
+    }
+    out = parts[rank];
+    // A blocked tensor's slice along another dim or world is a copy already;
+    // keep it from holding the whole copy.
+    if (t.shard_dim != format::kNone) out = out.clone();
+  }
+  if (t.requires_grad) out.set_requires_grad(true);
+  return out;
+}
+
+at::Tensor Archive::shard(const std::string& name, int64_t rank, int64_t world, int64_t dim,
+                          const std::string& entry) const {
+  return impl_->MakeShard(impl_->Find(name, entry), rank, world, dim);
+}
+
+}  // namespace tsar

@@ -1,0 +1,152 @@
+// tsar::writer::ApplyShardPlan (writer/tensor_parallel.h).
+#include "writer/tensor_parallel.h"
+
+#include <fnmatch.h>
+
+#include <map>
+#include <tuple>
+
+#include "format/reader.h"
+#include "format/tensor_parallel.h"
+#include "tsar/error.h"
+
+namespace tsar::writer {
+namespace {
+
+std::string Dec(uint64_t v) { return std::to_string(v); }
+
+std::string Shape(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+[[noreturn]] void Refuse(const std::string& message) {
+  throw Error(ErrorCode::kInvalidArgument, "", std::nullopt, message);
+}
+
+bool IsCContiguous(const TensorRef& t) {
+  int64_t want = 1;
+  for (size_t k = t.sizes.size(); k-- > 0;) {
+    if (t.sizes[k] != 1 && t.strides[k] != want) return t.numel() == 0;
+    want *= t.sizes[k];
+  }
+  return true;
+}
+
+std::vector<int64_t> CStrides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> s(sizes.size());
+  int64_t p = 1;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    s[k] = p;
+    p *= sizes[k];
+  }
+  return s;
+}
+
+}  // namespace
+
+ShardPlan ApplyShardPlan(const std::vector<ShardItem>& items, uint32_t world,
+                         const std::vector<std::pair<std::string, int64_t>>& patterns,
+                         uint32_t alignment) {
+  if (world < 2 || world > format::kMaxWorld) {
+    Refuse("tp: expected 2 to " + Dec(format::kMaxWorld) + " ranks, found " + Dec(world));
+  }
+  if (patterns.empty()) Refuse("shard: expected at least one PATTERN=DIM with tp " + Dec(world));
+  ShardPlan plan;
+  plan.dims.assign(items.size(), format::kNone);
+  std::vector<bool> used(patterns.size(), false);
+  // One blocked storage per (source storage, offset, dtype, sizes, dim): tied
+  // tensors sharded alike share it, as they shared their source.
+  using Key = std::tuple<const Storage*, uint64_t, DType, std::vector<int64_t>, uint32_t>;
+  std::map<Key, std::shared_ptr<const Storage>> made;
+  std::map<const Storage*, std::string> sharded_sources;  // source -> a sharded tensor's name
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ShardItem& it = items[i];
+    size_t p = 0;
+    while (p < patterns.size() && fnmatch(patterns[p].first.c_str(), it.name->c_str(), 0) != 0) ++p;
+    if (p == patterns.size()) continue;
+    used[p] = true;
+    TensorRef& t = *it.tensor;
+    const std::string what = "tensor " + format::Quote(*it.name) + " (matched by " +
+                             format::Quote(patterns[p].first) + ")";
+    if (it.sparse_component) Refuse(what + ": expected a dense tensor, found a sparse one");
+    const auto ndim = static_cast<int64_t>(t.sizes.size());
+    int64_t dim = patterns[p].second;
+    if (dim < -ndim || dim >= ndim || ndim == 0) {
+      Refuse(what + ": dim: expected -" + Dec(ndim) + " to " + std::to_string(ndim - 1) +
+             " for shape " + Shape(t.sizes) + ", found " + std::to_string(dim));
+    }
+    if (dim < 0) dim += ndim;
+    if (t.sizes[dim] % world != 0) {
+      Refuse(what + ": size " + Dec(t.sizes[dim]) + " of dim " + Dec(dim) + " (shape " +
+             Shape(t.sizes) + "): expected a multiple of tp " + Dec(world));
+    }
+    if (!IsCContiguous(t)) {
+      Refuse(what + ": expected a C-contiguous tensor, found strides " + Shape(t.strides) +
+             " for shape " + Shape(t.sizes) + " (make it contiguous before packing)");
+    }
+    const auto d = static_cast<uint32_t>(dim);
+    plan.dims[i] = d;
+    sharded_sources.emplace(t.storage.get(), *it.name);
+    Key key{t.storage.get(), t.storage_offset, t.dtype, t.sizes, d};
+    auto [slot, inserted] = made.emplace(key, nullptr);
+    if (inserted) {
+      const std::vector<int64_t> strides = CStrides(t.sizes);
+      format::ShardLayout layout;
+      if (!format::ComputeShardLayout(t.sizes.data(), static_cast<uint32_t>(ndim), d,
+                                      ElementSize(t.dtype), world, alignment, &layout)) {
+        Refuse(what + ": expected a layout below 2^64 bytes");
+      }
+      const uint64_t begin = t.storage_offset * ElementSize(t.dtype);
+      const uint64_t nbytes = t.numel() * ElementSize(t.dtype);
+      auto src = t.storage;
+      if (!src->data && nbytes > 0) {  // bytes that must be fetched (CUDA): fetched once, here
+        std::vector<uint8_t> bytes(nbytes);
+        src->fetch(begin, nbytes, bytes.data());
+        src = Storage::Owning(std::move(bytes));
+      }
+      // The tensor's C-order bytes: in its source storage, or the fetched copy.
+      const uint8_t* c_order =
+          src == t.storage ? (src->data ? src->data + begin : nullptr) : src->data;
+      auto blocked = std::make_shared<Storage>();
+      blocked->nbytes = layout.nbytes;
+      blocked->keep = src;
+      blocked->device_type = t.storage->device_type;
+      blocked->device_index = t.storage->device_index;
+      blocked->fetch = [layout, c_order](uint64_t b, uint64_t n, uint8_t* out) {
+        format::GatherBlocked(layout, c_order, b, n, out);
+      };
+      slot->second = std::move(blocked);
+      plan.blocked.push_back(slot->second.get());
+    }
+    TensorRef view;
+    view.storage = slot->second;
+    view.dtype = t.dtype;
+    view.sizes = t.sizes;
+    view.strides = CStrides(t.sizes);
+    view.storage_offset = 0;
+    view.requires_grad = t.requires_grad;
+    t = std::move(view);
+  }
+  for (size_t p = 0; p < patterns.size(); ++p) {
+    if (!used[p]) {
+      Refuse("shard pattern " + format::Quote(patterns[p].first) +
+             ": expected a pattern that matches a tensor name, found none that it matches");
+    }
+  }
+  // A source storage that a sharded tensor and a tensor left whole both view
+  // is now written twice: say so.
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (plan.dims[i] != format::kNone) continue;
+    auto s = sharded_sources.find(items[i].tensor->storage.get());
+    if (s == sharded_sources.end()) continue;
+    plan.note += "tensor " + format::Quote(*items[i].name) + " shares its storage with " +
+                 format::Quote(s->second) +
+                 ", which the plan shards: both are stored (sharded and whole)\n";
+  }
+  if (!plan.note.empty()) plan.note.pop_back();
+  return plan;
+}
+
+}  // namespace tsar::writer
