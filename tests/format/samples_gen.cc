@@ -22,6 +22,7 @@
 #include "format/endian.h"
 #include "format/index.h"
 #include "format/spec.h"
+#include "format/tensor_parallel.h"
 #include "format/value_tree.h"
 #include "tsar/archive_file.h"
 #include "tsar/error.h"
@@ -60,6 +61,7 @@ struct Draft {
   std::vector<format::ValueSpec> values;                        // §4.10; empty: none
   std::optional<format::LayerSpec> layer;                       // §4.11
   std::vector<std::pair<uint32_t, std::string>> base_storages;  // base index, bytes
+  uint32_t tp_world = 0;                                        // §4.12; 0: none
 
   void Entry(const std::string& name) {
     b.AddEntry(name);
@@ -143,11 +145,12 @@ struct Draft {
     nlohmann::ordered_json j;
     j["file_size"] = file.size();
     // §7.1: the lowest version with the features and dtype codes the sample uses.
-    int minor = layer ? 2 : values.empty() ? 0 : 1;
+    int minor = tp_world ? 4 : layer ? 2 : values.empty() ? 0 : 1;
     for (const TensorSpec& t : tensors) {
       if (static_cast<uint16_t>(t.dtype) >= 19) minor = std::max(minor, 3);
     }
     j["format_version"] = "1." + std::to_string(minor);
+    if (tp_world) j["tp_world"] = tp_world;  // §4.12
     nlohmann::ordered_json storages = nlohmann::ordered_json::array();
     for (uint32_t i = 0; i < data.size(); ++i) {
       storages.push_back({{"id", i},
@@ -175,6 +178,7 @@ struct Draft {
                          {"storage_offset", t.storage_offset},
                          {"role", kRoles[static_cast<int>(t.role)]},
                          {"requires_grad", t.requires_grad}});
+      if (t.shard_dim != format::kNone) tensors.back()["shard_dim"] = t.shard_dim;
     }
     // Metadata in file order: sorted by (entry as u32, key bytewise), §4.7.
     // std::string compares as unsigned bytes, and an archive-level record
@@ -309,6 +313,9 @@ uint64_t LinksAt(const std::string& f) {
 // multiple of 8 after the blob; the base storage table after it.
 uint64_t LayerAt(const std::string& f) { return ValuesAt(f); }
 uint64_t BaseStoragesAt(const std::string& f) { return LayerAt(f) + format::kLayerRecordSize; }
+// §4.12: the shard table of an archive without a value tree or layer, at the
+// first multiple of 8 after the blob.
+uint64_t ShardsAt(const std::string& f) { return ValuesAt(f); }
 // Recomputes index_xxh3 so a mutation reaches the checks behind the checksum.
 void Refix(std::string& f) {
   const uint64_t end = U64At(f, format::kOffIndexOffset) + U64At(f, format::kOffIndexSize);
@@ -327,7 +334,8 @@ struct Invalid {
 std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::string& shared,
                                       const std::string& meta, const std::string& sparse,
                                       const std::string& aligned, const std::string& empty_views,
-                                      const std::string& tree, const std::string& layer) {
+                                      const std::string& tree, const std::string& layer,
+                                      const std::string& tp) {
   auto fixed = [](uint64_t o) { return [o](const std::string&) { return o; }; };
   auto tensor0 = [](uint64_t field) {
     return [field](const std::string& f) { return Table(f, 2) + field; };
@@ -670,8 +678,82 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
            layer, [](std::string& f) { Put32(f, BaseStoragesAt(f), 99); }, true),
        ErrorCode::kOutOfBounds, [](const std::string& f) { return BaseStoragesAt(f); },
        "base storage #0 names storage #99 of a base of 4 storages"},
+      // Format 1.4 (§4.12, R100-R110), mutations of valid/tensor_parallel.
+      {"tp_world_1",
+       with(
+           tp, [](std::string& f) { Put32(f, ih + 44, 1); }, true),
+       ErrorCode::kInvalidValue, fixed(ih + 44), "a tensor-parallel archive for 1 rank"},
+      {"shard_unsorted",
+       with(
+           tp, [](std::string& f) { Put32(f, ShardsAt(f) + 8, 0); }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return ShardsAt(f) + 8; },
+       "shard #1 names tensor #0 again"},
+      {"shard_dim_out_of_range",
+       with(
+           tp, [](std::string& f) { Put32(f, ShardsAt(f) + 4, 5); }, true),
+       ErrorCode::kBadShape, [](const std::string& f) { return ShardsAt(f) + 4; },
+       "shard #0 splits the 2-d \"q.weight\" along dim 5"},
+      {"shard_not_divisible",
+       with(
+           tp, [](std::string& f) { Put32(f, ShardsAt(f) + 4, 1); }, true),
+       ErrorCode::kBadShape, [](const std::string& f) { return ShardsAt(f); },
+       "shard #0 splits \"q.weight\" [4, 3] along dim 1, whose size 3 is not a multiple of 2"},
+      {"shard_storage_nbytes",
+       with(
+           tp, [](std::string& f) { Put32(f, ih + 44, 4); }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return ShardsAt(f); },
+       "tp_world 4 in an archive laid out for 2: storage #0 is not 4 slices long"},
+      {"shard_tied_unsharded",
+       with(
+           tp, [](std::string& f) { Put32(f, ShardsAt(f) + 3 * 8 + 4, 1); }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 2) + 3 * 48 + 8; },
+       "\"head.weight\" shares \"emb.weight\"'s storage but is split along dim 1, not 0"},
   };
   return v;
+}
+
+// valid/tensor_parallel (format 1.4, §4.12): an archive laid out for 2
+// ranks, alignment 128. "q.weight" [4, 3] is split along dim 0 and "o.weight"
+// [3, 4] along dim 1: slices of 24 bytes, 64 apart. "emb.weight" [4, 32] and
+// its tied "head.weight" share one storage split along dim 0: slices of 256
+// bytes, back to back, so the storage is the tensor in C order. "norm" is
+// stored whole.
+Draft TensorParallel() {
+  Draft d(128);
+  d.tp_world = 2;
+  d.b.SetTensorParallel(2);
+  d.Entry("model");
+  auto sharded = [&d](const std::string& name, std::vector<int64_t> sizes, uint32_t dim,
+                      uint8_t seed) {
+    uint64_t numel = 1;
+    for (int64_t x : sizes) numel *= static_cast<uint64_t>(x);
+    const std::string c_order = Pattern(numel * 4, seed);
+    format::ShardLayout l;
+    format::ComputeShardLayout(sizes.data(), static_cast<uint32_t>(sizes.size()), dim, 4, 2, 128,
+                               &l);
+    std::string blocked(l.nbytes, '\0');
+    format::GatherBlocked(l, reinterpret_cast<const uint8_t*>(c_order.data()), 0, l.nbytes,
+                          reinterpret_cast<uint8_t*>(blocked.data()));
+    const uint32_t s = d.Storage(blocked);
+    std::vector<int64_t> strides(sizes.size());
+    int64_t p = 1;
+    for (size_t k = sizes.size(); k-- > 0;) {
+      strides[k] = p;
+      p *= sizes[k];
+    }
+    TensorSpec t = T(name, s, DType::kFloat32, sizes, strides, 0, Role::kParameter);
+    t.shard_dim = dim;
+    d.Tensor(t);
+    return t;
+  };
+  sharded("q.weight", {4, 3}, 0, 1);
+  sharded("o.weight", {3, 4}, 1, 2);
+  TensorSpec head = sharded("emb.weight", {4, 32}, 0, 3);
+  head.name = "head.weight";
+  d.Tensor(head);
+  d.Tensor(T("norm", d.Storage(Floats({1.0f, 0.5f, 0.25f})), DType::kFloat32, {3}, {1}, 0,
+             Role::kParameter));
+  return d;
 }
 
 // valid/shared: views of one storage, a tied weight, 0-d and empty tensors.
@@ -930,7 +1012,7 @@ std::string LayersManifest(const std::vector<SampleFile>& files,
 
 std::vector<SampleFile> GenerateSamples() {
   std::vector<SampleFile> out;
-  std::string minimal, shared, meta, sparse, aligned, empty_views, tree;
+  std::string minimal, shared, meta, sparse, aligned, empty_views, tree, tp;
   struct Named {
     const char* name;
     Draft (*make)();
@@ -944,7 +1026,8 @@ std::vector<SampleFile> GenerateSamples() {
                          {"aligned", Aligned},
                          {"empty_views", EmptyViews},
                          {"sparse", SparseTensors},
-                         {"value_tree", ValueTree}};
+                         {"value_tree", ValueTree},
+                         {"tensor_parallel", TensorParallel}};
   for (const Named& n : valid) {
     Draft d = n.make();
     const std::string bytes = d.Bytes();
@@ -957,6 +1040,7 @@ std::vector<SampleFile> GenerateSamples() {
     if (std::string(n.name) == "aligned") aligned = bytes;
     if (std::string(n.name) == "empty_views") empty_views = bytes;
     if (std::string(n.name) == "value_tree") tree = bytes;
+    if (std::string(n.name) == "tensor_parallel") tp = bytes;
   }
   std::string layer;
   {
@@ -967,7 +1051,7 @@ std::vector<SampleFile> GenerateSamples() {
   }
   std::string manifest = "file\tcode\toffset\tmessage\tdescription\n";
   for (const Invalid& inv :
-       InvalidCatalogue(minimal, shared, meta, sparse, aligned, empty_views, tree, layer)) {
+       InvalidCatalogue(minimal, shared, meta, sparse, aligned, empty_views, tree, layer, tp)) {
     const std::string bytes = inv.make();
     const std::string file = std::string(inv.name) + ".tsar";
     try {

@@ -183,7 +183,13 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
     }
     // The value tree (§4.10, format 1.1): every value record and link.
     EXPECT_EQ(j["format_version"], "1." + std::to_string(idx.header().minor)) << tsar_path;
-    EXPECT_EQ(idx.header().minor, std::max<int>(idx.is_layer()           ? 2
+    EXPECT_EQ(j.value("tp_world", 0u), idx.tp_world()) << tsar_path;  // §4.12
+    for (size_t i = 0; i < idx.tensors().size(); ++i) {
+      const uint32_t d = idx.tensors()[i].shard_dim;
+      EXPECT_EQ(j["tensors"][i].value("shard_dim", format::kNone), d) << tsar_path << " #" << i;
+    }
+    EXPECT_EQ(idx.header().minor, std::max<int>(idx.tp_world() != 0     ? 4
+                                                : idx.is_layer()       ? 2
                                                 : idx.values().empty() ? 0
                                                                        : 1,
                                                 std::any_of(idx.tensors().begin(),
@@ -214,7 +220,7 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
     EXPECT_EQ(j.value("links", nlohmann::json::array()), nlohmann::json(idx.links())) << tsar_path;
     ++checked;
   }
-  EXPECT_EQ(checked, 11);
+  EXPECT_EQ(checked, 12);
 }
 
 // valid/layer.tsar opens over valid/shared.tsar (§4.11): its base storages
