@@ -228,7 +228,7 @@ std::string Count(size_t n, const char* one, const char* many) {
 
 // Where a tensor's element [0, ..., 0] lies in this process.
 const uint8_t* Origin(const ArchiveFile& a, const TensorInfo& t) {
-  return static_cast<const uint8_t*>(a.storage_data(t.storage)) +
+  return static_cast<const uint8_t*>(a.storage_values(t.storage)) +
          t.storage_offset * ElementSize(t.dtype);
 }
 

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/describe.h"
+#include "cli/tensor_parallel.h"
 #include "format/reader.h"
 #include "tsar/archive_file.h"
 #include "writer/json_util.h"
@@ -311,6 +312,7 @@ class JsonStream {
     }
     Field("role"), String(RoleName(t.role));
     Field("requires_grad"), buf_ += t.requires_grad ? "true" : "false";
+    if (t.shard_dim >= 0) Field("shard_dim"), Integer(static_cast<uint64_t>(t.shard_dim));
     buf_ += "\n    }";
     if (buf_.size() > (1 << 20)) Flush();
   }
@@ -401,6 +403,7 @@ int RunInspect(const std::string& path, bool json) {
     per_layer[s.layer].second += s.nbytes;
   }
 
+  const TpPlan tp = DescribeTp(a);
   if (json) {
     // Written member by member, as nlohmann's dump(2) of the whole object
     // would write it, but without the object: at 100,000 tensors the DOM
@@ -436,6 +439,16 @@ int RunInspect(const std::string& path, bool json) {
                          {"bytes", per_layer[i].second}});
       }
       out.Member("layers", chain);
+    }
+    if (tp.world) {  // §4.12
+      nlohmann::ordered_json dims = nlohmann::ordered_json::object();
+      for (const auto& [d, n] : tp.by_dim) dims[std::to_string(d)] = n;
+      out.Member("tensor_parallel", {{"world", tp.world},
+                                     {"sharded_tensors", tp.sharded_tensors},
+                                     {"by_dim", dims},
+                                     {"sharded_bytes", tp.sharded_bytes},
+                                     {"replicated_bytes", tp.replicated_bytes},
+                                     {"rank_bytes", tp.rank_bytes}});
     }
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
     for (const auto& [k, v] : a.metadata_items()) json::Append(meta, k, MetaJson(v));
@@ -482,6 +495,17 @@ int RunInspect(const std::string& path, bool json) {
                   per_layer[i].first == 1 ? "" : "s", HumanBytes(per_layer[i].second).c_str());
     }
   }
+  if (tp.world) {
+    std::string dims;
+    for (const auto& [d, n] : tp.by_dim)
+      dims += (dims.empty() ? "" : ", ") + ("dim " + std::to_string(d)) + ": " + std::to_string(n);
+    std::printf(
+        "\ntensor parallel: %u ranks; %zu tensors split (%s), %s of slices; %s stored whole\n"
+        "  each rank reads %s: its slices (%s) and every whole tensor\n",
+        tp.world, tp.sharded_tensors, dims.c_str(), HumanBytes(tp.sharded_bytes).c_str(),
+        HumanBytes(tp.replicated_bytes).c_str(), HumanBytes(tp.rank_bytes).c_str(),
+        HumanBytes(tp.rank_bytes - tp.replicated_bytes).c_str());
+  }
   const std::vector<std::string> header = {"NAME", "DTYPE", "SHAPE", "STORAGE", "BYTES", "ROLE"};
   Columns columns("llllrl");  // BYTES right-aligned
   columns.Fit(header);
@@ -491,6 +515,7 @@ int RunInspect(const std::string& path, bool json) {
     std::string shape = Dims(t.sizes);
     if (!Contiguous(t)) shape += " strides " + Dims(t.strides);
     if (t.storage_offset) shape += " +" + std::to_string(t.storage_offset);
+    if (t.shard_dim >= 0) shape += " split dim " + std::to_string(t.shard_dim);
     rows.push_back({Printable(t.name), std::string(DTypeName(t.dtype)), shape,
                     "#" + std::to_string(t.storage) + (users[t.storage] > 1 ? " shared" : "") +
                         LayerNote(storages[t.storage].layer),

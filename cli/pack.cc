@@ -60,6 +60,21 @@ Run AddPack(CLI::App& app) {
       "pages every process opening any layer over it shares. The layer records\n"
       "BASE's path relative to OUTPUT and BASE's identity: it opens only with\n"
       "exactly that file (found there, or in TSAR_BASE_PATH directories)");
+  sub->add_option("--tp", args->tp,
+                  "W: lay the archive out for W tensor-parallel ranks (format 1.4): each tensor\n"
+                  "a --shard pattern matches is split into W equal slices along its DIM, stored\n"
+                  "so that each rank's slice is one contiguous, page-aligned run of the file;\n"
+                  "every other tensor is stored once for all ranks")
+      ->check(CLI::Range(2, 65536));
+  sub->add_option("--shard", args->shard,
+                  "PATTERN=DIM: split the tensors whose names match PATTERN (a glob; '*' also\n"
+                  "matches dots) along DIM (-1 = last). Repeatable; the first match decides.\n"
+                  "Column-parallel weights (q/k/v, gate/up) split on 0, row-parallel (o, down)\n"
+                  "on 1. A pattern that matches nothing, a size not divisible by W is an error")
+      ->allow_extra_args(false);
+  sub->add_option("--shard-plan", args->shard_plan,
+                  "FILE: the patterns as JSON, {\"tp\": W, \"shard\": {\"PATTERN\": DIM, ...}},\n"
+                  "after any --shard (samples/tp/llama.plan.json: a LLaMA-style decoder)");
   sub->add_flag("--flatten", args->flatten,
                 "Inputs are tsar archives (layers): write them standalone, with every\n"
                 "storage of their bases copied in (the default for an archive input without\n"
@@ -81,6 +96,7 @@ Run AddPack(CLI::App& app) {
       "  tsar pack model_ts.pt -o model.tsar --arch model_arch.pt   # for a C++ server\n"
       "  tsar pack finetuned.pt --base base.tsar -o finetuned.tsar   # a layer\n"
       "  tsar pack --flatten finetuned.tsar -o finetuned-full.tsar\n"
+      "  tsar pack llama.safetensors --tp 4 --shard-plan llama.plan.json -o llama-tp4.tsar\n"
       "A torch.save dict like {\"model\": sd, \"ema\": sd2, \"step\": 10} becomes entries\n"
       "model and ema and the metadata step=10. Nothing in the input is ever executed.");
   return [args] { return RunPack(*args); };

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "cli/common.h"
+#include "cli/tensor_parallel.h"
 #include "cli/torch_side.h"
 #include "format/reader.h"
 #include "writer/detect.h"
@@ -62,6 +63,7 @@ int Pack(const PackArgs& a) {
   options.strip_prefix = a.strip_prefix;
   options.architecture = a.arch;
   options.pack.base = a.base;
+  ApplyShardArgs(a.tp, a.shard, a.shard_plan, &options.pack);
   if (a.flatten) {
     for (const PackSource& s : sources) {
       if (importer::DetectByBytes(s.path) != importer::InputKind::kTsar) {

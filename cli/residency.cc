@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/describe.h"
+#include "cli/tensor_parallel.h"
 #include "loader/open_file.h"
 #include "tsar/archive_file.h"
 
@@ -55,6 +56,7 @@ struct Fd {
 struct Measure {
   uint64_t file_size = 0, page_size = 0, pages = 0, resident_pages = 0;
   std::vector<FileId> ids;  // every (device, inode) pair the kernel may show for the file
+  std::vector<uint8_t> resident;  // per page, 1 when in the page cache
 };
 
 // mincore(2) over a mapping of our own: it reports the page cache without
@@ -88,7 +90,10 @@ Measure MeasureCache(const std::string& path) {
       err = errno;
       break;
     }
-    for (uint64_t i = 0; i < n; ++i) m.resident_pages += vec[i] & 1;
+    for (uint64_t i = 0; i < n; ++i) {
+      m.resident_pages += vec[i] & 1;
+      m.resident.push_back(vec[i] & 1);
+    }
   }
   if (FILE* maps = std::fopen("/proc/self/maps", "re")) {
     char line[4096];
@@ -217,15 +222,36 @@ Scan ScanProcesses(const std::vector<FileId>& ids) {
   return s;
 }
 
+// §4.12: per rank of a tensor-parallel archive, the pages of the file it
+// reads (its slices and the whole tensors) and how many are resident.
+std::vector<std::pair<uint64_t, uint64_t>> RankPages(const TpPlan& tp, const Measure& m) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;  // (pages, resident)
+  for (const auto& ranges : tp.ranges) {
+    uint64_t pages = 0, resident = 0, next = 0;  // `next`: first page not yet counted
+    for (const auto& [off, len] : ranges) {
+      uint64_t first = std::max(off / m.page_size, next);
+      const uint64_t end = (off + len + m.page_size - 1) / m.page_size;
+      for (; first < end && first < m.resident.size(); ++first) {
+        ++pages;
+        resident += m.resident[first];
+      }
+      next = std::max(next, end);
+    }
+    out.emplace_back(pages, resident);
+  }
+  return out;
+}
+
 int RunResidency(const std::string& path, bool json) {
   Measure m;
+  TpPlan tp;
   try {
     // Measured before validation: Archive::open reads the header and index,
     // which would put those pages in the cache and skew the count.
     m = MeasureCache(path);
     // Default options only map the file (no prefetch, no full verify); the
     // archive is released before the scan, which also skips our own pid.
-    (void)OpenArchive(path);
+    tp = DescribeTp(OpenArchive(path));
   } catch (const Error& e) {
     PrintError(e.what());
     return kExitBadInput;
@@ -254,6 +280,11 @@ int RunResidency(const std::string& path, bool json) {
                        {"pss_bytes", p.pss},
                        {"private_dirty_bytes", p.private_dirty}});
     }
+    if (tp.world) {
+      auto& ranks = j["ranks"] = nlohmann::ordered_json::array();
+      for (const auto& [pages, resident] : RankPages(tp, m))
+        ranks.push_back({{"pages", pages}, {"resident_pages", resident}});
+    }
     j["total_pss_bytes"] = total_pss;
     j["total_rss_bytes"] = total_rss;
     j["skipped_processes"] = {{"permission_denied", s.denied},
@@ -269,6 +300,14 @@ int RunResidency(const std::string& path, bool json) {
               static_cast<unsigned long long>(m.pages), percent,
               HumanBytes(std::min(m.resident_pages * m.page_size, m.file_size)).c_str(),
               HumanBytes(m.file_size).c_str());
+  if (tp.world) {
+    const auto ranks = RankPages(tp, m);
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      std::printf("  rank %zu of %u: %llu of the %llu pages it reads in page cache\n", r, tp.world,
+                  static_cast<unsigned long long>(ranks[r].second),
+                  static_cast<unsigned long long>(ranks[r].first));
+    }
+  }
   if (s.processes.empty()) {
     std::printf("no process maps it\n");
   } else {
@@ -324,6 +363,9 @@ Run AddResidency(CLI::App& app) {
       "  \"rss_bytes\", \"pss_bytes\", \"private_dirty_bytes\"}], \"total_pss_bytes\", "
       "\"total_rss_bytes\",\n"
       "  \"skipped_processes\": {\"permission_denied\", \"exited\", \"permission_denied_pids\"}}\n"
+      "An archive packed for tensor-parallel ranks (pack --tp) also gets, per rank, the pages\n"
+      "it reads (its slices and the tensors stored whole) and how many are in the page cache\n"
+      "(\"ranks\": [{\"pages\", \"resident_pages\"}] in --json).\n"
       "Examples:\n"
       "  tsar residency /models/resnet.tsar\n"
       "  tsar residency /models/resnet.tsar --json | jq '.total_pss_bytes'");

@@ -26,6 +26,9 @@ struct PackArgs {
   std::string dtype;  // "" = as they are
   std::string arch;   // --arch FILE
   std::string base;   // --base FILE: write a layer over it
+  uint32_t tp = 0;                  // --tp W
+  std::vector<std::string> shard;   // --shard PATTERN=DIM
+  std::string shard_plan;           // --shard-plan FILE
   bool flatten = false;
   std::string output;
   uint32_t align = 4096;

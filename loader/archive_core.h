@@ -6,7 +6,9 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -40,6 +42,12 @@ struct ArchiveCore {
   std::shared_ptr<const ArchiveCore> base;
 
   uint8_t* StorageData(uint32_t i) const { return sources[i].data; }
+
+  // §4.12: storages holding a sharded tensor's slices, copied to C order on
+  // first use by ArchiveFile::storage_values (loader/unblocked.cc).
+  mutable std::mutex unblocked_mutex;
+  mutable std::map<uint32_t, std::vector<uint8_t>> unblocked;
+  mutable std::vector<uint32_t> sharded_tensor_of;  // storage -> a sharded tensor or kNone
 
   // Entry index for a user-given entry name ("" = first); throws kNotFound.
   uint32_t Entry(const std::string& entry) const;

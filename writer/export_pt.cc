@@ -266,7 +266,7 @@ std::vector<std::string> ExportTorchSave(const ArchiveFile& a, const std::string
   });
   writer.writeRecord("data.pkl", pkl.data(), pkl.size());
   for (const auto& s : storages) {  // a layer's base storages from the base file
-    writer.writeRecord("data/" + std::to_string(s.id), a.storage_data(s.id), s.nbytes);
+    writer.writeRecord("data/" + std::to_string(s.id), a.storage_values(s.id), s.nbytes);
   }
   writer.writeEndOfFile();
   sequential.Flush();

@@ -27,7 +27,7 @@ Imported ImportTsar(const std::string& path, const ImportOptions& /*options*/) {
   std::vector<std::shared_ptr<writer::Storage>> storages(index.storages().size());
   for (uint32_t i = 0; i < storages.size(); ++i) {
     auto s = std::make_shared<writer::Storage>();
-    s->data = static_cast<const uint8_t*>(archive.storage_data(i));
+    s->data = static_cast<const uint8_t*>(archive.storage_values(i));
     s->nbytes = index.storages()[i].nbytes;
     s->keep = core;
     storages[i] = std::move(s);

@@ -125,7 +125,7 @@ void Walk(const StridedView& x, std::vector<int64_t>& prefix,
 }  // namespace
 
 StridedView ViewOf(const ArchiveFile& archive, const TensorInfo& t) {
-  return {static_cast<const uint8_t*>(archive.storage_data(t.storage)), ElementSize(t.dtype),
+  return {static_cast<const uint8_t*>(archive.storage_values(t.storage)), ElementSize(t.dtype),
           t.sizes, t.strides, t.storage_offset};
 }
 

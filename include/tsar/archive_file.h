@@ -140,6 +140,12 @@ class ArchiveFile {
   // Storage i's bytes (in this file's mapping or a base's); kNotFound past
   // the last storage.
   const void* storage_data(uint32_t i) const;
+  // Storage i's bytes as its tensors' records describe them (what exporters
+  // and diff read): storage_data(i), except for a storage that holds a
+  // sharded tensor's slices (spec §4.12, tp_world() > 0), where it is a copy
+  // holding the tensor in C order, zero-padded to the storage's nbytes, made
+  // on first use and kept while the archive is open. Thread-safe.
+  const void* storage_values(uint32_t i) const;
 
   // §4.11: true for a layer (an archive that takes some storages from a
   // base archive). layers() are the paths of the chain as opened: this
