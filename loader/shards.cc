@@ -102,7 +102,8 @@ at::Tensor Archive::Impl::MakeShard(uint32_t i, int64_t rank, int64_t world, int
   if (dim < 0) dim += ndim;
   at::Tensor out;
   const uint32_t w = index().tp_world();
-  if (t.shard_dim == dim && world % w == 0) {
+  // Nested chunks equal torch.chunk's only when every chunk has the same size.
+  if (t.shard_dim == dim && world % w == 0 && index().sizes(t)[dim] % world == 0) {
     // The rank's block, or (world = k * W) a narrow of one block.
     const format::ShardLayout l = Layout(i);
     const int64_t k = world / w, block = rank / k;

@@ -1,0 +1,232 @@
+"""Tensor-parallel archives (format 1.4, spec §4.12): tsar.save/pack with tp= and
+shard=, Archive.shard, load_into(rank=, world=), the CLI's --tp/--shard-plan."""
+import json
+import os
+
+import pytest
+import torch
+
+import tsar
+from tsar_testutil import REPO, bits, run_cli
+
+
+def _source(dtype):
+    torch.manual_seed(0)
+    sd = {
+        "col.weight": torch.randn(64, 48).to(dtype),  # split on dim 0
+        "row.weight": torch.randn(48, 64).to(dtype),  # split on dim 1
+        "conv": torch.randn(8, 12, 4, 4).to(dtype),  # split on dim 2
+        "norm.weight": torch.randn(48).to(dtype),  # whole
+        "emb.weight": torch.randn(32, 48).to(dtype),  # whole, tied
+    }
+    sd["head.weight"] = sd["emb.weight"]
+    return sd
+
+
+PLAN = {"col.*": 0, "row.*": -1, "conv": 2}
+
+
+def _equal(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a.contiguous()), bits(b.contiguous()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_slice_is_the_chunk_bit_for_bit_and_zero_copy(tmp_path, dtype, world):
+    sd = _source(dtype)
+    path = tmp_path / "tp.tsar"
+    tsar.save(sd, path, tp=world, shard=PLAN)
+    a = tsar.open(path)
+    assert a.format_version == (1, 4) and a.tp_world == world
+    dims = {i.name: i.shard_dim for i in a.infos()}
+    assert dims == {"col.weight": 0, "row.weight": 1, "conv": 2, "norm.weight": None,
+                    "emb.weight": None, "head.weight": None}
+    lo, hi = a._a().data_ptr, a._a().data_ptr + a._a().mapped_size
+    for name, dim in (("col.weight", 0), ("row.weight", 1), ("conv", 2)):
+        for rank in range(world):
+            s = a.shard(name, rank, world)
+            assert _equal(s, torch.chunk(sd[name], world, dim)[rank]), (name, rank)
+            # The rank's own run of the file: contiguous, inside the mapping,
+            # starting on a 64-byte (page for big slices) boundary.
+            assert s.is_contiguous() and lo <= s.data_ptr() < hi
+            assert (s.data_ptr() - lo) % 64 == 0
+        # Other world sizes: a multiple of the packed one is a view inside a
+        # run, the rest a copy; both equal torch.chunk.
+        for w in (world * 2, 3):
+            for rank in range(len(torch.chunk(sd[name], w, dim))):
+                assert _equal(a.shard(name, rank, w), torch.chunk(sd[name], w, dim)[rank])
+    # Whole tensors: the full values (sharded ones as copies), ties kept.
+    for name, want in sd.items():
+        assert _equal(a[name], want), name
+    assert a["emb.weight"].data_ptr() == a["head.weight"].data_ptr()
+    assert a.info("emb.weight").storage == a.info("head.weight").storage
+    # A tensor stored whole: a zero-copy strided view along any dim.
+    s = a.shard("norm.weight", 1, world, 0)
+    assert _equal(s, torch.chunk(sd["norm.weight"], world, 0)[1]) and lo <= s.data_ptr() < hi
+    a.verify()
+
+
+def test_an_archive_without_a_plan_gives_strided_views(tmp_path):
+    sd = _source(torch.float32)
+    tsar.save(sd, tmp_path / "plain.tsar")
+    a = tsar.open(tmp_path / "plain.tsar")
+    assert a.tp_world == 0 and a.format_version == (1, 0)
+    s = a.shard("row.weight", 1, 4, 1)
+    assert _equal(s, torch.chunk(sd["row.weight"], 4, 1)[1]) and not s.is_contiguous()
+    with pytest.raises(tsar.Error, match="stores this tensor whole, so say which dimension"):
+        a.shard("row.weight", 0, 2)
+    with pytest.raises(tsar.Error, match="rank: expected 0 to 1, found 2"):
+        a.shard("row.weight", 2, 2, 0)
+
+
+class Mlp(torch.nn.Module):
+    """A LLaMA MLP; with world > 1 a rank's part (gate/up split on dim 0, down on dim 1)."""
+
+    def __init__(self, dim=48, hidden=64, world=1):
+        super().__init__()
+        self.gate = torch.nn.Linear(dim, hidden // world, bias=False)
+        self.up = torch.nn.Linear(dim, hidden // world, bias=False)
+        self.down = torch.nn.Linear(hidden // world, dim, bias=False)
+        self.norm = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x = x * self.norm
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_ranks_bound_from_one_archive_sum_to_the_full_layer(tmp_path, planned):
+    torch.manual_seed(1)
+    full = Mlp().eval()
+    path = tmp_path / "mlp.tsar"
+    if planned:
+        tsar.save(full, path, tp=4, shard={"gate.*": 0, "up.*": 0, "down.*": 1})
+    else:
+        tsar.save(full, path)
+    x = torch.randn(5, 48)
+    want = full(x)
+    partial = []
+    for rank in range(4):
+        with torch.device("meta"):
+            m = Mlp(world=4).eval()
+        report = tsar.load_into(m, path, rank=rank, world=4)
+        assert sorted(report.bound) == ["down.weight", "gate.weight", "norm", "up.weight"]
+        assert _equal(m.down.weight, torch.chunk(full.down.weight, 4, 1)[rank])
+        partial.append(m(x))
+    torch.testing.assert_close(sum(partial), want, rtol=1e-5, atol=1e-5)
+    # The full module binds from the TP archive too (sharded weights copied).
+    whole = Mlp().eval()
+    tsar.load_into(whole, path)
+    assert torch.equal(whole(x), want)
+
+
+def test_a_module_of_the_wrong_rank_shape_is_refused_naming_both_shapes(tmp_path):
+    tsar.save(Mlp().eval(), tmp_path / "mlp.tsar", tp=2, shard={"gate.*": 0, "up.*": 0, "down.*": 1})
+    m = Mlp(world=4).eval()
+    with pytest.raises(tsar.Error) as e:
+        tsar.load_into(m, tmp_path / "mlp.tsar", rank=0, world=2)
+    msg = str(e.value)
+    assert "gate.weight: shape [16, 48] vs [32, 48], rank 0's slice of archive [64, 48] packed " \
+           "sharded along dim 0" in msg
+    assert "down.weight: shape [48, 16] vs [48, 32]" in msg
+    with pytest.raises(tsar.Error, match="bind: rank: expected 0 to 1 for world 2, found 2"):
+        tsar.load_into(Mlp(world=2).eval(), tmp_path / "mlp.tsar", rank=2, world=2)
+
+
+def test_bad_plans_are_refused_naming_the_pattern_or_tensor(tmp_path):
+    sd = _source(torch.float32)
+    out = tmp_path / "x.tsar"
+    with pytest.raises(tsar.Error, match=r'shard pattern "nothing\.\*": expected a pattern that matches'):
+        tsar.save(sd, out, tp=2, shard={"col.*": 0, "nothing.*": 0})
+    with pytest.raises(tsar.Error, match=r'tensor "col.weight" \(matched by "col.\*"\): dim: expected -2 to 1'):
+        tsar.save(sd, out, tp=2, shard={"col.*": 2})
+    with pytest.raises(tsar.Error, match=r'"norm.weight" .*size 48 of dim 0 \(shape \[48\]\): expected a multiple of tp 5'):
+        tsar.save(sd, out, tp=5, shard={"norm.*": 0})
+    with pytest.raises(tsar.Error, match="tp: expected 2 to 65536 ranks, found 1"):
+        tsar.save(sd, out, tp=1, shard={"col.*": 0})
+    with pytest.raises(tsar.Error, match="expected a C-contiguous tensor"):
+        tsar.save({"t": torch.randn(4, 6).t()}, out, tp=2, shard={"t": 0})
+    assert not out.exists()
+
+
+def test_a_tied_weight_sharded_one_way_only_is_stored_twice_and_said(tmp_path):
+    sd = _source(torch.float32)
+    summary_notes = []
+    tsar.save(sd, tmp_path / "t.tsar", tp=2, shard={"head.*": 0})
+    a = tsar.open(tmp_path / "t.tsar")
+    assert a.info("head.weight").shard_dim == 0 and a.info("emb.weight").shard_dim is None
+    assert a.info("head.weight").storage != a.info("emb.weight").storage
+    assert _equal(a["head.weight"], sd["emb.weight"]) and _equal(a["emb.weight"], sd["emb.weight"])
+    del summary_notes
+
+
+def _mapping_rss(path):
+    """Rss (bytes) of this process's mappings of `path`."""
+    real = os.path.realpath(path)
+    rss, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and ":" in head[3]:
+                inside = len(head) >= 6 and head[5] == real
+            elif inside and line.startswith("Rss:"):
+                rss += int(head[1]) * 1024
+    return rss
+
+
+def _rank_rss(path, names):
+    """Rss of rank 2's slices (of 4) of `names`, read from a cold page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    with tsar.open(path) as a:
+        for name, dim in names:
+            a.shard(name, 2, 4, dim).sum().item()
+        return _mapping_rss(path)
+
+
+def test_a_rank_maps_only_its_own_runs_and_the_whole_tensors(tmp_path):
+    # 4 ranks of 4 MiB slices. From the planned archive rank 2 maps its own
+    # runs (8 MiB) and what the kernel maps around a fault (read-ahead into
+    # large folios: up to 2 MiB at each edge); from an archive without a
+    # plan its slice of "v" (split on dim 1) is a strided view that touches
+    # every page of "v" (16 MiB).
+    sd = {"w": torch.randn(4096, 1024), "v": torch.randn(1024, 4096)}
+    planned, plain = tmp_path / "tp.tsar", tmp_path / "plain.tsar"
+    tsar.save(sd, planned, tp=4, shard={"w": 0, "v": 1})
+    tsar.save(sd, plain)
+    names = (("w", 0), ("v", 1))
+    per_rank = 2 * (4 << 20)
+    rss_planned, rss_plain = _rank_rss(planned, names), _rank_rss(plain, names)
+    assert per_rank <= rss_planned <= per_rank + 4 * (2 << 20), rss_planned
+    assert rss_plain >= (16 << 20) + (4 << 20), rss_plain
+    assert rss_planned < 0.6 * rss_plain
+
+
+def test_cli_packs_with_the_llama_plan_and_inspect_shows_it(tmp_path, cli):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    torch.save(model.state_dict(), tmp_path / "llama.pt")
+    plan = os.path.join(REPO, "samples", "tp", "llama.plan.json")
+    run_cli(cli, "pack", str(tmp_path / "llama.pt"), "--tp", "2", "--shard-plan", plan,
+            "-o", str(tmp_path / "llama.tsar"), "-q")
+    info = json.loads(run_cli(cli, "inspect", "--json", str(tmp_path / "llama.tsar")).stdout)
+    tp = info["tensor_parallel"]
+    assert tp["world"] == 2 and tp["by_dim"] == {"0": 12, "1": 4}  # 2 x (q k v gate up) + embed + head
+    shard = {t["name"]: t.get("shard_dim") for t in info["tensors"]}
+    assert shard["model.layers.1.mlp.down_proj.weight"] == 1
+    assert shard["model.layers.0.self_attn.k_proj.weight"] == 0
+    assert shard["model.norm.weight"] is None
+    assert tp["rank_bytes"] == tp["replicated_bytes"] + tp["sharded_bytes"] // 2
+    # The tied embedding and head share one sharded storage.
+    a = tsar.open(tmp_path / "llama.tsar")
+    assert a.info("lm_head.weight").storage == a.info("model.embed_tokens.weight").storage
+    sd = model.state_dict()
+    for name, want in sd.items():
+        assert _equal(a[name], want), name
+    out = run_cli(cli, "residency", str(tmp_path / "llama.tsar")).stdout
+    assert "rank 1 of 2:" in out
