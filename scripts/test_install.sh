@@ -29,7 +29,8 @@ command -v ccache > /dev/null && cxx=(ccache g++)
 out=$(env -u LD_LIBRARY_PATH "$tmp/app_pc" "$archive")
 echo "pkg-config app: $out"
 [[ "$out" == *"tensors, first"*"format 1.0" ]]
-"$tmp/prefix/bin/tsar" --version | grep -q "format 1.3"
+minor=$(sed -n 's/^#define TSAR_FORMAT_MINOR //p' "$src/include/tsar/version.h")
+"$tmp/prefix/bin/tsar" --version | grep -q "format 1.$minor)"
 "$tmp/prefix/bin/tsar" inspect "$archive" > /dev/null
 # export runs in libexec/tsar/tsar-torch, which the installed tsar must find.
 "$tmp/prefix/bin/tsar" export -q "$archive" -o "$tmp/back.safetensors"
