@@ -6,8 +6,10 @@ invalid/MANIFEST.tsv. For a valid sample it compares the storages, tensors, the 
 metadata records, the format version, for format 1.1 every value record and link of
 the value tree (§4.10), and for a layer (format 1.2, §4.11) its layer record and base
 storage table; it then opens the layer with its base (found next to it, B1-B6) and
-verifies every storage (R76), base storages included. The samples of layers/MANIFEST.tsv
-are opened from inside layers/ (so that paths are as its messages give them), with no
+verifies every storage (R76), base storages included. For a tensor-parallel archive
+(format 1.4, §4.12) it compares tp_world and each tensor's shard_dim, and checks the
+writer rule that the padding between a sharded tensor's slices is zero. The samples of
+layers/MANIFEST.tsv are opened from inside layers/ (so that paths are as its messages give them), with no
 search list, and must fail resolution with the code, offset and message listed (§8.4).
 Exit 0 when the spec and the samples agree."""
 import contextlib
@@ -17,7 +19,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tsar_ref import TsarError, decode, hexb, open_archive, verify, xxh3  # noqa: E402
+from tsar_ref import (TsarError, decode, full_bytes, hexb, open_archive, shard_layout,  # noqa: E402
+                      storage_bytes, verify, xxh3)
 
 ROLES = {"tensor": 0, "parameter": 1, "buffer": 2, "sparse_component": 3}
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
@@ -98,6 +101,7 @@ def main():
             ok &= t.get("storage", rt["storage"]) == rt["storage"]
             ok &= t["dtype"] == DTYPES[rt["dtype"] - 1] and t["shape"] == rt["sizes"] and t["strides"] == rt["strides"]
             ok &= ROLES[t["role"]] == rt["role"] and t["requires_grad"] == rt["rg"] and t["storage_offset"] == rt["sof"]
+            ok &= t.get("shard_dim") == rt.get("shard_dim")  # §4.12: only on sharded tensors
         ok &= len(want["metadata"]) == len(r["metadata"])
         h = r["header"]
         ok &= want.get("format_version", "1.0") == f"{h['major']}.{h['minor']}"
@@ -123,6 +127,20 @@ def main():
                 verify(open_archive(path, base_dirs=[], environ={}))
             except TsarError as e:
                 failures.append(f"{path}: {e}")
+        # A tensor-parallel archive (§4.12): tp_world, and the writer rule that the bytes
+        # between a sharded tensor's slices are zero (readers do not check it).
+        ok &= want.get("tp_world") == r.get("tp_world")
+        if "tp_world" in r:
+            a = open_archive(path, base_dirs=[], environ={})
+            for i, t in enumerate(r["tensors"]):
+                if "shard_dim" not in t: continue
+                L, b = shard_layout(r, i), storage_bytes(a, t["storage"])
+                for q in range(L["world"] - 1):
+                    gap = b[q * L["block_stride"] + L["slice_bytes"]: (q + 1) * L["block_stride"]]
+                    if any(gap): failures.append(f"{path}: tensor #{i}: non-zero padding after slice {q}")
+                # §4.12.3: slices back to back with one outer row are the C-order bytes.
+                if L["outer"] <= 1 and L["block_stride"] == L["slice_bytes"]:
+                    ok &= full_bytes(a, i) == b
         if not ok:
             failures.append(f"{path}: does not match its expected.json")
     if missing:

@@ -1,8 +1,8 @@
-"""tsar_ref.py: an independent decoder of tsar format 1.3 (document revision 6), written
+"""tsar_ref.py: an independent decoder of tsar format 1.4 (document revision 7), written
 from the rules of spec/FORMAT.md alone (not from the C++ code). Used to check the spec against samples/
 and, in tests, to read archives that the C++ packer wrote.
 
-decode(data, path) checks rules R1-R75, R77-R99 of §6.3 in their order (not R14, which
+decode(data, path) checks rules R1-R75, R77-R110 of §6.3 in their order (not R14, which
 needs two reads of a file, nor R76, full verification) and raises TsarError at the first
 one broken: e.code is the short name of §6.2, e.off the offset, str(e) the message of §6.7. It returns the decoded header,
 tables and, for an archive with a value tree (header flag bit 0, §4.10), its value
@@ -16,7 +16,14 @@ storages only, and a tensor's storage index i >= len(r["storages"]) names base s
 i - len(r["storages"]). decode() needs no base. open_archive(path) reads a file, decodes
 it and, for a layer, finds and checks its base (B1-B6 of §4.11.2 and §4.11.3,
 recursively); storage_bytes(archive, i) then gives the bytes of any storage, and
-verify(archive) is full verification (R76, §6.6)."""
+verify(archive) is full verification (R76, §6.6).
+
+For a tensor-parallel archive (header flag bit 2, format 1.4, §4.12), decode() also gives
+r["tp_world"] and r["shards"] (the shard records, (tensor, dim) in order), and each sharded
+tensor has a "shard_dim"; archives and tensors without the feature have neither key, as
+in expected.json. shard_layout(r, i) gives where each rank's slice of sharded tensor i
+lies in its storage, and full_bytes(archive, i) / rank_bytes(archive, i, rank) its bytes
+in C order (§4.12.2, §4.12.3)."""
 import ctypes, json, os, struct, sys
 
 _lib = ctypes.CDLL("libxxhash.so.0")
@@ -43,9 +50,16 @@ GRAD_DTYPES = set(range(7, 16)) | set(range(19, 23))  # §5.1: the floating-poin
 NONE = 0xFFFFFFFF
 I64MAX = 2**63 - 1
 U64 = 2**64
-MINOR = 3                  # §7: this decoder implements format 1.3
-KNOWN_FEATURES = 0x3       # §5.3: header flag bits 0, the value tree (§4.10), and 1, layers (§4.11)
+MINOR = 4                  # §7: this decoder implements format 1.4
+KNOWN_FEATURES = 0x7       # §5.3: header flag bits 0, the value tree (§4.10), 1, layers (§4.11), and 2, tensor-parallel layout (§4.12)
 MAX_LAYER_DEPTH = 8        # §4.11.1: kMaxLayerDepth
+MAX_WORLD = 65536          # §4.12: the most ranks a tensor-parallel archive is laid out for (R100)
+
+def features_of_minor(m):
+    """§7.5, R79: the feature bits that format 1.m defines, for m >= 1: bits 0 and 1 from
+    minor 1 on, bit 2 from minor 4 on."""
+    return KNOWN_FEATURES if m >= 4 else 0x3
+
 # §5.7: value kinds, by code, as ValueKindName spells them
 KINDS = [None, "none", "bool", "int", "bigint", "float", "str", "bytes", "list", "tuple", "dict",
          "tensor", "entry", "opaque"]
@@ -119,8 +133,9 @@ def decode(data, path):
     if al < 64 or al > 2**30 or al & (al - 1): fail("invalid_value", 48, "alignment", "a power of two in [64, 2^30]", al)
     fl = u32(52)
     if minor == 0 and fl: fail("reserved_non_zero", 52, "flags", "0", fl)  # R13
-    if fl & ~KNOWN_FEATURES:  # R79
-        fail("unsupported_version", 52, "flags", f"feature bits of format 1.{MINOR} (0x{KNOWN_FEATURES:x})",
+    known = features_of_minor(min(minor, MINOR))  # R79: implemented by this reader, and defined by the archive's minor
+    if fl & ~known:
+        fail("unsupported_version", 52, "flags", f"feature bits of format 1.{min(minor, MINOR)} (0x{known:x})",
              f"0x{fl:x} (the archive needs a reader of format 1.{minor})" if minor > MINOR
              else f"0x{fl:x} (bits that format 1.{minor} does not define)")
     sumv = u64(56)
@@ -137,11 +152,16 @@ def decode(data, path):
     layers = bool(fl & 2)
     VC, LC = (u32(ih + 32), u32(ih + 36)) if tree else (0, 0)
     BC = u32(ih + 40) if layers else 0
+    tp = bool(fl & 4)
+    TW, SHC = (u32(ih + 44), u32(ih + 48)) if tp else (0, 0)
     # R17: the bytes no feature bit gives a meaning, in offset order
     if not tree: zero(ih + 32, 8, "index reserved")
     if not layers: zero(ih + 40, 4, "index reserved")
-    zero(ih + 44, 20, "index reserved")
+    if not tp: zero(ih + 44, 8, "index reserved")
+    zero(ih + 52, 12, "index reserved")
     if tree and VC == 0: fail("invalid_value", ih + 32, "value_count", "at least 1 (the root)", "0")  # R80
+    if tp and not 2 <= TW <= MAX_WORLD: fail("invalid_value", ih + 44, "tp_world", f"2 to {MAX_WORLD}", TW)  # R100
+    if tp and SHC == 0: fail("invalid_value", ih + 48, "shard_count", "at least 1 (a sharded tensor)", "0")  # R101
     rs = [16, 32, 48, 32, 32, 8]
     names_ = ["entry_count", "storage_count", "tensor_count", "sparse_count", "metadata_count", "dims_count"]
     pos = ih + 64; tab = []
@@ -171,6 +191,14 @@ def decode(data, path):
         if 64 + 32 * BC > ie - ls: fail("out_of_bounds", ih + 40, "base_storage_count", f"a layer record and base storage table that fit in index_size {isz}", f"{BC} records of 32 bytes")
         layer_at, base_at = ls, ls + 64
         ext = base_at + 32 * BC
+    shards_at = None
+    if tp:  # R102: zero padding to a multiple of 8, then the shard table
+        ss = (ext + 7) // 8 * 8
+        if ss > ie: fail("out_of_bounds", ih + 48, "shard_count", f"a shard table that fits in index_size {isz}", "no room left")
+        zero(ext, ss - ext, "shard padding")
+        if 8 * SHC > ie - ss: fail("out_of_bounds", ih + 48, "shard_count", f"a shard table that fits in index_size {isz}", f"{SHC} records of 8 bytes")
+        shards_at = ss
+        ext = ss + 8 * SHC
     if minor <= MINOR and ext != ie: fail("invalid_value", 32, "index_size", f"{ext-ih} (the sum of the tables)", isz)  # R20
     EC, SC, TC, PC, MC, DC = counts
     def bstr(off, field):
@@ -295,6 +323,9 @@ def decode(data, path):
         if end > nbytes_of(st): fail("out_of_bounds", off + 24, F("extent"), f"at most storage #{st} nbytes {nbytes_of(st)}", f"{end} bytes")
         tensors.append(dict(name=nm, entry=ent, storage=st, dtype=dt, role=role, rg=bool(tf & 1), ndim=nd, di=di,
                             sizes=dims[di:di + nd], strides=dims[di + nd:di + 2 * nd], sof=sof, sparse=sp, dv=dv, dx=dx))
+    shards = []
+    if tp:  # §4.12: R103-R109 per shard record, then R110, before the sparse records
+        shards = decode_shards(data, fail, shards_at, SHC, TW, al, tensors, nbytes_of, tab[2])
     sparse = []
     for i in range(PC):
         off = tab[3] + 32 * i; f = f"sparse #{i}"
@@ -365,8 +396,82 @@ def decode(data, path):
              counts=counts, blob_size=blob_size, tables=tab, blob=blob, entries=entries, storages=storages,
              tensors=tensors, sparse=sparse, metadata=meta, dims=dims, values=values, links=links,
              value_table=values_at, link_table=links_at, layer=layer, base_storages=base_storages)
+    if tp:
+        r.update(tp_world=TW, shards=shards, shard_table=shards_at)
     r["tree"] = tree_node(r, 0) if values else None
     return r
+
+
+def c_strides(sizes):
+    """§4.12, R108: the C-contiguous strides of `sizes`: stride[d] is the product of the
+    sizes after d (so 0 before a size 0)."""
+    out, p = [0] * len(sizes), 1
+    for d in range(len(sizes) - 1, -1, -1):
+        out[d] = p
+        p *= sizes[d]
+    return out
+
+
+def layout(sizes, dim, es, world, alignment):
+    """§4.12.2: where the ranks' slices of a tensor of `sizes` split `world` ways along
+    `dim` lie in its storage, as a dict of outer, chunk, slice_bytes, block_stride and
+    nbytes (exact integers: nbytes may pass 2^64, which R109 rejects)."""
+    outer = 1
+    for x in sizes[:dim]: outer *= x
+    inner = es
+    for x in sizes[dim + 1:]: inner *= x
+    if 0 in sizes: outer = chunk = 0
+    else: chunk = sizes[dim] // world * inner
+    slice_bytes = outer * chunk
+    a = alignment if slice_bytes >= alignment else 64
+    block_stride = (slice_bytes + a - 1) // a * a
+    return dict(world=world, outer=outer, chunk=chunk, slice_bytes=slice_bytes, block_stride=block_stride,
+                nbytes=(world - 1) * block_stride + slice_bytes)
+
+
+def decode_shards(data, fail, S0, SC, world, alignment, tensors, nbytes_of, T0):
+    """§4.12, rules R103-R110 of §6.3 in order. S0: absolute offset of the shard table; T0:
+    that of the tensor table. Sets "shard_dim" on each sharded tensor; returns the records."""
+    def u32(o): return struct.unpack_from("<I", data, o)[0]
+    def lst(v): return "[" + ", ".join(str(x) for x in v) + "]"
+    TC = len(tensors)
+    shards = []
+    first_of = {}  # storage -> the first sharded tensor that views it
+    for j in range(SC):
+        off = S0 + 8 * j
+        i, dim = u32(off), u32(off + 4)
+        if i >= TC: fail("out_of_bounds", off, f"shard #{j} tensor", f"less than tensor_count {TC}", i)  # R103
+        if j > 0 and i <= shards[-1][0]:  # R104
+            fail("invalid_value", off, f"shard #{j} tensor", f"more than shard #{j - 1}'s tensor {shards[-1][0]} (records sorted by tensor, one per tensor)", i)
+        t = tensors[i]
+        F = lambda x: f"shard #{j} tensor #{i} {quote(t['name'])} {x}"
+        sizes, nd = t["sizes"], t["ndim"]
+        if t["role"] == 3: fail("invalid_value", off, F("role"), "a tensor that is not a sparse component (role 0-2)", 3)  # R105
+        if dim >= nd: fail("bad_shape", off + 4, F("dim"), f"less than the tensor's ndim {nd}", dim)  # R106
+        if sizes[dim] % world: fail("bad_shape", off, F(f"size {dim}"), f"a multiple of the world size {world}", sizes[dim])  # R107
+        want = c_strides(sizes)
+        if t["sof"] != 0 or t["strides"] != want:  # R108
+            fail("invalid_value", off, F("view"), f"storage_offset 0 and C-contiguous strides {lst(want)}",
+                 f"storage_offset {t['sof']} strides {lst(t['strides'])}")
+        L = layout(sizes, dim, ESIZE[t["dtype"]], world, alignment)
+        nb = nbytes_of(t["storage"])
+        if L["block_stride"] >= U64 or L["nbytes"] >= U64:  # R109
+            fail("invalid_value", off, F("storage nbytes"), f"a layout of {world} slices below 2^64", nb)
+        if L["nbytes"] != nb:
+            fail("invalid_value", off, F("storage nbytes"),
+                 f"{L['nbytes']} ({world} slices of {L['slice_bytes']} bytes, {L['block_stride']} bytes apart)", nb)
+        t["shard_dim"] = dim
+        first_of.setdefault(t["storage"], i)
+        shards.append((i, dim))
+    for i, t in enumerate(tensors):  # R110
+        k = first_of.get(t["storage"])
+        if k is None or k == i: continue
+        f = tensors[k]
+        if (t.get("shard_dim"), t["dtype"], t["sizes"]) != (f["shard_dim"], f["dtype"], f["sizes"]):
+            fail("invalid_value", T0 + 48 * i + 8, f"tensor #{i} {quote(t['name'])} storage",
+                 f"a storage that no sharded tensor views, or one sharded like tensor #{k} (same dim, dtype and sizes)",
+                 f"{t['storage']} ({'viewed whole' if 'shard_dim' not in t else 'sharded otherwise'})")
+    return shards
 
 
 def decode_values(data, fail, V0, VC, L0, LC, link_count_off, blob, blob_size, EC, component):
@@ -709,6 +814,29 @@ def storage_bytes(a, i):
     owner, j = storage_location(a, i)
     off, nb, _ = owner.r["storages"][j]
     return owner.data[off:off + nb]
+
+
+def shard_layout(r, i):
+    """§4.12.2: the layout of sharded tensor i of the decoded archive r (layout())."""
+    t = r["tensors"][i]
+    return layout(t["sizes"], t["shard_dim"], ESIZE[t["dtype"]], r["tp_world"], r["header"]["alignment"])
+
+
+def rank_bytes(a, i, rank):
+    """§4.12.2: the bytes of rank `rank`'s slice of sharded tensor i of an opened archive,
+    in C order: bytes [rank * block_stride, rank * block_stride + slice_bytes) of its storage."""
+    L = shard_layout(a.r, i)
+    b = storage_bytes(a, a.r["tensors"][i]["storage"])
+    return b[rank * L["block_stride"]: rank * L["block_stride"] + L["slice_bytes"]]
+
+
+def full_bytes(a, i):
+    """§4.12.3: the C-order bytes of sharded tensor i of an opened archive, the
+    concatenation of its ranks' slices along its shard dim."""
+    L = shard_layout(a.r, i)
+    slices = [rank_bytes(a, i, q) for q in range(L["world"])]
+    c = L["chunk"]
+    return b"".join(slices[q][o * c:(o + 1) * c] for o in range(L["outer"]) for q in range(L["world"]))
 
 
 def verify(a):
