@@ -64,7 +64,10 @@ Run AddPack(CLI::App& app) {
                   "W: lay the archive out for W tensor-parallel ranks (format 1.4): each tensor\n"
                   "a --shard pattern matches is split into W equal slices along its DIM, stored\n"
                   "so that each rank's slice is one contiguous, page-aligned run of the file;\n"
-                  "every other tensor is stored once for all ranks")
+                  "every other tensor is stored once for all ranks. Defaults --align to 65536:\n"
+                  "the kernel maps cached pages around a fault in 64 KiB windows and reads\n"
+                  "ahead into large folios, so 64 KiB-aligned slices keep a rank off its\n"
+                  "neighbours' pages (--align 2097152: none at all, for a larger file)")
       ->check(CLI::Range(2, 65536));
   sub->add_option("--shard", args->shard,
                   "PATTERN=DIM: split the tensors whose names match PATTERN (a glob; '*' also\n"
@@ -99,7 +102,11 @@ Run AddPack(CLI::App& app) {
       "  tsar pack llama.safetensors --tp 4 --shard-plan llama.plan.json -o llama-tp4.tsar\n"
       "A torch.save dict like {\"model\": sd, \"ema\": sd2, \"step\": 10} becomes entries\n"
       "model and ema and the metadata step=10. Nothing in the input is ever executed.");
-  return [args] { return RunPack(*args); };
+  return [args, sub] {
+    // §4.12: a tensor-parallel archive defaults to 64 KiB alignment (see --tp).
+    if (args->tp != 0 && sub->get_option("--align")->count() == 0) args->align = 65536;
+    return RunPack(*args);
+  };
 }
 
 }  // namespace tsar::cli

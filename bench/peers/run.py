@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from peers import adapters, models, p9_warm, procs  # noqa: E402
 
-MEASURES = ("P9", "P13", "P14", "P3", "P5", "VERIFY")
+MEASURES = ("P9", "P13", "P14", "P3", "P5", "VERIFY", "P15")
 # The peers of the process measures: every CPU loader (the GPU rows are the issue "CUDA"'s).
 PROCESS_PEERS = ["tsar", "torch.load(mmap)", "safetensors.load_file", "safetensors.safe_open",
                  "tensordict.load_memmap", "transformers.from_pretrained", "fastsafetensors (buffered)",
@@ -388,6 +388,10 @@ def main():
             p14_p3(rep, srcs, log, do_p14="P14" in only)
         if "VERIFY" in only:
             verify(rep, srcs, args.repeat, args.cli)
+        if "P15" in only and "b" in srcs:
+            from peers import p15_tp
+
+            p15_tp.p15(rep, srcs["b"], workdir, log)
     finally:
         rep.save()
         if owned:

@@ -60,7 +60,10 @@ struct PackOptions {
   // pattern that matches no tensor, a dimension out of range, a size not
   // divisible by `tp`, a sparse tensor, or a tensor that is not C-contiguous.
   // A sharded tensor tied to one that is not sharded the same way is stored
-  // twice (and `note` says so).
+  // twice (and `note` says so). Use `alignment` 65536 (what `tsar pack --tp`
+  // and Python default to): the kernel maps cached pages around a fault in
+  // 64 KiB windows and reads ahead into large folios, so slices aligned to
+  // 64 KiB keep a rank's mappings off its neighbours' pages (P15).
   uint32_t tp = 0;
   std::vector<std::pair<std::string, int64_t>> shard;
 };

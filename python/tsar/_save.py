@@ -121,8 +121,16 @@ def _shard_plan(tp, shard):
     return tp, plan
 
 
-def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 4096, dtype=None,
-         base=None, tp: Optional[int] = None, shard=None) -> None:
+def _alignment(alignment, tp):
+    """The default alignment: 4096, or 65536 for a tensor-parallel archive
+    (its slices then start on 64 KiB: the kernel's fault-around window)."""
+    if alignment is not None:
+        return int(alignment)
+    return 65536 if tp else 4096
+
+
+def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[int] = None,
+         dtype=None, base=None, tp: Optional[int] = None, shard=None) -> None:
     """Writes ``obj`` as a .tsar archive at ``path``, atomically.
 
     ``obj`` is a state_dict (any mapping of str to Tensor; role "tensor", or
@@ -158,7 +166,10 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 409
     equal slices, stored so that each rank's slice is one contiguous run of
     the file starting on an alignment boundary; every other tensor is stored
     once for all ranks. :meth:`Archive.shard` and ``load_into(..., rank=,
-    world=)`` then map only a rank's runs. A pattern that matches nothing, a
+    world=)`` then map only a rank's runs. ``alignment`` then defaults to
+    65536 instead of 4096: the kernel maps cached pages around a fault in
+    64 KiB windows and reads ahead into large folios, so 64 KiB-aligned
+    slices keep a rank off its neighbours' pages. A pattern that matches nothing, a
     dim out of range, a size not divisible by W, a sparse or non-contiguous
     tensor raise tsar.Error (INVALID_ARGUMENT) naming it. For a LLaMA-style
     decoder, see ``samples/tp/llama.plan.json``.
@@ -171,7 +182,7 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: int = 409
     entries, entry_meta = _entries(obj, entry)
     meta = entry_meta + [("", k, v) for k, v in _metadata_items(metadata)]
     world, plan = _shard_plan(tp, shard)
-    _tsar.save(os.fspath(path), entries, meta, int(alignment), _dtype_name(dtype),
+    _tsar.save(os.fspath(path), entries, meta, _alignment(alignment, world), _dtype_name(dtype),
                "" if base is None else os.fspath(base), True, world, plan)
 
 
@@ -188,7 +199,7 @@ def pack(
     *,
     entry: str = "model",
     strict: bool = False,
-    alignment: int = 4096,
+    alignment: Optional[int] = None,
     metadata=None,
     dtype=None,
     only: Sequence[str] = (),
@@ -231,10 +242,12 @@ def pack(
         sources = [("", os.fspath(src))]
     else:
         sources = [("", os.fspath(s)) for s in src]
+    world, plan = _shard_plan(tp, shard)
     tensors, entries, nbytes, notes = _tsar.pack(
-        sources, os.fspath(dst), entry, bool(strict), int(alignment), _metadata_items(metadata),
+        sources, os.fspath(dst), entry, bool(strict), _alignment(alignment, world),
+        _metadata_items(metadata),
         _dtype_name(dtype), [str(x) for x in only], [str(x) for x in exclude], str(strip_prefix),
         "" if arch is None else os.fspath(arch), "" if base is None else os.fspath(base),
-        *_shard_plan(tp, shard),
+        world, plan,
     )
     return PackSummary(tensors, entries, nbytes, notes)

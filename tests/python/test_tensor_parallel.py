@@ -230,3 +230,21 @@ def test_cli_packs_with_the_llama_plan_and_inspect_shows_it(tmp_path, cli):
         assert _equal(a[name], want), name
     out = run_cli(cli, "residency", str(tmp_path / "llama.tsar")).stdout
     assert "rank 1 of 2:" in out
+
+
+def test_tsar_pack_takes_the_plan_and_repacking_without_it_gives_the_plain_archive(tmp_path):
+    sd = _source(torch.bfloat16)
+    torch.save(sd, tmp_path / "m.pt")
+    tsar.pack(tmp_path / "m.pt", tmp_path / "tp.tsar", tp=2, shard=[("col.*", 0), ("row.*", 1)])
+    a = tsar.open(tmp_path / "tp.tsar")
+    assert a.tp_world == 2 and a.info("row.weight").shard_dim == 1
+    assert _equal(a.shard("row.weight", 1, 2), torch.chunk(sd["row.weight"], 2, 1)[1])
+    # A TP archive as input: repacked without a plan it is the plain archive,
+    # byte for byte; with one, the same bytes as packing the source with it.
+    tsar.pack(tmp_path / "tp.tsar", tmp_path / "again.tsar")
+    tsar.pack(tmp_path / "m.pt", tmp_path / "plain.tsar")
+    assert (tmp_path / "again.tsar").read_bytes() == (tmp_path / "plain.tsar").read_bytes()
+    tsar.pack(tmp_path / "again.tsar", tmp_path / "tp2.tsar", tp=2, shard={"col.*": 0, "row.*": 1})
+    assert (tmp_path / "tp2.tsar").read_bytes() == (tmp_path / "tp.tsar").read_bytes()
+    with pytest.raises(TypeError, match="tp: expected the number of tensor-parallel ranks"):
+        tsar.pack(tmp_path / "m.pt", tmp_path / "x.tsar", tp="2", shard={"col.*": 0})
