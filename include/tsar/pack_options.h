@@ -60,10 +60,12 @@ struct PackOptions {
   // pattern that matches no tensor, a dimension out of range, a size not
   // divisible by `tp`, a sparse tensor, or a tensor that is not C-contiguous.
   // A sharded tensor tied to one that is not sharded the same way is stored
-  // twice (and `note` says so). Use `alignment` 65536 (what `tsar pack --tp`
-  // and Python default to): the kernel maps cached pages around a fault in
-  // 64 KiB windows and reads ahead into large folios, so slices aligned to
-  // 64 KiB keep a rank's mappings off its neighbours' pages (P15).
+  // twice (and `note` says so). Use `alignment` 2 MiB (what `tsar pack --tp`
+  // and Python default to): the kernel maps the cached pages around a fault
+  // (fault-around, large folios of up to 2 MiB), so slices that start on
+  // 2 MiB keep a rank's mappings off its neighbours' pages (P15: a rank maps
+  // 1.01x of its bytes, against 1.03x at 512 KiB and 1.07x at 4 KiB; the
+  // padding is zeros no process reads).
   uint32_t tp = 0;
   std::vector<std::pair<std::string, int64_t>> shard;
 };

@@ -122,11 +122,11 @@ def _shard_plan(tp, shard):
 
 
 def _alignment(alignment, tp):
-    """The default alignment: 4096, or 65536 for a tensor-parallel archive
-    (its slices then start on 64 KiB: the kernel's fault-around window)."""
+    """The default alignment: 4096, or 2 MiB for a tensor-parallel archive
+    (PackOptions::tp says why)."""
     if alignment is not None:
         return int(alignment)
-    return 65536 if tp else 4096
+    return 2 << 20 if tp else 4096
 
 
 def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[int] = None,
@@ -166,10 +166,11 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[
     equal slices, stored so that each rank's slice is one contiguous run of
     the file starting on an alignment boundary; every other tensor is stored
     once for all ranks. :meth:`Archive.shard` and ``load_into(..., rank=,
-    world=)`` then map only a rank's runs. ``alignment`` then defaults to
-    65536 instead of 4096: the kernel maps cached pages around a fault in
-    64 KiB windows and reads ahead into large folios, so 64 KiB-aligned
-    slices keep a rank off its neighbours' pages. A pattern that matches nothing, a
+    world=)`` then map only a rank's runs. ``alignment`` then defaults to 2
+    MiB instead of 4096: the kernel maps the cached pages around a fault
+    (fault-around, large folios of up to 2 MiB), so slices that start on
+    2 MiB keep a rank off its neighbours' pages (the padding is zeros that
+    no process reads). A pattern that matches nothing, a
     dim out of range, a size not divisible by W, a sparse or non-contiguous
     tensor raise tsar.Error (INVALID_ARGUMENT) naming it. For a LLaMA-style
     decoder, see ``samples/tp/llama.plan.json``.

@@ -149,6 +149,65 @@ struct OnCudaImpl : torch::nn::Module {
 };
 TORCH_MODULE(OnCuda);
 
+// §4.12 from C++: PackOptions::tp/shard, Archive::shard, BindOptions{rank, world}.
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(int64_t world) {
+    up = register_module("up", torch::nn::Linear(torch::nn::LinearOptions(16, 32 / world).bias(false)));
+    down = register_module("down",
+                           torch::nn::Linear(torch::nn::LinearOptions(32 / world, 16).bias(false)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return down(torch::relu(up(x))); }
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+TEST_F(BindTest, TensorParallelRanksBindTheirSlicesAndSumToTheFullLayer) {
+  torch::manual_seed(3);
+  Mlp full(1);
+  full->eval();
+  PackOptions o;
+  o.tp = 2;
+  o.alignment = 2u << 20;
+  o.shard = {{"up.*", 0}, {"down.*", -1}};
+  Writer w(Path("tp.tsar"), o);
+  w.add_module(*full);
+  w.finish();
+  const Archive a = Archive::open(Path("tp.tsar"));
+  EXPECT_EQ(a.tp_world(), 2u);
+  EXPECT_EQ(a.format_minor(), 4);
+  EXPECT_EQ(a.info("down.weight").shard_dim, 1);
+  const auto x = torch::randn({3, 16});
+  torch::Tensor sum;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    const at::Tensor slice = a.shard("down.weight", rank, 2);
+    EXPECT_TRUE(torch::equal(slice, full->down->weight.chunk(2, 1)[rank]));
+    EXPECT_TRUE(slice.is_contiguous());
+    EXPECT_TRUE(InRanges(slice.data_ptr(), MappedRanges(Path("tp.tsar"))));
+    Mlp part(2);
+    part->eval();
+    BindOptions b;
+    b.rank = rank;
+    b.world = 2;
+    EXPECT_EQ(tsar::bind(*part, a, b).bound.size(), 2u);
+    EXPECT_EQ(part->down->weight.data_ptr(), slice.data_ptr()) << "the rank's own run";
+    const auto y = part->forward(x);
+    sum = rank == 0 ? y : sum + y;
+  }
+  EXPECT_TRUE(torch::allclose(sum, full->forward(x), 1e-5, 1e-5));
+  // The full module binds too: sharded weights as copies with the full values.
+  Mlp whole(1);
+  whole->eval();
+  tsar::bind(*whole, a);
+  EXPECT_TRUE(torch::equal(whole->down->weight, full->down->weight));
+  Mlp wrong(4);
+  wrong->eval();
+  BindOptions b;
+  b.rank = 0;
+  b.world = 2;
+  EXPECT_TRUE(Throws([&] { tsar::bind(*wrong, a, b); }, ErrorCode::kBindMismatch,
+                     "up.weight: shape [8, 16] vs [16, 16], rank 0's slice of archive [32, 16]"));
+}
+
 TEST_F(BindTest, ATensorOnAnotherDeviceIsRefusedBeforeAnythingChanges) {
   Writer w(Path("lin.tsar"));
   torch::nn::Linear lin(4, 3);
