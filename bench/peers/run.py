@@ -1,4 +1,4 @@
-"""run.py --out DIR [--size bench|small|tiny] [--workdir DIR] [--only P9,P13,P14,P3,P5,VERIFY]
+"""run.py --out DIR [--size bench|small|tiny] [--workdir DIR] [--only P9,P13,P14,P3,P5,VERIFY,P15]
 
 tsar beside the real peers (issue 28), on the same tensors, in one run: every
 peer gets the file format it is built for, written from one reference model
@@ -14,6 +14,8 @@ Measures (see bench/README.md, "Peers"):
   P3   8 workers holding model b: summed Pss above 8 workers holding nothing
   P5   open of 100,000 tensors, and open + every tensor, model c
   VERIFY  time to check every byte (tsar verify) beside memcpy of as many bytes
+  P15  4 tensor-parallel rank processes on model b (p15_tp.py): what each maps,
+       summed Pss, bind time; tsar with and without a plan, safetensors get_slice
 """
 import argparse
 import csv
