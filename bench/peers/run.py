@@ -1,4 +1,4 @@
-"""run.py --out DIR [--size bench|small|tiny] [--workdir DIR] [--only P9,P13,P14,P3,P5,VERIFY,P15]
+"""run.py --out DIR [--size bench|small|tiny] [--workdir DIR] [--only P9,P13,P14,P3,P5,VERIFY,P15,P11]
 
 tsar beside the real peers (issue 28), on the same tensors, in one run: every
 peer gets the file format it is built for, written from one reference model
@@ -14,6 +14,7 @@ Measures (see bench/README.md, "Peers"):
   P3   8 workers holding model b: summed Pss above 8 workers holding nothing
   P5   open of 100,000 tensors, and open + every tensor, model c
   VERIFY  time to check every byte (tsar verify) beside memcpy of as many bytes
+  P11  tsar.LiveModule: rename to the first request on the new version, models a, b (p11_live.py)
   P15  4 tensor-parallel rank processes on model b (p15_tp.py): what each maps,
        summed Pss, bind time; tsar with and without a plan, safetensors get_slice
 """
@@ -35,7 +36,7 @@ import torch  # noqa: E402
 
 from peers import adapters, models, p9_warm, procs  # noqa: E402
 
-MEASURES = ("P9", "P13", "P14", "P3", "P5", "VERIFY", "P15")
+MEASURES = ("P9", "P13", "P14", "P3", "P5", "VERIFY", "P15", "P11")
 # The peers of the process measures: every CPU loader (the GPU rows are the issue "CUDA"'s).
 PROCESS_PEERS = ["tsar", "torch.load(mmap)", "safetensors.load_file", "safetensors.safe_open",
                  "tensordict.load_memmap", "transformers.from_pretrained", "fastsafetensors (buffered)",
@@ -390,6 +391,10 @@ def main():
             p14_p3(rep, srcs, log, do_p14="P14" in only)
         if "VERIFY" in only:
             verify(rep, srcs, args.repeat, args.cli)
+        if "P11" in only:
+            from peers import p11_live
+
+            p11_live.p11(rep, srcs, workdir, log)
         if "P15" in only and "b" in srcs:
             from peers import p15_tp
 

@@ -37,6 +37,7 @@ from ._errors import Error, ErrorCode
 from ._archive import Archive, TensorInfo, open
 from ._save import PackSummary, pack, save
 from ._bind import BindReport, install_fault_handler, load, load_into
+from ._live import LiveEvent, LiveModule
 
 __all__ = [
     "__version__",
@@ -44,6 +45,8 @@ __all__ = [
     "BindReport",
     "Error",
     "ErrorCode",
+    "LiveEvent",
+    "LiveModule",
     "PackSummary",
     "TensorInfo",
     "install_fault_handler",

@@ -2,6 +2,7 @@
 """A pre-fork HTTP model server (Python standard library + torch + tsar).
 
   server.py --archive model.tsar    [--workers N] [--port P]   weights mapped from a tsar archive
+  server.py --archive model.tsar --follow                      ... and every new version published there
   server.py --torch-load model.pt   [--workers N] [--port P]   baseline: torch.load in every worker
 
 The master imports torch, opens one listening socket on 127.0.0.1, and forks N
@@ -10,7 +11,12 @@ without weights (model.json), then either
   --archive:    tsar.load_into(model, archive): the parameters point into the
                 read-only, shared mapping of the file; N workers hold ONE copy;
   --torch-load: torch.load + load_state_dict: every worker holds a private copy;
-runs one warm-up forward pass (so every weight page is resident) and serves:
+runs one warm-up forward pass (so every weight page is resident) and serves.
+With --follow each worker serves through a tsar.LiveModule made after the fork:
+a new archive renamed over the path (tsar.save, tsar pack) is verified, bound
+into a fresh module, warmed up, then served; each request runs on the version
+it started with, and a worker drops the old version's mapping after its last
+request on it. Answers then carry "version" (1, 2, ... per worker).
 
   GET  /          the output for a fixed probe input (linspace(-1, 1, inputs))
   POST /predict   body {"input": [inputs floats]} or {"input": [[...], ...]}
@@ -41,6 +47,9 @@ def parse_args(argv=None):
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--archive", help="tsar archive to map and bind (shared, zero copy)")
     src.add_argument("--torch-load", dest="torch_load", help="torch.save file to load in every worker")
+    ap.add_argument("--follow", action="store_true",
+                    help="with --archive: serve each new version published at the path (tsar.LiveModule)")
+    ap.add_argument("--poll", type=float, default=1.0, help="--follow: seconds between stat()s of the path")
     ap.add_argument("--arch", help="model.json (default: model.json next to the weights)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--host", default="127.0.0.1")
@@ -55,6 +64,8 @@ def parse_args(argv=None):
     weights = a.archive or a.torch_load
     a.arch = a.arch or os.path.join(os.path.dirname(os.path.abspath(weights)), "model.json")
     a.mode = "tsar" if a.archive else "torch.load"
+    if a.follow and not a.archive:
+        ap.error("--follow needs --archive")
     return a
 
 
@@ -65,6 +76,25 @@ def die_with_parent():
         libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def follow_model(args):
+    """A tsar.LiveModule over the archive (made in the worker, after the fork)."""
+    import torch
+    import mlp
+    import tsar
+    arch = mlp.load_arch(args.arch)
+
+    def warm_up(net):
+        net(torch.zeros(1, arch["inputs"]))  # every weight page resident before it serves
+
+    def on_event(e):
+        sys.stderr.write(f"[worker {os.getpid()}] {e.kind} {e.path}: version {e.version} "
+                         f"{e.error or f'in {e.load_ms:.1f} ms'}\n")
+
+    live = tsar.LiveModule(args.archive, lambda: mlp.build(arch, empty=True), warm_up=warm_up,
+                           poll_interval=args.poll, on_event=on_event)
+    return live, arch
 
 
 def load_model(args):
@@ -106,9 +136,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def answer(self, x):
         import torch
+        live = self.server.live
+        net, version = live.current() if live else (self.server.net, None)  # one version per request
         with torch.no_grad():
-            y = self.server.net(x)
-        return {"worker": os.getpid(), "mode": self.server.mode, "output": y.tolist()}
+            y = net(x)
+        out = {"worker": os.getpid(), "mode": self.server.mode, "output": y.tolist()}
+        if live:
+            out["version"] = version
+        return out
 
     def do_GET(self):
         if self.path == "/health":
@@ -150,13 +185,19 @@ def worker_main(args, listener, ready_fd):
         import torch
         torch.set_num_threads(args.threads)
         t0 = time.monotonic()
-        net, arch = load_model(args)
+        live = None
+        if args.follow:
+            live, arch = follow_model(args)
+            net = None
+        else:
+            net, arch = load_model(args)
         load_s = time.monotonic() - t0
         httpd = http.server.HTTPServer((args.host, 0), Handler, bind_and_activate=False)
         httpd.socket.close()
         httpd.socket = listener
         httpd.server_name, httpd.server_port = args.host, listener.getsockname()[1]
         httpd.net, httpd.arch, httpd.mode, httpd.verbose = net, arch, args.mode, args.verbose
+        httpd.live = live
         os.write(ready_fd, f"{os.getpid()} {load_s:.4f}\n".encode())
         os.close(ready_fd)
         while True:  # the classic pre-fork loop: the kernel hands each connection to one worker

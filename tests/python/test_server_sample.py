@@ -35,3 +35,20 @@ def test_compare_tsar_against_torch_load(tmp_path):
     for p in [tsar_r["master"], *tsar_r["workers"], torch_r["master"], *torch_r["workers"]]:
         assert not os.path.exists(f"/proc/{p}") or open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", \
             f"process {p} is still running"
+
+
+def test_hot_swap_serves_every_version_without_an_error_and_lets_the_old_ones_go(tmp_path):
+    out = tmp_path / "hot.json"
+    cmd = [sys.executable, os.path.join(SAMPLE, "hot_swap.py"), "--workers", "2", "--clients", "2",
+           "--versions", "3", "--seconds", "0.7", "--inputs", "512", "--hidden", "512", "--depth", "4",
+           "--json", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    res = json.loads(out.read_text())
+    assert res["errors"] == 0 and res["wrong"] == 0
+    assert sorted(int(v) for v in res["served"]) == [1, 2, 3]
+    assert all(n > 0 for n in res["served"].values())
+    # Two workers share one copy before, and one copy of the last version after.
+    assert 0.9 * res["file_size"] <= res["pss_before"] <= 1.05 * res["file_size"]
+    assert 0.9 * res["file_size"] <= res["pss_after"] <= 1.05 * res["file_size"]
+    assert "errors: 0   wrong answers: 0" in r.stdout
