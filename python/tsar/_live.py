@@ -34,6 +34,7 @@ class LiveEvent(NamedTuple):
     error: str  # "" for "swapped"
     load_ms: float  # open + verify + make + bind + warm_up of the new file
     warm_up_ms: float  # of which warm_up (the model's own cost)
+    make_ms: float  # and of which make() (the model's own cost too)
 
 
 class LiveModule:
@@ -85,12 +86,12 @@ class LiveModule:
         self._check_lock = threading.Lock()  # one load at a time (watcher or check())
         self._stats = collections.Counter()
         self._last_error = ""
-        self._last_load_ms = self._last_warm_up_ms = 0.0
+        self._last_load_ms = self._last_warm_up_ms = self._last_make_ms = 0.0
         self._refused = None  # identity of the last refused file: not retried until it changes
         ident = _tsar.identity(self._path)
-        module, load_ms, warm_ms = self._load()  # raises: nothing to serve
+        module, load_ms, warm_ms, make_ms = self._load()  # raises: nothing to serve
         self._serving: Tuple[torch.nn.Module, int, Any] = (module, 1, ident)
-        self._last_load_ms, self._last_warm_up_ms = load_ms, warm_ms
+        self._last_load_ms, self._last_warm_up_ms, self._last_make_ms = load_ms, warm_ms, make_ms
         self._closed = False
         self._watch = None
         self._thread = None
@@ -125,10 +126,11 @@ class LiveModule:
 
     def stats(self) -> dict:
         """Counters: version, swaps, refusals, checks (looks at the path), and the
-        last load's milliseconds (load_ms, of which warm_up_ms)."""
+        last load's milliseconds (load_ms, of which warm_up_ms and make_ms)."""
         return {"version": self.version, "swaps": self._stats["swaps"],
                 "refusals": self._stats["refusals"], "checks": self._stats["checks"],
                 "load_ms": self._last_load_ms, "warm_up_ms": self._last_warm_up_ms,
+                "make_ms": self._last_make_ms,
                 "last_error": self._last_error, "watching": self._thread is not None}
 
     # -- watching ----------------------------------------------------------------
@@ -187,11 +189,13 @@ class LiveModule:
                 pass
 
     def _load(self):
-        """(module, load ms, warm-up ms) of the file at the path now."""
+        """(module, load ms, warm-up ms, make ms) of the file at the path now."""
         t0 = time.perf_counter()
         archive = _open(self._path, verify=self._verify)  # verifies without the GIL
         try:
+            tm = time.perf_counter()
             module = self._make()
+            make_ms = (time.perf_counter() - tm) * 1e3
             if not isinstance(module, torch.nn.Module):
                 raise TypeError(f"make() returned {type(module).__name__}, expected a torch.nn.Module")
             serving = getattr(self, "_serving", None)
@@ -205,7 +209,7 @@ class LiveModule:
             with torch.no_grad():
                 self._warm_up(module)
         t2 = time.perf_counter()
-        return module, (t2 - t0) * 1e3, (t2 - t1) * 1e3
+        return module, (t2 - t0) * 1e3, (t2 - t1) * 1e3, make_ms
 
     def _check(self) -> bool:
         with self._check_lock:
@@ -214,27 +218,27 @@ class LiveModule:
             if ident is None or ident == self._serving[2] or ident == self._refused:
                 return False
             try:
-                module, load_ms, warm_ms = self._load()
+                module, load_ms, warm_ms, make_ms = self._load()
             except Exception as e:  # noqa: BLE001 (any failure refuses the file)
                 self._refused = ident
-                self._last_error = str(e) if isinstance(e, Exception) and str(e) else repr(e)
+                self._last_error = str(e) or repr(e)
                 self._stats["refusals"] += 1
-                self._event("refused", self._last_error, 0.0, 0.0)
+                self._event("refused", self._last_error, 0.0, 0.0, 0.0)
                 return False
             # A file replaced while it loaded is looked at again next time.
             version = self._serving[1] + 1
             self._serving = (module, version, ident)
             del module  # only _serving (and requests) hold it
-            self._last_load_ms, self._last_warm_up_ms = load_ms, warm_ms
+            self._last_load_ms, self._last_warm_up_ms, self._last_make_ms = load_ms, warm_ms, make_ms
             self._refused = None
             self._stats["swaps"] += 1
-            self._event("swapped", "", load_ms, warm_ms)
+            self._event("swapped", "", load_ms, warm_ms, make_ms)
             return True
 
-    def _event(self, kind, error, load_ms, warm_ms):
+    def _event(self, kind, error, load_ms, warm_ms, make_ms):
         if self._on_event is None:
             return
         try:
-            self._on_event(LiveEvent(kind, self._path, self.version, error, load_ms, warm_ms))
+            self._on_event(LiveEvent(kind, self._path, self.version, error, load_ms, warm_ms, make_ms))
         except Exception:  # noqa: BLE001 (what on_event raises is ignored)
             pass
