@@ -248,3 +248,23 @@ def test_tsar_pack_takes_the_plan_and_repacking_without_it_gives_the_plain_archi
     assert (tmp_path / "tp2.tsar").read_bytes() == (tmp_path / "tp.tsar").read_bytes()
     with pytest.raises(TypeError, match="tp: expected the number of tensor-parallel ranks"):
         tsar.pack(tmp_path / "m.pt", tmp_path / "x.tsar", tp="2", shard={"col.*": 0})
+
+
+def test_export_diff_and_verify_see_the_original_values(tmp_path, cli):
+    safetensors = pytest.importorskip("safetensors.torch")
+    sd = _source(torch.float32)
+    torch.save(sd, tmp_path / "m.pt")
+    tsar.save(sd, tmp_path / "tp.tsar", tp=4, shard=PLAN)
+    tsar.save(sd, tmp_path / "plain.tsar")
+    run_cli(cli, "verify", str(tmp_path / "tp.tsar"))
+    out = run_cli(cli, "diff", str(tmp_path / "plain.tsar"), str(tmp_path / "tp.tsar")).stdout
+    assert out.startswith("same:"), out
+    run_cli(cli, "export", "-q", "--materialize-shared", str(tmp_path / "tp.tsar"), "-o",
+            str(tmp_path / "tp.safetensors"))
+    back = safetensors.load_file(str(tmp_path / "tp.safetensors"))
+    for name in ("col.weight", "row.weight", "conv", "norm.weight"):
+        assert _equal(back[name], sd[name]), name
+    run_cli(cli, "export", "-q", str(tmp_path / "tp.tsar"), "-o", str(tmp_path / "tp.pt"))
+    pt = torch.load(tmp_path / "tp.pt", weights_only=True)
+    for name, want in sd.items():
+        assert _equal(pt[name], want), name
