@@ -1,21 +1,78 @@
-// tsar::to_device (include/tsar/device.h): storage by storage through pinned
-// host memory, with non-blocking copies, preserving aliasing. Built on ATen's
-// device-generic ops so this file compiles on CPU-only LibTorch too.
+// tsar::to_device (include/tsar/device.h): the staging pipeline of
+// loader/device_pipeline.h driven through LibTorch's device-generic streams,
+// events and copies, so this file compiles on CPU-only LibTorch and without a
+// CUDA compiler, and runs wherever the LibTorch given has CUDA.
 #include "tsar/device.h"
 
 #include <ATen/Context.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 
 #include "loader/archive_impl.h"
+#include "loader/device_pipeline.h"
 #include "loader/scalar_type.h"
 
 namespace tsar {
+namespace {
+
+// CopyEngine over LibTorch: pinned buffers from its host allocator, a pool of
+// device streams, one event per buffer.
+class TorchEngine : public CopyEngine {
+ public:
+  TorchEngine(c10::Device device, int streams, std::vector<at::Tensor>* targets)
+      : device_(device), guard_(device.type()), targets_(targets) {
+    for (int s = 0; s < streams; ++s) streams_.push_back(guard_.getStreamFromGlobalPool(device));
+  }
+  void* AllocatePinned(int buffer, uint64_t bytes) override {
+    if (static_cast<size_t>(buffer) >= pinned_.size()) pinned_.resize(buffer + 1);
+    pinned_[buffer] = at::empty({static_cast<int64_t>(bytes)},
+                                at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    while (events_.size() < pinned_.size()) events_.emplace_back(device_.type());
+    return pinned_[buffer].data_ptr();
+  }
+  void CopyAsync(int stream, const void* src, uint32_t target, uint64_t offset,
+                 uint64_t n) override {
+    const c10::StreamGuard on(streams_[stream]);
+    (*targets_)[target]
+        .narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(n))
+        .copy_(PinnedView(src, n), /*non_blocking=*/true);
+  }
+  void RecordDone(int stream, int buffer) override { events_[buffer].record(streams_[stream]); }
+  void WaitDone(int buffer) override { events_[buffer].synchronize(); }
+  void Finish() override {
+    for (const c10::Stream& s : streams_) s.synchronize();
+  }
+
+ private:
+  // The slice of the pinned buffer holding [src, src + n).
+  at::Tensor PinnedView(const void* src, uint64_t n) const {
+    const auto* p = static_cast<const uint8_t*>(src);
+    for (const at::Tensor& b : pinned_) {
+      const auto* base = static_cast<const uint8_t*>(b.data_ptr());
+      if (p >= base && p + n <= base + b.numel()) {
+        return b.narrow(0, p - base, static_cast<int64_t>(n));
+      }
+    }
+    throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
+                "to_device: a transfer from outside the staging buffers");
+  }
+  c10::Device device_;
+  c10::impl::VirtualGuardImpl guard_;
+  std::vector<at::Tensor>* targets_;
+  std::vector<c10::Stream> streams_;
+  std::vector<at::Tensor> pinned_;
+  std::vector<c10::Event> events_;
+};
+
+}  // namespace
 
 torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c10::Device device,
-                                                      const std::string& entry) {
+                                                      const std::string& entry,
+                                                      const DeviceOptions& options) {
   if (device.is_cpu()) return archive.state_dict(entry);
   if (!device.is_cuda()) {
     throw Error(ErrorCode::kUnsupported, archive.path(), std::nullopt,
@@ -30,41 +87,28 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
   const format::Index& index = impl.index();
   const uint32_t entry_index = impl.Entry(entry);
   const format::EntryRecord& e = index.entries()[entry_index];
-  // One device storage per archive storage used by the entry. Storages are
-  // packed into a pinned staging buffer and copied asynchronously on the
-  // current stream; the stream is synchronized only before the buffer is reused.
-  constexpr int64_t kStagingBytes = int64_t{256} << 20;
-  const c10::impl::VirtualGuardImpl guard(device.type());
-  const c10::Stream stream = guard.getStream(device);
+  // One device allocation per storage the entry's dense tensors view, filled
+  // by the pipeline; sharded storages (§4.12) are not in C order and go whole.
   std::vector<at::Tensor> device_bytes(index.storages().size());
-  at::Tensor staging;
-  int64_t used = 0;
+  std::vector<CopyRange> ranges;
   for (uint32_t i = 0; i < e.tensor_count; ++i) {
     const format::TensorRecord& rec = index.tensors()[e.first_tensor + i];
-    if (rec.role == format::Role::kSparseComponent) continue;  // moved by MakeSparse().to()
+    if (rec.role == format::Role::kSparseComponent || rec.shard_dim != format::kNone) continue;
     const uint32_t s = rec.storage;
     if (device_bytes[s].defined()) continue;
-    const auto nbytes = static_cast<int64_t>(index.storages()[s].nbytes);
-    at::Tensor host = at::empty({0}, at::kByte).set_(impl.Storage(s), 0, {nbytes}, {1});
-    device_bytes[s] = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device));
-    if (!staging.defined()) {
-      staging =
-          at::empty({kStagingBytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-    }
-    for (int64_t done = 0; done < nbytes;) {
-      if (used == kStagingBytes) {
-        stream.synchronize();
-        used = 0;
-      }
-      const int64_t n = std::min(nbytes - done, kStagingBytes - used);
-      at::Tensor stage = staging.narrow(0, used, n);
-      stage.copy_(host.narrow(0, done, n));
-      device_bytes[s].narrow(0, done, n).copy_(stage, /*non_blocking=*/true);
-      used += n;
-      done += n;
-    }
+    const uint64_t nbytes = index.storages()[s].nbytes;
+    device_bytes[s] = at::empty({static_cast<int64_t>(nbytes)},
+                                at::TensorOptions().dtype(at::kByte).device(device));
+    ranges.push_back({impl.core->StorageData(s), nbytes, s, 0});
   }
-  stream.synchronize();
+  {
+    TorchEngine engine(device, std::max(1, options.streams), &device_bytes);
+    PipelineOptions p;
+    p.pinned_bytes = options.pinned_bytes;
+    p.buffers = options.buffers;
+    p.streams = options.streams;
+    RunPipeline(ranges, engine, p);
+  }
   torch::OrderedDict<std::string, at::Tensor> out;
   impl.ForEachVisible(entry_index, [&](std::string_view name, uint32_t i, uint32_t sparse) {
     if (i == format::kNone) {  // small index arrays and values: LibTorch's own copy
@@ -72,6 +116,10 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
       return;
     }
     const format::TensorRecord& t = index.tensors()[i];
+    if (t.shard_dim != format::kNone) {
+      out.insert(std::string(name), impl.Make(i).to(device));
+      return;
+    }
     const c10::ScalarType type = ToScalarType(t.dtype, [&t] { return std::string(t.name); });
     at::Tensor v =
         at::empty({0}, at::TensorOptions().dtype(type).device(device))

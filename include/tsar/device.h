@@ -4,14 +4,32 @@
 
 #include <c10/core/Device.h>
 
+#include <cstdint>
+
 #include "tsar/archive.h"
 
 namespace tsar {
 
-// Copies every storage of `entry` to `device` through pinned host memory with
-// asynchronous copies, then rebuilds the views. Throws kUnsupported when this
-// LibTorch has no CUDA or no device is present ("built without CUDA").
+// How to_device stages bytes: the archive's storages are copied from the
+// mapping into `buffers` page-locked (pinned) host buffers of `pinned_bytes`
+// in all, and from each buffer to the GPU asynchronously on one of `streams`
+// streams, so the host copy of the next buffer overlaps the transfer of the
+// previous ones. Pinned memory stays at `pinned_bytes` whatever the archive's
+// size (64 MiB by default: what a small host can give up).
+struct DeviceOptions {
+  uint64_t pinned_bytes = uint64_t{64} << 20;
+  int buffers = 4;
+  int streams = 2;
+};
+
+// Copies every storage of `entry` to `device` (each storage once: views and
+// tied weights come back as views of one device storage) and rebuilds the
+// tensors there, bytes exact for every dtype. The file is read once. A
+// tensor-parallel archive's sharded tensors (spec §4.12) are rebuilt whole on
+// the host, then copied. `device` cpu gives state_dict(entry). Throws
+// kUnsupported when this LibTorch has no CUDA or no device is present.
 torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c10::Device device,
-                                                      const std::string& entry = "");
+                                                      const std::string& entry = "",
+                                                      const DeviceOptions& options = {});
 
 }  // namespace tsar

@@ -14,6 +14,7 @@
 #include "loader/path_watch.h"
 #include "loader/scalar_type.h"
 #include "tsar/archive.h"
+#include "tsar/device.h"
 #include "tsar/writer.h"
 #include "writer/pack_files.h"
 #include "writer/torchscript.h"
@@ -118,6 +119,25 @@ PYBIND11_MODULE(_tsar, m) {
       .def("contains", &Archive::contains, py::arg("name"), py::arg("entry"))
       .def("tensor", &Archive::tensor, py::arg("name"), py::arg("entry"))
       .def_property_readonly("tp_world", &Archive::tp_world)
+      .def(
+          "to_device",
+          [](const Archive& a, const std::string& device, const std::string& entry,
+             uint64_t pinned_bytes, int buffers, int streams) {
+            DeviceOptions o;
+            o.pinned_bytes = pinned_bytes;
+            o.buffers = buffers;
+            o.streams = streams;
+            torch::OrderedDict<std::string, at::Tensor> sd;
+            {
+              py::gil_scoped_release unlocked;
+              sd = to_device(a, c10::Device(device), entry, o);
+            }
+            std::vector<std::pair<std::string, at::Tensor>> out;
+            for (auto& item : sd) out.emplace_back(item.key(), item.value());
+            return out;
+          },
+          py::arg("device"), py::arg("entry"), py::arg("pinned_bytes"), py::arg("buffers"),
+          py::arg("streams"))
       .def(
           "shard",
           [](const Archive& a, const std::string& name, int64_t rank, int64_t world,
