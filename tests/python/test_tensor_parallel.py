@@ -199,7 +199,8 @@ def test_a_rank_maps_only_its_own_runs_and_the_whole_tensors(tmp_path):
     per_rank = 2 * (4 << 20)
     rss_planned, rss_plain = _rank_rss(planned, names), _rank_rss(plain, names)
     assert per_rank <= rss_planned <= per_rank + 4 * (2 << 20), rss_planned
-    assert rss_plain >= (16 << 20) + (4 << 20), rss_plain
+    # (less the pages of "v" before rank 2's first column and after its last)
+    assert rss_plain >= (16 << 20) + (4 << 20) - (64 << 10), rss_plain
     assert rss_planned < 0.6 * rss_plain
 
 
