@@ -269,3 +269,19 @@ def test_export_diff_and_verify_see_the_original_values(tmp_path, cli):
     pt = torch.load(tmp_path / "tp.pt", weights_only=True)
     for name, want in sd.items():
         assert _equal(pt[name], want), name
+
+
+def test_a_fine_tuned_variant_is_a_small_layer_over_a_tensor_parallel_base(tmp_path):
+    sd = _source(torch.bfloat16)
+    tsar.save(sd, tmp_path / "base.tsar", tp=2, shard=PLAN)
+    ft = dict(sd, **{"norm.weight": sd["norm.weight"] + 1})
+    tsar.save(ft, tmp_path / "ft.tsar", tp=2, shard=PLAN, base=tmp_path / "base.tsar")
+    a = tsar.open(tmp_path / "ft.tsar")
+    assert a.layers[1].endswith("base.tsar") and a.tp_world == 2
+    # The variant stores only what changed; the sharded runs are the base's.
+    assert os.path.getsize(tmp_path / "ft.tsar") < 4096
+    for name, want in ft.items():
+        assert _equal(a[name], want), name
+    for rank in range(2):
+        assert _equal(a.shard("row.weight", rank, 2), torch.chunk(ft["row.weight"], 2, 1)[rank])
+    a.verify()
