@@ -771,6 +771,14 @@ void Index::DecodeLayer(const ByteReader& r, uint64_t blob, uint64_t blob_size,
   }
 }
 
+ShardLayout Index::ShardLayoutOf(const TensorRecord& t) const {
+  ShardLayout l;
+  // Validated by Parse (R105-R109): cannot fail.
+  ComputeShardLayout(sizes(t), t.ndim, t.shard_dim, ElementSize(t.dtype), tp_world_,
+                     header_.alignment, &l);
+  return l;
+}
+
 // §4.12 (format 1.4): the shard table, R103-R109 per record in order, then
 // R110 over the tensors: a storage that holds a sharded tensor's slices is
 // viewed only by tensors sharded the same way.

@@ -10,6 +10,7 @@
 #include "format/checksum.h"
 #include "format/name_table.h"
 #include "format/spec.h"
+#include "format/tensor_parallel.h"
 #include "format/values.h"
 #include "tsar/dtype.h"
 #include "tsar/error.h"
@@ -150,6 +151,8 @@ class Index {
   // a shard_dim; ShardLayoutOf gives where each rank's slice lies.
   uint32_t tp_world() const { return tp_world_; }
   uint32_t shard_count() const { return shard_count_; }
+  // Where sharded tensor `t`'s slices lie in its storage (t.shard_dim set).
+  ShardLayout ShardLayoutOf(const TensorRecord& t) const;
   // §4.11: the identity a layer records of this archive as its base: the
   // XXH3-128 of the validated bytes [0, data_offset).
   Hash128 Identity() const { return Xxh3x128(head_.data(), head_.size()); }

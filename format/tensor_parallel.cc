@@ -17,6 +17,17 @@ std::string List(const int64_t* v, uint32_t n) {
 
 }  // namespace
 
+std::vector<int64_t> ShardStrides(const int64_t* sizes, uint32_t ndim) {
+  std::vector<int64_t> s(ndim);
+  uint64_t p = 1;
+  for (uint32_t k = ndim; k-- > 0;) {
+    s[k] = static_cast<int64_t>(p);
+    // Stays below 2^63 until a size 0 makes it 0 (R50, R78 bound the rest).
+    p *= static_cast<uint64_t>(sizes[k]);
+  }
+  return s;
+}
+
 bool ComputeShardLayout(const int64_t* sizes, uint32_t ndim, uint32_t dim, uint64_t element_size,
                         uint32_t world, uint32_t alignment, ShardLayout* out) {
   ShardLayout l;
@@ -63,18 +74,10 @@ ShardFault CheckShard(const int64_t* sizes, const int64_t* strides, uint32_t ndi
             "a multiple of the world size " + Dec(world), Dec(static_cast<uint64_t>(sizes[dim]))};
   }
   // R108: offset 0 and exactly the C-contiguous strides of its sizes.
-  bool contiguous = storage_offset == 0;
-  int64_t want[kMaxNdim];
-  uint64_t p = 1;
-  for (uint32_t k = ndim; k-- > 0;) {
-    want[k] = static_cast<int64_t>(p);
-    contiguous = contiguous && strides[k] == want[k];
-    // Stays below 2^63 until a size 0 makes it 0 (R50, R78 bound the rest).
-    p *= static_cast<uint64_t>(sizes[k]);
-  }
-  if (!contiguous) {
+  const std::vector<int64_t> want = ShardStrides(sizes, ndim);
+  if (storage_offset != 0 || !std::equal(want.begin(), want.end(), strides)) {
     return {Rule::kContiguous, "view",
-            "storage_offset 0 and C-contiguous strides " + List(want, ndim),
+            "storage_offset 0 and C-contiguous strides " + List(want.data(), ndim),
             "storage_offset " + Dec(storage_offset) + " strides " + List(strides, ndim)};
   }
   ShardLayout l;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "format/spec.h"
 
@@ -47,6 +48,14 @@ ShardFault CheckShard(const int64_t* sizes, const int64_t* strides, uint32_t ndi
                       uint64_t storage_offset, uint64_t element_size, bool sparse_component,
                       uint32_t dim, uint32_t world, uint32_t alignment, uint64_t storage_nbytes,
                       ShardLayout* layout);
+
+// R108: the strides a sharded tensor's record holds, C-contiguous with no
+// exception for sizes 0 and 1: strides[d] is the product of the sizes after d.
+// Also the strides of one rank's slice, given the slice's sizes.
+std::vector<int64_t> ShardStrides(const int64_t* sizes, uint32_t ndim);
+inline std::vector<int64_t> ShardStrides(const std::vector<int64_t>& sizes) {
+  return ShardStrides(sizes.data(), static_cast<uint32_t>(sizes.size()));
+}
 
 // Bytes [begin, begin + n) of the blocked storage of `layout` into `out`,
 // taken from the tensor's C-order bytes `c_order` (zero in the padding

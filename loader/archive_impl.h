@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "format/tensor_parallel.h"
 #include "loader/archive_core.h"
 #include "tsar/archive.h"
 
@@ -56,13 +55,11 @@ struct Archive::Impl {
   at::Tensor Make(uint32_t tensor) const;
   // §4.12 (loader/shards.cc): a view of tensor's storage with these sizes,
   // strides and offset (in elements); the full value of a sharded tensor;
-  // rank's slice of `world` along `dim` (kShardDimOfArchive: the archive's);
-  // where a sharded tensor's slices lie.
+  // rank's slice of `world` along `dim` (kShardDimOfArchive: the archive's).
   at::Tensor View(uint32_t tensor, const std::vector<int64_t>& sizes,
                   const std::vector<int64_t>& strides, uint64_t offset) const;
   at::Tensor MakeFull(uint32_t tensor) const;
   at::Tensor MakeShard(uint32_t tensor, int64_t rank, int64_t world, int64_t dim) const;
-  format::ShardLayout Layout(uint32_t tensor) const;
   // The sparse tensor over its component views (kInvalidValue if
   // inconsistent); loader/sparse.cc.
   at::Tensor MakeSparse(uint32_t sparse) const;

@@ -25,26 +25,7 @@ namespace {
 
 std::string Dec(int64_t v) { return std::to_string(v); }
 
-std::vector<int64_t> CStrides(const std::vector<int64_t>& sizes) {
-  std::vector<int64_t> s(sizes.size());
-  int64_t p = 1;
-  for (size_t k = sizes.size(); k-- > 0;) {
-    s[k] = p;
-    p *= sizes[k];
-  }
-  return s;
-}
-
 }  // namespace
-
-format::ShardLayout Archive::Impl::Layout(uint32_t i) const {
-  const format::TensorRecord& t = index().tensors()[i];
-  format::ShardLayout l;
-  // Validated at open (R105-R109): cannot fail.
-  format::ComputeShardLayout(index().sizes(t), t.ndim, t.shard_dim, ElementSize(t.dtype),
-                             index().tp_world(), index().header().alignment, &l);
-  return l;
-}
 
 at::Tensor Archive::Impl::View(uint32_t i, const std::vector<int64_t>& sizes,
                                const std::vector<int64_t>& strides, uint64_t offset) const {
@@ -61,11 +42,11 @@ at::Tensor Archive::Impl::View(uint32_t i, const std::vector<int64_t>& sizes,
 
 at::Tensor Archive::Impl::MakeFull(uint32_t i) const {
   const format::TensorRecord& t = index().tensors()[i];
-  const format::ShardLayout l = Layout(i);
+  const format::ShardLayout l = index().ShardLayoutOf(t);
   const std::vector<int64_t> sizes(index().sizes(t), index().sizes(t) + t.ndim);
   at::Tensor out;
   if (l.outer <= 1 && l.block_stride == l.slice_bytes) {
-    out = View(i, sizes, CStrides(sizes), 0);  // the blocks are the C-order bytes
+    out = View(i, sizes, format::ShardStrides(sizes), 0);  // the blocks are the C-order bytes
   } else {
     const c10::ScalarType type =
         ToScalarType(t.dtype, [&t] { return "tensor " + format::Quote(std::string(t.name)); });
@@ -105,12 +86,12 @@ at::Tensor Archive::Impl::MakeShard(uint32_t i, int64_t rank, int64_t world, int
   // Nested chunks equal torch.chunk's only when every chunk has the same size.
   if (t.shard_dim == dim && world % w == 0 && index().sizes(t)[dim] % world == 0) {
     // The rank's block, or (world = k * W) a narrow of one block.
-    const format::ShardLayout l = Layout(i);
+    const format::ShardLayout l = index().ShardLayoutOf(t);
     const int64_t k = world / w, block = rank / k;
     std::vector<int64_t> sizes(index().sizes(t), index().sizes(t) + t.ndim);
     sizes[dim] /= w;
     const uint64_t esize = ElementSize(t.dtype);
-    out = View(i, sizes, CStrides(sizes), static_cast<uint64_t>(block) * l.block_stride / esize);
+    out = View(i, sizes, format::ShardStrides(sizes), static_cast<uint64_t>(block) * l.block_stride / esize);
     if (k > 1) out = out.chunk(k, dim)[rank % k];
   } else {
     const at::Tensor full = t.shard_dim != format::kNone ? MakeFull(i) : Make(i);

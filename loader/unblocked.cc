@@ -22,12 +22,9 @@ const void* ArchiveFile::storage_values(uint32_t i) const {
     }
   }
   if (of[i] == format::kNone) return raw;
-  const format::TensorRecord* t = &index.tensors()[of[i]];
   auto it = core_->unblocked.find(i);
   if (it == core_->unblocked.end()) {
-    format::ShardLayout l;
-    format::ComputeShardLayout(index.sizes(*t), t->ndim, t->shard_dim, ElementSize(t->dtype),
-                               index.tp_world(), index.header().alignment, &l);  // validated
+    const format::ShardLayout l = index.ShardLayoutOf(index.tensors()[of[i]]);
     std::vector<uint8_t> bytes(index.storages()[i].nbytes, 0);
     format::ScatterBlocked(l, static_cast<const uint8_t*>(raw), bytes.data());
     it = core_->unblocked.emplace(i, std::move(bytes)).first;

@@ -34,16 +34,6 @@ bool IsCContiguous(const TensorRef& t) {
   return true;
 }
 
-std::vector<int64_t> CStrides(const std::vector<int64_t>& sizes) {
-  std::vector<int64_t> s(sizes.size());
-  int64_t p = 1;
-  for (size_t k = sizes.size(); k-- > 0;) {
-    s[k] = p;
-    p *= sizes[k];
-  }
-  return s;
-}
-
 }  // namespace
 
 ShardPlan ApplyShardPlan(const std::vector<ShardItem>& items, uint32_t world,
@@ -92,7 +82,6 @@ ShardPlan ApplyShardPlan(const std::vector<ShardItem>& items, uint32_t world,
     Key key{t.storage.get(), t.storage_offset, t.dtype, t.sizes, d};
     auto [slot, inserted] = made.emplace(key, nullptr);
     if (inserted) {
-      const std::vector<int64_t> strides = CStrides(t.sizes);
       format::ShardLayout layout;
       if (!format::ComputeShardLayout(t.sizes.data(), static_cast<uint32_t>(ndim), d,
                                       ElementSize(t.dtype), world, alignment, &layout)) {
@@ -124,7 +113,7 @@ ShardPlan ApplyShardPlan(const std::vector<ShardItem>& items, uint32_t world,
     view.storage = slot->second;
     view.dtype = t.dtype;
     view.sizes = t.sizes;
-    view.strides = CStrides(t.sizes);
+    view.strides = format::ShardStrides(t.sizes);
     view.storage_offset = 0;
     view.requires_grad = t.requires_grad;
     t = std::move(view);

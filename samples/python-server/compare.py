@@ -37,15 +37,17 @@ def pss_kib(pid):
     return kib_field(f"/proc/{pid}/smaps_rollup", "Pss")
 
 
-def file_pss_kib(pid, target):
-    """Pss (kB) of the mappings of `target` in process pid (/proc/PID/smaps)."""
+def file_pss_kib(pid, target, replaced=False):
+    """Pss (kB) of the mappings of `target` in process pid (/proc/PID/smaps);
+    with `replaced`, also of the files renamed over since ("... (deleted)")."""
     real, inside, total = os.path.realpath(target), False, 0
+    names = (real, real + " (deleted)") if replaced else (real,)
     with open(f"/proc/{pid}/smaps") as f:
         for line in f:
             head = line.split(None, 1)[0]
             if "-" in head and not head.endswith(":"):
                 parts = line.rstrip("\n").split(None, 5)
-                inside = len(parts) == 6 and parts[5] == real
+                inside = len(parts) == 6 and parts[5] in names
             elif inside and head == "Pss:":
                 total += int(line.split()[1])
     return total

@@ -36,20 +36,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
-def model_file_pss_kib(pid, target):
-    """Pss (kB) of pid's mappings of `target`, the replaced ("(deleted)") files included."""
-    real, inside, total = os.path.realpath(target), False, 0
-    with open(f"/proc/{pid}/smaps") as f:
-        for line in f:
-            head = line.split(None, 1)[0]
-            if "-" in head and not head.endswith(":"):
-                parts = line.rstrip("\n").split(None, 5)
-                inside = len(parts) == 6 and parts[5] in (real, real + " (deleted)")
-            elif inside and head == "Pss:":
-                total += int(line.split()[1])
-    return total
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=4)
@@ -64,6 +50,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
 
     import torch
+    from compare import file_pss_kib
     import make_model
     import mlp
     import tsar
@@ -125,7 +112,7 @@ def main(argv=None):
         for t in threads:
             t.start()
         time.sleep(a.seconds)
-        pss_before = sum(model_file_pss_kib(p, archive) for p in info["workers"]) * 1024
+        pss_before = sum(file_pss_kib(p, archive, replaced=True) for p in info["workers"]) * 1024
         published = {}
         for v in range(2, a.versions + 1):
             net = expect(v, v)
@@ -140,7 +127,7 @@ def main(argv=None):
                     break
             time.sleep(0.05)
         time.sleep(0.5)
-        pss_after = sum(model_file_pss_kib(p, archive) for p in info["workers"]) * 1024
+        pss_after = sum(file_pss_kib(p, archive, replaced=True) for p in info["workers"]) * 1024
         stop.set()
         for t in threads:
             t.join()

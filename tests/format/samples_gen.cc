@@ -735,13 +735,8 @@ Draft TensorParallel() {
     format::GatherBlocked(l, reinterpret_cast<const uint8_t*>(c_order.data()), 0, l.nbytes,
                           reinterpret_cast<uint8_t*>(blocked.data()));
     const uint32_t s = d.Storage(blocked);
-    std::vector<int64_t> strides(sizes.size());
-    int64_t p = 1;
-    for (size_t k = sizes.size(); k-- > 0;) {
-      strides[k] = p;
-      p *= sizes[k];
-    }
-    TensorSpec t = T(name, s, DType::kFloat32, sizes, strides, 0, Role::kParameter);
+    TensorSpec t =
+        T(name, s, DType::kFloat32, sizes, format::ShardStrides(sizes), 0, Role::kParameter);
     t.shard_dim = dim;
     d.Tensor(t);
     return t;

@@ -19,23 +19,13 @@ namespace {
 using testing::ParseString;
 using testing::ThrowsTsar;
 
-std::vector<int64_t> CStrides(const std::vector<int64_t>& sizes) {
-  std::vector<int64_t> s(sizes.size());
-  int64_t p = 1;
-  for (size_t k = sizes.size(); k-- > 0;) {
-    s[k] = p;
-    p *= sizes[k];
-  }
-  return s;
-}
-
 TensorSpec Sharded(const std::string& name, uint32_t storage, std::vector<int64_t> sizes,
                    uint32_t dim, DType dt = DType::kBFloat16) {
   TensorSpec t;
   t.name = name;
   t.storage = storage;
   t.dtype = dt;
-  t.strides = CStrides(sizes);
+  t.strides = ShardStrides(sizes);
   t.sizes = std::move(sizes);
   t.shard_dim = dim;
   return t;
