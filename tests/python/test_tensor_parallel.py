@@ -285,3 +285,22 @@ def test_a_fine_tuned_variant_is_a_small_layer_over_a_tensor_parallel_base(tmp_p
     for rank in range(2):
         assert _equal(a.shard("row.weight", rank, 2), torch.chunk(ft["row.weight"], 2, 1)[rank])
     a.verify()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--shard", "a.weight"], '--shard "a.weight": expected PATTERN=DIM'),
+    (["--tp", "2"], "--tp 2: expected --shard PATTERN=DIM or --shard-plan FILE"),
+    (["--shard", "a.weight=0"], "--shard/--shard-plan: expected --tp W"),
+    (["--tp", "2", "--shard-plan", "{missing}"], "missing.json: --shard-plan: cannot read the file"),
+    (["--tp", "2", "--shard-plan", "{bad}"], 'bad.json: --shard-plan: expected an object {"tp": W'),
+    (["--tp", "4", "--shard-plan", "{plan2}"], 'plan2.json: --tp 4 and the plan\'s "tp": 2 disagree'),
+])
+def test_cli_shard_arguments_are_refused_saying_what_was_expected(tmp_path, cli, args, words):
+    torch.save({"a.weight": torch.zeros(4, 4)}, tmp_path / "m.pt")
+    (tmp_path / "bad.json").write_text('{"shard": 3}')
+    (tmp_path / "plan2.json").write_text('{"tp": 2, "shard": {"a.*": 0}}')
+    paths = {"missing": tmp_path / "missing.json", "bad": tmp_path / "bad.json", "plan2": tmp_path / "plan2.json"}
+    args = [a.format(**paths) for a in args]
+    r = run_cli(cli, "pack", str(tmp_path / "m.pt"), "-o", str(tmp_path / "x.tsar"), *args, code=2)
+    assert words in r.stderr, r.stderr
+    assert not (tmp_path / "x.tsar").exists()
