@@ -118,7 +118,10 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   const format::Index& index = impl.index();
   const uint32_t entry = impl.BindEntry(options.entry);
   const std::string entry_name(index.entries()[entry].name);
-  if (training && archive.mode() == MapMode::kShared && !options.allow_training) {
+  // On a GPU the module's tensors are copies: training writes them, not the mapping.
+  CheckDevice(options.device, archive.path(), "bind");
+  if (training && archive.mode() == MapMode::kShared && !options.allow_training &&
+      options.device.is_cpu()) {
     throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
                 "bind: the module is in training mode, whose layers (BatchNorm running stats) "
                 "write their buffers, and this archive is mapped read-only: call module.eval() "
@@ -247,6 +250,7 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   }
   // set_ on a leaf that requires grad is only allowed with grad mode off.
   c10::AutoGradMode no_grad(false);
+  std::vector<c10::TensorImpl*> to_move;
   for (size_t i = 0; i < slots.size(); ++i) {
     if (i + kAhead < slots.size()) PrefetchTensor(slots[i + kAhead].tensor);
     if (match[i] == format::kNone) continue;
@@ -277,8 +281,10 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
       at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(t))
           .set_(impl.Make(match[i]));
     }
+    if (!options.device.is_cpu()) to_move.push_back(t);
     report.bound.push_back(std::move(slots[i].name));  // slots are the caller's scratch
   }
+  if (!to_move.empty()) MoveToDevice(to_move, options.device, options.staging);
   return report;
 }
 

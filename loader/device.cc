@@ -11,8 +11,10 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "loader/archive_impl.h"
+#include "loader/bind_common.h"
 #include "loader/device_pipeline.h"
 #include "loader/scalar_type.h"
 
@@ -70,19 +72,66 @@ class TorchEngine : public CopyEngine {
 
 }  // namespace
 
+void CheckDevice(c10::Device device, const std::string& path, const char* what) {
+  if (device.is_cpu()) return;
+  if (!device.is_cuda()) {
+    throw Error(ErrorCode::kUnsupported, path, std::nullopt,
+                std::string(what) + ": only cpu and cuda devices are supported, found " +
+                    device.str());
+  }
+  if (!at::hasCUDA()) {
+    throw Error(ErrorCode::kUnsupported, path, std::nullopt,
+                std::string(what) +
+                    ": this LibTorch was built without CUDA (or no CUDA device/driver is "
+                    "present); use a CUDA build of LibTorch on a machine with a GPU");
+  }
+}
+
+void MoveToDevice(const std::vector<c10::TensorImpl*>& tensors, c10::Device device,
+                  const DeviceOptions& options) {
+  // One device allocation per distinct host storage, numbered in first-seen
+  // order; each tensor's number is taken before any tensor changes (a tied
+  // TensorImpl appears more than once).
+  std::unordered_map<const c10::StorageImpl*, uint32_t> number;
+  std::vector<uint32_t> of(tensors.size());
+  std::vector<at::Tensor> device_bytes;
+  std::vector<CopyRange> ranges;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const c10::Storage& s = tensors[i]->storage();
+    const auto [it, fresh] =
+        number.emplace(s.unsafeGetStorageImpl(), static_cast<uint32_t>(device_bytes.size()));
+    of[i] = it->second;
+    if (!fresh) continue;
+    const uint64_t nbytes = s.nbytes();
+    device_bytes.push_back(at::empty({static_cast<int64_t>(nbytes)},
+                                     at::TensorOptions().dtype(at::kByte).device(device)));
+    ranges.push_back({static_cast<const uint8_t*>(s.data()), nbytes, it->second, 0});
+  }
+  {
+    TorchEngine engine(device, std::max(1, options.streams), &device_bytes);
+    PipelineOptions p;
+    p.pinned_bytes = options.pinned_bytes;
+    p.buffers = options.buffers;
+    p.streams = options.streams;
+    RunPipeline(ranges, engine, p);
+  }
+  std::unordered_map<const c10::TensorImpl*, bool> moved;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    c10::TensorImpl* t = tensors[i];
+    if (!moved.emplace(t, true).second) continue;
+    at::Tensor view = at::empty({0}, at::TensorOptions().dtype(t->dtype()).device(device))
+                          .set_(device_bytes[of[i]].storage(), t->storage_offset(), t->sizes(),
+                                t->strides());
+    at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(t))
+        .set_data(view);
+  }
+}
+
 torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c10::Device device,
                                                       const std::string& entry,
                                                       const DeviceOptions& options) {
   if (device.is_cpu()) return archive.state_dict(entry);
-  if (!device.is_cuda()) {
-    throw Error(ErrorCode::kUnsupported, archive.path(), std::nullopt,
-                "to_device: only cpu and cuda devices are supported, found " + device.str());
-  }
-  if (!at::hasCUDA()) {
-    throw Error(ErrorCode::kUnsupported, archive.path(), std::nullopt,
-                "to_device: this LibTorch was built without CUDA (or no CUDA device/driver is "
-                "present); use a CUDA build of LibTorch on a machine with a GPU");
-  }
+  CheckDevice(device, archive.path(), "to_device");
   const Archive::Impl& impl = archive.impl();
   const format::Index& index = impl.index();
   const uint32_t entry_index = impl.Entry(entry);

@@ -38,6 +38,14 @@ set_tests_properties(fixtures.models PROPERTIES FIXTURES_SETUP models TIMEOUT 30
 gtest_discover_tests(tsar_tests DISCOVERY_TIMEOUT 60
   PROPERTIES FIXTURES_REQUIRED "models;imports" TIMEOUT 300)
 
+# GPU loading (issue 29): no fixtures, so scripts/gpu-check.sh can build and
+# run it alone on a GPU machine; its GPU cases skip here.
+add_executable(tsar_device_tests loader/device_test.cc)
+target_link_libraries(tsar_device_tests PRIVATE tsar_lib tsar_format GTest::gtest_main)
+target_include_directories(tsar_device_tests PRIVATE ${PROJECT_SOURCE_DIR})
+target_compile_definitions(tsar_device_tests PRIVATE TSAR_FIXTURES_DIR="")  # none used
+gtest_discover_tests(tsar_device_tests DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300)
+
 # A GoogleTest suite on fixtures a Python script makes at test time into
 # DIR, which the tests find in the environment variable ENV.
 function(tsar_fixture_suite target source fixture script dir env)

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tsar/archive.h"
+#include "tsar/device.h"
 
 namespace torch::nn {
 class Module;
@@ -44,6 +45,17 @@ struct BindOptions {
   // dimension. Other shapes are mismatches naming both shapes.
   int64_t rank = 0;
   int64_t world = 0;
+  // Where the bound tensors live. cpu (the default): in the archive's
+  // mapping, zero copy. A CUDA device: after the match above, every storage
+  // the module's tensors now view is copied once to that GPU through
+  // to_device's staging pipeline (`staging`: bounded pinned memory, several
+  // streams), and the module's tensors (the same TensorImpls, as
+  // Module::to does it) become views of the device storages, so ties and
+  // views stay one device storage; the mapping is then no longer referenced
+  // by the module. Refused with kUnsupported before anything changes when
+  // this LibTorch has no CUDA or no device is present.
+  c10::Device device = c10::Device(c10::kCPU);
+  DeviceOptions staging;
 };
 
 struct BindReport {
