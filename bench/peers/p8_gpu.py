@@ -1,0 +1,278 @@
+"""P8 (issue 29): a model file onto a GPU, warm page cache. LLaMA-style bf16
+decoders of 2 and 8 GiB (about 9 tensors per layer, tied embeddings), each
+loader from its own file to a dict of CUDA tensors, every byte on the device
+and the stream synchronized:
+
+- pinned memcpy, the limit: the file's bytes already in one pinned host
+  buffer of the file's size, one ``copy_`` to the device (no file read at all);
+- tsar ``Archive.state_dict(device="cuda")`` (C++ ``to_device``: staging
+  through bounded pinned buffers on several streams), at the default 64 MiB of
+  pinned memory and at 256 MiB;
+- safetensors ``load_file(path, device="cuda:0")``;
+- ``torch.load(path, mmap=True, weights_only=True)`` then ``.to("cuda")`` of
+  every tensor (the tied head goes twice: torch does not keep ties across .to);
+- fastsafetensors ``fastsafe_open([path], device="cuda:0", nogds=True)`` (its
+  bounce-buffer path; ``nogds=False`` too, where GPUDirect Storage works), and
+  the Run:ai streamer ``stream_file(path, device="cuda:0")``, where they import.
+
+Each loader runs --repeat times after one read of its file (warm cache);
+the best and the median are reported as GB/s of the model's tensor bytes,
+and each result is checked against the reference's checksum (so no row
+measures a loader that loaded something else). Without a CUDA device it says
+so and exits 0 (scripts/gpu-check.sh runs it on a GPU machine).
+
+    python bench/peers/p8_gpu.py --sizes 2,8 --workdir DIR [--out FILE.md] [--repeat 3]
+"""
+import argparse
+import contextlib
+import gc
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+HIDDEN, INTER, VOCAB = 2048, 5632, 32000
+
+
+def make_state_dict(gib: float) -> Dict[str, torch.Tensor]:
+    """A LLaMA-style decoder of about `gib` GiB of bf16; lm_head.weight is the
+    embedding's tensor (tied)."""
+    per_layer = 4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTER + 2 * HIDDEN
+    layers = max(1, round((gib * 2**30 / 2 - VOCAB * HIDDEN - HIDDEN) / per_layer))
+    g = torch.Generator().manual_seed(8)
+
+    def w(*shape):
+        return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+    sd = {"model.embed_tokens.weight": w(VOCAB, HIDDEN)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for n in ("q", "k", "v", "o"):
+            sd[p + f"self_attn.{n}_proj.weight"] = w(HIDDEN, HIDDEN)
+        sd[p + "mlp.gate_proj.weight"] = w(INTER, HIDDEN)
+        sd[p + "mlp.up_proj.weight"] = w(INTER, HIDDEN)
+        sd[p + "mlp.down_proj.weight"] = w(HIDDEN, INTER)
+        sd[p + "input_layernorm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+        sd[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    sd["model.norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    return sd
+
+
+def checksum(sd: Dict[str, torch.Tensor], names: List[str]) -> int:
+    """Sum over the named tensors of their 16-bit words, on whatever device."""
+    total = 0
+    for n in names:
+        total += int(sd[n].contiguous().view(torch.int16).to(torch.int64).sum())
+    return total
+
+
+def warm(path: str) -> None:
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(16 << 20)
+        while f.readinto(buf):
+            pass
+
+
+def sync() -> None:
+    torch.cuda.synchronize()
+
+
+# --- the loaders: each returns a dict of CUDA tensors -----------------------------
+def tsar_loader(pinned: int) -> Callable[[str], Dict[str, torch.Tensor]]:
+    def load(path):
+        import tsar
+        return tsar.open(path).state_dict(device="cuda", pinned_bytes=pinned)
+    return load
+
+
+def safetensors_load_file(path):
+    from safetensors.torch import load_file
+    return load_file(path, device="cuda:0")
+
+
+def torch_load_mmap(path):
+    sd = torch.load(path, mmap=True, weights_only=True)
+    return {k: v.to("cuda") for k, v in sd.items()}
+
+
+def fastsafetensors_loader(nogds: bool):
+    def load(path):
+        from fastsafetensors import fastsafe_open
+        with fastsafe_open([path], device="cuda:0", nogds=nogds) as f:
+            # get_tensor views the loader's device buffer: clone before it closes
+            return {k: f.get_tensor(k).clone() for k in f.keys()}
+    return load
+
+
+def runai_loader(path):
+    from runai_model_streamer import SafetensorsStreamer
+    with SafetensorsStreamer() as s:
+        s.stream_file(path, device="cuda:0")
+        return {k: v.clone() for k, v in s.get_tensors()}
+
+
+def version(dist: str) -> str:
+    try:
+        if dist == "tsar":  # the build under test, on PYTHONPATH
+            import tsar
+            return getattr(tsar, "__version__", "(build)")
+        from importlib.metadata import version as v
+        return v(dist)
+    except Exception:
+        return "not installed"
+
+
+class Row:
+    def __init__(self, name, calls, fmt, load, dist=None, module=None, pinned=""):
+        self.name, self.calls, self.fmt, self.load = name, calls, fmt, load
+        self.dist, self.module, self.pinned = dist, module, pinned
+
+    def unavailable(self) -> Optional[str]:
+        if self.module:
+            try:
+                __import__(self.module)
+            except Exception as e:  # not installed, or no wheel for this machine
+                return f"not measured: {self.module} does not import ({type(e).__name__}: {e})"
+        return None
+
+
+def rows() -> List[Row]:
+    return [
+        Row("tsar (64 MiB pinned, the default)", 'tsar.open(p).state_dict(device="cuda")', "tsar",
+            tsar_loader(64 << 20), "tsar", "tsar", pinned="64 MiB"),
+        Row("tsar (256 MiB pinned)", 'state_dict(device="cuda", pinned_bytes=256 << 20)', "tsar",
+            tsar_loader(256 << 20), "tsar", "tsar", pinned="256 MiB"),
+        Row("safetensors load_file", 'load_file(p, device="cuda:0")', "safetensors",
+            safetensors_load_file, "safetensors", "safetensors"),
+        Row("torch.load(mmap=True) + .to", 'torch.load(p, mmap=True, weights_only=True); v.to("cuda")',
+            "pt", torch_load_mmap, "torch"),
+        Row("fastsafetensors (nogds)", 'fastsafe_open([p], device="cuda:0", nogds=True)', "safetensors",
+            fastsafetensors_loader(True), "fastsafetensors", "fastsafetensors"),
+        Row("fastsafetensors (GDS)", 'fastsafe_open([p], device="cuda:0", nogds=False)', "safetensors",
+            fastsafetensors_loader(False), "fastsafetensors", "fastsafetensors"),
+        Row("Run:ai streamer", 'SafetensorsStreamer().stream_file(p, device="cuda:0")', "safetensors",
+            runai_loader, "runai-model-streamer", "runai_model_streamer"),
+    ]
+
+
+def write_files(sd, base: str) -> Dict[str, str]:
+    import tsar
+    from safetensors.torch import save_file
+    files = {"tsar": base + ".tsar", "safetensors": base + ".safetensors", "pt": base + ".pt"}
+    if not os.path.exists(files["tsar"]):
+        tsar.save(sd, files["tsar"])
+    if not os.path.exists(files["safetensors"]):  # safetensors stores no ties: the head once
+        save_file({k: v for k, v in sd.items() if k != "lm_head.weight"}, files["safetensors"])
+    if not os.path.exists(files["pt"]):
+        torch.save(sd, files["pt"])
+    return files
+
+
+def measure_limit(path: str, nbytes: int, repeat: int) -> List[float]:
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    with open(path, "rb", buffering=0) as f:  # any nbytes of the file: the bytes do not matter
+        f.readinto(memoryview(host.numpy()))
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    times = []
+    for _ in range(repeat):
+        sync()
+        t = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        sync()
+        times.append(time.perf_counter() - t)
+    del host, dev
+    return times
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="2,8", help="model sizes in GiB, comma-separated (default 2,8)")
+    ap.add_argument("--workdir", required=True, help="where the model files are written (reused)")
+    ap.add_argument("--out", help="also write the table here (markdown)")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+    lines: List[str] = []
+
+    def say(s=""):
+        print(s, flush=True)
+        lines.append(s)
+
+    if not torch.cuda.is_available():
+        say("P8: not measured: no CUDA device here (torch.cuda.is_available() is False); "
+            "scripts/gpu-check.sh runs it on a machine with a GPU")
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n".join(lines) + "\n")
+        return 0
+    os.makedirs(args.workdir, exist_ok=True)
+    gpu = torch.cuda.get_device_name(0)
+    say(f"# P8: model file to GPU tensors, warm page cache ({time.strftime('%Y-%m-%d')}, {gpu})")
+    say()
+    say(f"torch {torch.__version__}; " + ", ".join(
+        f"{d} {version(d)}" for d in ("tsar", "safetensors", "fastsafetensors", "runai-model-streamer")))
+    say("GB/s = the model's tensor bytes (ties once) / seconds from the call to every byte on the "
+        f"device (stream synchronized); best and median of {args.repeat}; x limit = best / best of "
+        "the pinned memcpy.")
+    for size in (float(s) for s in args.sizes.split(",")):
+        sd = make_state_dict(size)
+        names = [n for n in sd if n != "lm_head.weight"]
+        nbytes = sum(sd[n].numel() * 2 for n in names)
+        want = checksum(sd, names)
+        files = write_files(sd, os.path.join(args.workdir, f"llama-{size:g}g"))
+        del sd
+        gc.collect()
+        say()
+        say(f"## {size:g} GiB bf16 model: {len(names)} tensors, {nbytes / 1e9:.2f} GB")
+        say()
+        say("| loader | calls | pinned host memory | GB/s best | GB/s median | x limit | bytes checked |")
+        say("|---|---|---|---|---|---|---|")
+        warm(files["tsar"])
+        limit = measure_limit(files["tsar"], nbytes, args.repeat)
+        best_limit = nbytes / min(limit) / 1e9
+        say(f"| pinned memcpy (the limit) | `dev.copy_(pinned, non_blocking=True)` | {nbytes >> 20} MiB "
+            f"| {best_limit:.1f} | {nbytes / statistics.median(limit) / 1e9:.1f} | 1.00 | n/a |")
+        for row in rows():
+            why = row.unavailable()
+            if why:
+                say(f"| {row.name} | `{row.calls}` | | {why} | | | |")
+                continue
+            path = files[row.fmt]
+            warm(path)
+            times, ok, err = [], None, None
+            for _ in range(args.repeat):
+                torch.cuda.empty_cache()
+                sync()
+                t = time.perf_counter()
+                try:
+                    got = row.load(path)
+                    sync()
+                except Exception as e:  # a peer's path that does not work on this machine
+                    err = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                    break
+                times.append(time.perf_counter() - t)
+                if ok is None:
+                    ok = checksum(got, names) == want
+                del got
+                gc.collect()
+            if err:
+                say(f"| {row.name} | `{row.calls}` | {row.pinned} | failed: {err} | | | |")
+                continue
+            best = nbytes / min(times) / 1e9
+            say(f"| {row.name} | `{row.calls}` | {row.pinned or 'its own'} | {best:.1f} | "
+                f"{nbytes / statistics.median(times) / 1e9:.1f} | {best / best_limit:.2f} | "
+                f"{'exact' if ok else 'DIFFERENT'} |")
+            if not ok:
+                say(f"P8: {row.name} loaded different bytes")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

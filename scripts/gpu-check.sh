@@ -1,0 +1,131 @@
+#!/bin/bash
+# One command for a machine with a GPU (issue 29): builds tsar's loader, its
+# Python package and its GPU tests against the CUDA torch already installed
+# there, runs every GPU test and the GPU benchmark P8, and prints one table.
+# It needs python3 with a CUDA build of torch (2.1 or newer), cmake, ninja and
+# a C++ compiler; no network and none of Debian's packages: the libraries
+# tsar builds with come in a folder made beforehand on a Debian machine by
+# scripts/gpu-deps.sh (headers, GoogleTest's source, wheels for pytest and
+# the benchmark's peers; minizip and HDF5 are turned off for this build).
+#
+#   scripts/gpu-deps.sh                 # on the Debian machine: shared/gpu-deps
+#   scripts/gpu-check.sh [options]      # on the GPU machine, in a copy of the tree
+#
+# Options:
+#   --deps DIR     the folder from gpu-deps.sh (default shared/gpu-deps)
+#   --python PY    the Python with CUDA torch (default $TSAR_GPU_PYTHON, else
+#                  /opt/torch/.venv/bin/python, else python3)
+#   --build DIR    build folder (default build-gpu); pytest and the peers that
+#                  PY lacks are installed into DIR/pylib (PY's environment stays)
+#   --sizes LIST   P8 model sizes in GiB (default 2,8)
+#   --out DIR      where the tables go (default $OUT if set, else build-gpu/results)
+#   --no-bench     tests only
+# Exit status: 0 when every test passed or skipped, 1 when one failed, 2 for
+# bad use. Without a GPU it still builds and runs: the GPU cases skip saying
+# why, and P8 says it was not measured.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deps=shared/gpu-deps
+py=${TSAR_GPU_PYTHON:-}
+build=build-gpu
+sizes=2,8
+out=${OUT:-}
+bench=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deps) deps=$2; shift 2 ;;
+    --python) py=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --sizes) sizes=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --no-bench) bench=0; shift ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [ -z "$py" ]; then
+  if [ -x /opt/torch/.venv/bin/python ]; then py=/opt/torch/.venv/bin/python; else py=python3; fi
+fi
+case "$py" in */*) py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")" ;; *) py=$(command -v "$py") ;; esac
+[ -n "$out" ] || out=$build/results
+[ -f "$deps/include/xxhash.h" ] || {
+  echo "gpu-check.sh: $deps holds no include/xxhash.h: make the folder with scripts/gpu-deps.sh on a Debian machine (then carry it here)" >&2
+  exit 2
+}
+"$py" -c "import torch" 2>/dev/null || { echo "gpu-check.sh: $py cannot import torch (--python names another)" >&2; exit 2; }
+for tool in cmake ninja; do
+  command -v $tool >/dev/null || [ -x "$(dirname "$py")/$tool" ] || { echo "gpu-check.sh: $tool is not on PATH" >&2; exit 2; }
+done
+export PATH="$(cd "$(dirname "$py")" && pwd):$PATH"  # a venv's cmake and ninja
+mkdir -p "$build" "$out"
+step() { echo "== gpu-check: $* ($(date +%T))"; }
+
+step "python and torch"
+"$py" - <<'EOF'
+import torch
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (GPU cases will skip)"
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, GPU: {gpu}")
+EOF
+
+step "pytest and the peers into $build/pylib (wheels from $deps/wheels, no network)"
+lib=$(mkdir -p "$build/pylib" && cd "$build/pylib" && pwd)
+has() { PYTHONPATH=$lib "$py" -c "import $1" 2>/dev/null; }
+pipt() { "$py" -m pip install -q --no-index --find-links "$deps/wheels" --target "$lib" --upgrade "$@"; }
+has pytest || pipt pytest
+has safetensors || pipt safetensors || echo "gpu-check.sh: safetensors does not install here: its P8 row is skipped"
+has fastsafetensors || pipt fastsafetensors 2>/dev/null || echo "gpu-check.sh: fastsafetensors does not install here: its P8 row is skipped"
+# The Run:ai streamer names torch among its requirements: this machine's torch stays.
+has numpy || pipt numpy 2>/dev/null || true
+has runai_model_streamer || pipt --no-deps runai-model-streamer humanize 2>/dev/null ||
+  echo "gpu-check.sh: runai-model-streamer does not install here: its P8 row is skipped"
+
+step "configure and build (tsar_device_tests, the Python package)"
+cmake -G Ninja -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTSAR_PYTHON="$py" \
+  -DTSAR_DEPS_DIR="$(cd "$deps" && pwd)" -DTSAR_WITH_ZIP=OFF -DTSAR_WITH_HDF5=OFF >"$build/configure.log" ||
+  { tail -30 "$build/configure.log"; exit 1; }
+ninja -C "$build" tsar_device_tests tsar_python | tail -3
+
+step "GPU tests"
+failed=0
+"$build/tests/tsar_device_tests" --gtest_output=json:"$out/gtest.json" >"$out/gtest.log" 2>&1 || failed=1
+tail -3 "$out/gtest.log"
+PYTHONPATH=$build/python:$lib "$py" -m pytest tests/python/test_device.py -q -rs -p no:cacheprovider \
+  --junitxml="$out/pytest.xml" >"$out/pytest.log" 2>&1 || failed=1
+tail -5 "$out/pytest.log"
+
+if [ $bench = 1 ]; then
+  step "P8 benchmark (sizes $sizes GiB)"
+  (cd bench && PYTHONPATH="$(cd ../$build/python && pwd):.:$lib" "$py" peers/p8_gpu.py \
+     --sizes "$sizes" --workdir "../$build/p8" --out "$(cd ../$out && pwd)/p8.md") >"$out/p8.log" 2>&1 ||
+    { echo "P8 failed:"; tail -20 "$out/p8.log"; failed=1; }
+fi
+
+step "summary"
+"$py" - "$out" <<'EOF'
+import json, os, sys, xml.etree.ElementTree as ET
+out = sys.argv[1]
+rows = []
+try:
+    g = json.load(open(os.path.join(out, "gtest.json")))
+    for suite in g["testsuites"]:
+        for t in suite["testsuite"]:
+            state = "skipped" if t.get("result") == "SKIPPED" else ("failed" if t.get("failures") else "passed")
+            rows.append((f"C++ {suite['name']}.{t['name']}", state))
+except (OSError, ValueError, KeyError):
+    rows.append(("C++ tsar_device_tests", "did not run (see gtest.log)"))
+try:
+    for case in ET.parse(os.path.join(out, "pytest.xml")).iter("testcase"):
+        kids = {c.tag for c in case}
+        state = "failed" if kids & {"failure", "error"} else ("skipped" if "skipped" in kids else "passed")
+        rows.append((f"Python {case.get('name')}", state))
+except (OSError, ET.ParseError):
+    rows.append(("Python test_device.py", "did not run (see pytest.log)"))
+print("| GPU test | result |\n|---|---|")
+for name, state in rows:
+    print(f"| {name} | {state} |")
+p8 = os.path.join(out, "p8.md")
+if os.path.exists(p8):
+    print()
+    print(open(p8).read())
+EOF
+exit $failed

@@ -1,0 +1,50 @@
+#!/bin/bash
+# Makes the folder scripts/gpu-check.sh builds with on a GPU machine that has
+# torch, cmake and ninja but no network and none of Debian's packages:
+#   include/     xxhash.h (used inlined), nlohmann/ and CLI/ (header-only)
+#   googletest/  GoogleTest's source (Debian's googletest package)
+#   wheels/      pytest and what it needs, the peers P8 measures (safetensors,
+#                fastsafetensors, the Run:ai streamer), for that machine's Python
+# minizip and HDF5 do not travel: that build turns them off (TSAR_WITH_ZIP,
+# TSAR_WITH_HDF5), which no GPU test needs. About 30 MB.
+#
+#   scripts/gpu-deps.sh [DIR] [--python-version 3.12]
+# DIR defaults to shared/gpu-deps (what the device tool carries with the tree).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=shared/gpu-deps
+pyver=3.12
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --python-version) pyver=$2; shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu-deps.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) dir=$1; shift ;;
+  esac
+done
+for f in /usr/include/xxhash.h /usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp \
+         /usr/src/googletest/CMakeLists.txt; do
+  [ -e "$f" ] || { echo "gpu-deps.sh: $f is missing: run scripts/setup.sh first (Debian's libxxhash-dev, nlohmann-json3-dev, libcli11-dev, googletest)" >&2; exit 1; }
+done
+rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/include" "$dir.tmp/wheels"
+cp /usr/include/xxhash.h "$dir.tmp/include/"
+cp -r /usr/include/nlohmann /usr/include/CLI "$dir.tmp/include/"
+cp -r /usr/src/googletest "$dir.tmp/googletest"
+# Pinned as in scripts/requirements*.txt; wheels only, for the other machine's
+# Python (pure-Python and abi3 wheels for the rest).
+pins() { grep -hE "^($1)==" scripts/requirements.txt scripts/requirements-peers.txt; }
+py=.venv/bin/python; [ -x $py ] || py=python3
+$py -m pip download -q --only-binary=:all: --python-version "$pyver" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform any -d "$dir.tmp/wheels" $(pins 'pytest|safetensors')
+# The streaming peers are optional on the other machine: a row is skipped
+# where a wheel is missing. The Run:ai streamer's own requirements name torch
+# and numpy: torch is that machine's, numpy comes pinned.
+for p in $(pins 'fastsafetensors|humanize|typer|numpy') "--no-deps $(pins 'runai-model-streamer')"; do
+  $py -m pip download -q --only-binary=:all: --python-version "$pyver" --implementation cp \
+    --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_30_x86_64 \
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform any -d "$dir.tmp/wheels" $p || echo "gpu-deps.sh: no $pyver wheel of $p: its P8 row will be skipped there" >&2
+done
+rm -rf "$dir" && mv "$dir.tmp" "$dir"
+echo "gpu-deps.sh: $dir ($(du -sh "$dir" | cut -f1)): $(ls "$dir/wheels" | wc -l) wheels, headers, GoogleTest source"
