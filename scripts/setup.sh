@@ -17,6 +17,7 @@ packages=(
   clang libclang-rt-14-dev                          # libFuzzer + sanitizers
   util-linux mount                                  # unshare, mount (read-only mount test)
   gnuplot-nox                                       # benchmark charts (bench/run.sh)
+  podman buildah skopeo docker-registry runc        # images, registry, containers (samples/container)
 )
 missing=()
 for p in "${packages[@]}"; do
