@@ -8,6 +8,9 @@ and the stream synchronized:
 - tsar ``Archive.state_dict(device="cuda")`` (C++ ``to_device``: staging
   through bounded pinned buffers on several streams), at the default 64 MiB of
   pinned memory and at 256 MiB;
+- the alternative design issue 29 asks to try: the archive's own mapping
+  page-locked in place (``cudaHostRegister``, read-only) and copied from
+  directly, without staging (pins the whole file while it runs);
 - safetensors ``load_file(path, device="cuda:0")``;
 - ``torch.load(path, mmap=True, weights_only=True)`` then ``.to("cuda")`` of
   every tensor (the tied head goes twice: torch does not keep ties across .to);
@@ -89,6 +92,43 @@ def tsar_loader(pinned: int) -> Callable[[str], Dict[str, torch.Tensor]]:
     return load
 
 
+def registered_mapping(path):
+    """The design to_device does not use (issue 29 asks to try it): the
+    archive's own mapping page-locked in place with cudaHostRegister
+    (read-only), then one copy_ per storage straight from it, on the current
+    stream, and the views rebuilt over the device storages. Registering pins
+    every page (faulting it in), and is part of the time."""
+    import tsar
+    a = tsar.open(path)
+    sd = a.state_dict()  # zero-copy views of the mapping
+    storages = {}
+    for t in sd.values():
+        s = t.untyped_storage()
+        storages.setdefault(s.data_ptr(), s)
+    lo = min(storages) & ~4095
+    hi = max(p + s.nbytes() for p, s in storages.items())
+    hi = (hi + 4095) & ~4095
+    cudart = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(lo, hi - lo, 8)  # cudaHostRegisterReadOnly
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister: error {int(err)}")
+    try:
+        dev = {}
+        for ptr, s in storages.items():
+            host = torch.empty(0, dtype=torch.uint8).set_(s)
+            dev[ptr] = torch.empty(s.nbytes(), dtype=torch.uint8, device="cuda")
+            dev[ptr].copy_(host, non_blocking=True)
+        out = {}
+        for name, t in sd.items():
+            d = dev[t.untyped_storage().data_ptr()]
+            out[name] = torch.empty(0, dtype=t.dtype, device="cuda").set_(
+                d.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        torch.cuda.synchronize()
+        return out
+    finally:
+        cudart.cudaHostUnregister(lo)
+
+
 def safetensors_load_file(path):
     from safetensors.torch import load_file
     return load_file(path, device="cuda:0")
@@ -146,6 +186,9 @@ def rows() -> List[Row]:
             tsar_loader(64 << 20), "tsar", "tsar", pinned="64 MiB"),
         Row("tsar (256 MiB pinned)", 'state_dict(device="cuda", pinned_bytes=256 << 20)', "tsar",
             tsar_loader(256 << 20), "tsar", "tsar", pinned="256 MiB"),
+        Row("tsar mapping registered in place (cudaHostRegister, the design not taken)",
+            "cudaHostRegister(mapping, ReadOnly); copy_ per storage", "tsar", registered_mapping,
+            "tsar", "tsar", pinned="the whole file"),
         Row("safetensors load_file", 'load_file(p, device="cuda:0")', "safetensors",
             safetensors_load_file, "safetensors", "safetensors"),
         Row("torch.load(mmap=True) + .to", 'torch.load(p, mmap=True, weights_only=True); v.to("cuda")',
