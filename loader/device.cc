@@ -113,6 +113,7 @@ void MoveToDevice(const std::vector<c10::TensorImpl*>& tensors, c10::Device devi
     p.pinned_bytes = options.pinned_bytes;
     p.buffers = options.buffers;
     p.streams = options.streams;
+    p.fill_threads = options.fill_threads;
     RunPipeline(ranges, engine, p);
   }
   std::unordered_map<const c10::TensorImpl*, bool> moved;
@@ -156,6 +157,7 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
     p.pinned_bytes = options.pinned_bytes;
     p.buffers = options.buffers;
     p.streams = options.streams;
+    p.fill_threads = options.fill_threads;
     RunPipeline(ranges, engine, p);
   }
   torch::OrderedDict<std::string, at::Tensor> out;

@@ -2,11 +2,104 @@
 #include "loader/device_pipeline.h"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace tsar {
+namespace {
+
+using Fill = std::function<void(void*, const uint8_t*, uint64_t)>;
+
+// One piece of a buffer's fill: n bytes from the mapping at src to dst.
+struct Piece {
+  uint8_t* dst;
+  const uint8_t* src;
+  uint64_t n;
+};
+
+// Threads that fill a buffer's pieces together with the calling thread. A
+// Run is one job; workers take pieces from it by an atomic index, and Run
+// returns once every piece is copied and no worker still holds the job.
+class FillPool {
+ public:
+  explicit FillPool(int threads) {
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { Loop(); });
+  }
+  ~FillPool() {
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  void Run(const std::vector<Piece>& pieces, const Fill& fill) {
+    Job job{&pieces, &fill};
+    if (!workers_.empty()) {
+      {
+        const std::lock_guard<std::mutex> lock(mu_);
+        job_ = &job;
+        ++generation_;
+      }
+      wake_.notify_all();
+    }
+    Work(job);
+    if (workers_.empty()) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return active_ == 0 && job.finished == pieces.size(); });
+    job_ = nullptr;
+  }
+
+ private:
+  struct Job {
+    const std::vector<Piece>* pieces;
+    const Fill* fill;
+    std::atomic<size_t> next{0};
+    std::atomic<size_t> finished{0};
+  };
+  static void Work(Job& job) {
+    for (size_t i; (i = job.next.fetch_add(1)) < job.pieces->size();) {
+      const Piece& p = (*job.pieces)[i];
+      if (*job.fill) {
+        (*job.fill)(p.dst, p.src, p.n);
+      } else {
+        std::memcpy(p.dst, p.src, p.n);
+      }
+      job.finished.fetch_add(1);
+    }
+  }
+  void Loop() {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      Job* job = job_;
+      if (!job) continue;
+      ++active_;
+      lock.unlock();
+      Work(*job);
+      lock.lock();
+      --active_;
+      done_.notify_all();
+    }
+  }
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  Job* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int active_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace
 
 PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engine,
                           const PipelineOptions& options,
@@ -34,12 +127,21 @@ PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engi
     pinned[b] = static_cast<uint8_t*>(engine.AllocatePinned(b, each));
     stats.pinned_bytes += each;
   }
+  const int threads = options.fill_threads > 0
+                          ? options.fill_threads
+                          : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  FillPool pool(threads);
+  stats.fill_threads = threads;
+  constexpr uint64_t kPiece = uint64_t{1} << 20;  // the unit of work of one fill thread
+  std::vector<Piece> pieces;  // the fill of the buffer being filled
   std::vector<bool> in_flight(buffers, false);
   int b = 0;            // the buffer being filled
   uint64_t used = 0;    // bytes of it filled
   uint64_t fills = 0;   // buffers sent so far: picks the stream
   std::vector<CopyRange> pending;  // the transfers of the buffer being filled
   const auto send = [&] {
+    pool.Run(pieces, fill);
+    pieces.clear();
     const int stream = static_cast<int>(fills++ % options.streams);
     for (const CopyRange& p : pending) {
       engine.CopyAsync(stream, p.src, p.target, p.offset, p.n);
@@ -60,10 +162,8 @@ PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engi
       }
       const uint64_t n = std::min(r.n - done, each - used);
       uint8_t* dst = pinned[b] + used;
-      if (fill) {
-        fill(dst, r.src + done, n);
-      } else {
-        std::memcpy(dst, r.src + done, n);
+      for (uint64_t k = 0; k < n; k += kPiece) {
+        pieces.push_back({dst + k, r.src + done + k, std::min(kPiece, n - k)});
       }
       pending.push_back({dst, n, r.target, r.offset + done});
       used += n;

@@ -24,6 +24,10 @@ struct PipelineOptions {
   uint64_t pinned_bytes = uint64_t{64} << 20;
   int buffers = 4;
   int streams = 2;
+  // Host threads copying from the mapping into a buffer (the calling thread
+  // is one of them): one memcpy thread reads the page cache at about 10 GB/s,
+  // less than a PCIe 5 link carries. 0: min(4, the machine's cores).
+  int fill_threads = 0;
 };
 
 // What a GPU runtime gives the pipeline. Calls come from one thread.
@@ -58,11 +62,14 @@ struct PipelineStats {
   uint64_t pinned_bytes = 0;   // staging memory allocated
   uint64_t transfers = 0;      // CopyAsync calls
   uint64_t buffer_waits = 0;   // times the host waited for a buffer to come free
+  int fill_threads = 0;        // host threads that filled the buffers
 };
 
 // Copies every range through the staging buffers; returns when every byte is
 // on the device. `fill` copies n bytes from the mapping into a pinned buffer
-// (memcpy by default; a test may slow it or count it).
+// (memcpy by default; a test may slow it or count it); it is called from
+// `fill_threads` threads at once, on disjoint pieces of at most 1 MiB, and
+// each buffer is filled completely before its transfers are enqueued.
 PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engine,
                           const PipelineOptions& options,
                           const std::function<void(void*, const uint8_t*, uint64_t)>& fill = {});

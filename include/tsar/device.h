@@ -15,11 +15,13 @@ namespace tsar {
 // in all, and from each buffer to the GPU asynchronously on one of `streams`
 // streams, so the host copy of the next buffer overlaps the transfer of the
 // previous ones. Pinned memory stays at `pinned_bytes` whatever the archive's
-// size (64 MiB by default: what a small host can give up).
+// size (64 MiB by default: what a small host can give up). `fill_threads`
+// host threads copy into each buffer (0: min(4, cores)).
 struct DeviceOptions {
   uint64_t pinned_bytes = uint64_t{64} << 20;
   int buffers = 4;
   int streams = 2;
+  int fill_threads = 0;
 };
 
 // Copies every storage of `entry` to `device` (each storage once: views and

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <random>
@@ -84,29 +85,34 @@ TEST(DevicePipeline, EveryByteArrivesOnceThroughBoundedBuffersOnEveryStream) {
   for (int buffers : {1, 2, 4}) {
     for (int streams : {1, 2, 3}) {
       for (uint64_t pinned : {uint64_t{64} << 10, uint64_t{256} << 10, uint64_t{8} << 20}) {
+       for (int threads : {1, 3}) {
         std::vector<std::vector<uint8_t>> device(sizes.size());
         for (size_t i = 0; i < sizes.size(); ++i) device[i].assign(sizes[i], 0);
         MockEngine engine(&device);
-        uint64_t read = 0;
+        std::atomic<uint64_t> read{0};
         PipelineOptions o;
         o.buffers = buffers;
         o.streams = streams;
         o.pinned_bytes = pinned;
+        o.fill_threads = threads;
         const PipelineStats s = RunPipeline(ranges, engine, o, [&](void* dst, const uint8_t* src,
                                                                     uint64_t n) {
           std::copy(src, src + n, static_cast<uint8_t*>(dst));
           read += n;
         });
         const std::string where = std::to_string(buffers) + " buffers, " +
-                                  std::to_string(streams) + " streams, " + std::to_string(pinned);
+                                  std::to_string(streams) + " streams, " + std::to_string(pinned) +
+                                  " pinned, " + std::to_string(threads) + " fill threads";
         EXPECT_EQ(device, host) << where;
-        EXPECT_EQ(read, total) << where << ": each byte is read from the mapping once";
+        EXPECT_EQ(read.load(), total) << where << ": each byte is read from the mapping once";
+        EXPECT_EQ(s.fill_threads, threads);
         EXPECT_EQ(s.bytes, total);
         EXPECT_LE(s.pinned_bytes, pinned) << where << ": the staging memory is bounded";
         if (pinned < total / 4) {
           EXPECT_EQ(engine.streams_used(), static_cast<size_t>(streams)) << where;
           EXPECT_GT(s.buffer_waits, 0u) << where;
         }
+       }
       }
     }
   }
