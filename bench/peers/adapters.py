@@ -470,14 +470,34 @@ ADAPTERS: List[Adapter] = [
 ]
 
 
+class TsarWillneed(Tsar):
+    """tsar with the whole file's readahead started at open (madvise
+    MADV_WILLNEED): the cold read then runs at the disk's pace while the
+    forward faults pages in order. An experiment (p13_prefetch.py), not a peer."""
+    name = "tsar (prefetch=willneed)"
+    calls = 'tsar.load_into(module, path, prefetch="willneed")'
+
+    def bind(self, path, module):
+        import tsar
+
+        tsar.load_into(module, path, prefetch="willneed")
+        return module
+
+
+# Variants of tsar's own options that experiments name; not in the report's tables.
+VARIANTS: List[Adapter] = [TsarWillneed()]
+
+
 def by_name(names: Iterable[str] = ()) -> List[Adapter]:
-    """The adapters named (all of them for none), in ADAPTERS order."""
+    """The adapters named (all of ADAPTERS for none), in ADAPTERS order, then VARIANTS'."""
     names = list(names)
-    known = {a.name: a for a in ADAPTERS}
+    known = {a.name: a for a in ADAPTERS + VARIANTS}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"peer: expected one of {', '.join(known)}, found {', '.join(unknown)}")
-    return [a for a in ADAPTERS if not names or a.name in names]
+    if not names:
+        return list(ADAPTERS)
+    return [a for a in ADAPTERS + VARIANTS if a.name in names]
 
 
 # --- where a loaded module's tensors live ------------------------------------------
