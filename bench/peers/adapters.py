@@ -475,12 +475,12 @@ class TsarWillneed(Tsar):
     MADV_WILLNEED): the cold read then runs at the disk's pace while the
     forward faults pages in order. An experiment (p13_prefetch.py), not a peer."""
     name = "tsar (prefetch=willneed)"
-    calls = 'tsar.load_into(module, path, prefetch="willneed")'
+    calls = 'tsar.load_into(module, tsar.open(path, prefetch="willneed"))'
 
     def bind(self, path, module):
         import tsar
 
-        tsar.load_into(module, path, prefetch="willneed")
+        tsar.load_into(module, tsar.open(path, prefetch="willneed"))
         return module
 
 

@@ -26,6 +26,7 @@ def main():
     ap.add_argument("--size", default="bench")
     args = ap.parse_args()
     spec = models.spec("b", args.size)
+    os.makedirs(os.path.join(args.workdir, "b"), exist_ok=True)
     src = adapters.Source(spec, spec.reference(), os.path.join(args.workdir, "b"))
     path = adapters.by_name(["tsar"])[0].prepare(src)
     files = adapters.files_of(path)
