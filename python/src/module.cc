@@ -122,11 +122,12 @@ PYBIND11_MODULE(_tsar, m) {
       .def(
           "to_device",
           [](const Archive& a, const std::string& device, const std::string& entry,
-             uint64_t pinned_bytes, int buffers, int streams) {
+             uint64_t pinned_bytes, int buffers, int streams, int fill_threads) {
             DeviceOptions o;
             o.pinned_bytes = pinned_bytes;
             o.buffers = buffers;
             o.streams = streams;
+            o.fill_threads = fill_threads;
             torch::OrderedDict<std::string, at::Tensor> sd;
             {
               py::gil_scoped_release unlocked;
@@ -137,7 +138,7 @@ PYBIND11_MODULE(_tsar, m) {
             return out;
           },
           py::arg("device"), py::arg("entry"), py::arg("pinned_bytes"), py::arg("buffers"),
-          py::arg("streams"))
+          py::arg("streams"), py::arg("fill_threads"))
       .def(
           "shard",
           [](const Archive& a, const std::string& name, int64_t rank, int64_t world,

@@ -124,15 +124,17 @@ class Archive:
         return self._a().tensor(name, entry or "")
 
     def state_dict(self, entry: Optional[str] = None, *, device=None, pinned_bytes: int = 64 << 20,
-                   buffers: int = 4, streams: int = 2) -> "collections.OrderedDict[str, torch.Tensor]":
+                   buffers: int = 4, streams: int = 2,
+                   fill_threads: int = 0) -> "collections.OrderedDict[str, torch.Tensor]":
         """Every tensor of ``entry`` (default: the first) in file order, zero-copy.
 
         ``device`` ("cuda", "cuda:1", a torch.device): the tensors on that GPU
         instead (C++ ``tsar::to_device``): every storage copied once, so views
         and tied weights are views of one device storage again, bytes exact.
         The copy goes through ``buffers`` pinned host buffers of
-        ``pinned_bytes`` in all (the host copy of one overlapping the transfers
-        of the others on ``streams`` streams); the file is read once. Raises
+        ``pinned_bytes`` in all, filled by ``fill_threads`` host threads (0:
+        min(4, cores)), the host copy of one overlapping the transfers of the
+        others on ``streams`` streams; the file is read once. Raises
         tsar.Error (UNSUPPORTED) where torch has no CUDA or there is no GPU.
 
         In a tensor-parallel archive (:attr:`tp_world` > 0) a sharded tensor
@@ -142,7 +144,8 @@ class Archive:
         """
         if device is not None and torch.device(device).type != "cpu":
             return collections.OrderedDict(self._a().to_device(
-                str(torch.device(device)), entry or "", int(pinned_bytes), int(buffers), int(streams)))
+                str(torch.device(device)), entry or "", int(pinned_bytes), int(buffers), int(streams),
+                int(fill_threads)))
         return collections.OrderedDict(self._a().state_dict(entry or ""))
 
     def shard(self, name: str, rank: int, world: int, dim: Optional[int] = None,
