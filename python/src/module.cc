@@ -270,7 +270,8 @@ PYBIND11_MODULE(_tsar, m) {
       [](const Archive& archive, const std::vector<std::pair<std::string, at::Tensor>>& items,
          bool training, const std::string& entry, bool strict, bool allow_training,
          const std::string& archive_prefix, const std::string& module_prefix, int64_t rank,
-         int64_t world) {
+         int64_t world, const std::string& device, uint64_t pinned_bytes, int buffers,
+         int streams, int fill_threads) {
         std::vector<BindSlot> slots;
         slots.reserve(items.size());
         for (const auto& [name, t] : items) slots.push_back({name, t.unsafeGetTensorImpl()});
@@ -282,12 +283,25 @@ PYBIND11_MODULE(_tsar, m) {
         o.module_prefix = module_prefix;
         o.rank = rank;
         o.world = world;
-        const BindReport r = BindSlots(slots, training, archive, o);
+        if (!device.empty()) o.device = c10::Device(device);
+        o.staging.pinned_bytes = pinned_bytes;
+        o.staging.buffers = buffers;
+        o.staging.streams = streams;
+        o.staging.fill_threads = fill_threads;
+        BindReport r;
+        if (o.device.is_cpu()) {
+          r = BindSlots(slots, training, archive, o);
+        } else {  // the copy to the GPU takes a while: other threads may run
+          py::gil_scoped_release unlocked;
+          r = BindSlots(slots, training, archive, o);
+        }
         return py::make_tuple(r.bound, r.missing, r.unexpected, r.mismatched);
       },
       py::arg("archive"), py::arg("slots"), py::arg("training"), py::arg("entry"),
       py::arg("strict"), py::arg("allow_training"), py::arg("archive_prefix"),
-      py::arg("module_prefix"), py::arg("rank") = 0, py::arg("world") = 0);
+      py::arg("module_prefix"), py::arg("rank") = 0, py::arg("world") = 0,
+      py::arg("device") = "", py::arg("pinned_bytes") = uint64_t{64} << 20,
+      py::arg("buffers") = 4, py::arg("streams") = 2, py::arg("fill_threads") = 0);
 
   // tsar.LiveModule's watcher (python/tsar/_live.py): waits without the GIL.
   py::class_<PathWatch>(m, "PathWatch")

@@ -118,21 +118,20 @@ def load_into(
     an archive without a plan a slice along a later dimension is a strided
     view that touches every page of the tensor.
 
-    ``device`` ("cuda:0"...): the weights go to that GPU instead
-    (:meth:`Archive.state_dict` with ``device=``: each storage copied once,
-    ties kept as views of one device storage) and are assigned to the
-    module's parameters and buffers with ``load_state_dict(assign=True)``:
-    a module on meta works, but the ``Parameter`` objects are new ones (on
-    the CPU they stay the same objects). ``rank``/``world`` do not combine
-    with ``device`` yet.
+    ``device`` ("cuda:0"...): the weights go to that GPU instead. The match
+    and every check are the CPU bind's (meta modules, ranks, prefixes); then
+    each storage the module binds is copied once to the GPU (C++ ``bind``
+    with ``BindOptions::device``: the staging pipeline of
+    :meth:`Archive.state_dict` with ``device=``) and the module's own tensors
+    become views of the device copies, as ``module.to()`` does it: the same
+    ``Parameter`` objects, tied parameters still one object, views still
+    views. Raises tsar.Error (UNSUPPORTED) before anything changes where
+    torch has no CUDA or there is no GPU.
 
     Returns a :class:`BindReport`. Not thread-safe for one module.
     """
     archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
-    if device is not None and torch.device(device).type != "cpu":
-        if world:
-            raise ValueError("load_into: rank/world with device= is not supported yet")
-        return _load_to_device(module, archive, device, entry, strict)
+    target = "" if device is None or torch.device(device).type == "cpu" else str(torch.device(device))
     # The walk and the report make one tuple per tensor and no reference
     # cycle; left on, the collector promotes them and runs full collections
     # over the whole heap (a second model awaiting collection made binding
@@ -143,27 +142,13 @@ def load_into(
         items, training = _state_items(module)
         bound, missing, unexpected, mismatched = _tsar.bind(
             archive._a(), items, training, entry or "", bool(strict), bool(allow_training),
-            str(archive_prefix), str(module_prefix), int(rank), int(world),
+            str(archive_prefix), str(module_prefix), int(rank), int(world), target,
         )
         del items
         return BindReport(bound, missing, unexpected, mismatched)
     finally:
         if collecting:
             gc.enable()
-
-
-def _load_to_device(module, archive, device, entry, strict) -> BindReport:
-    """load_into(device=...): the entry's tensors on the GPU, assigned."""
-    names = list(module.state_dict(keep_vars=True))
-    if entry is None:
-        entries = archive.entries
-        entry = "model" if "model" in entries else entries[0] if entries else ""
-    sd = archive.state_dict(entry, device=device)
-    known = set(names)
-    missing = [n for n in names if n not in sd]
-    unexpected = [n for n in sd if n not in known]
-    module.load_state_dict(sd, strict=strict, assign=True)
-    return BindReport([n for n in names if n in sd], missing, unexpected, [])
 
 
 def load(path: Union[str, os.PathLike], entry: Optional[str] = None) -> Dict[str, torch.Tensor]:

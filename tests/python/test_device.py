@@ -58,3 +58,33 @@ def test_a_meta_module_and_a_tensor_parallel_archive_load_onto_the_gpu(tmp_path)
     tsar.load_into(m, tmp_path / "tp.tsar", device="cuda")
     x = torch.randn(3, 16)
     torch.testing.assert_close(m(x.cuda()).cpu(), ref(x))
+
+
+@needs_gpu
+def test_load_into_a_gpu_keeps_the_parameter_objects_and_their_ties(tmp_path):
+    torch.manual_seed(2)
+    ref = torch.nn.Sequential(torch.nn.Embedding(32, 8), torch.nn.Linear(8, 32, bias=False)).eval()
+    ref[1].weight = ref[0].weight  # tied
+    tsar.save(ref, tmp_path / "tied.tsar")
+    with torch.device("meta"):
+        m = torch.nn.Sequential(torch.nn.Embedding(32, 8), torch.nn.Linear(8, 32, bias=False)).eval()
+    m[1].weight = m[0].weight
+    before = {n: id(p) for n, p in m.named_parameters(remove_duplicate=False)}
+    tsar.load_into(m, tmp_path / "tied.tsar", device="cuda")
+    assert {n: id(p) for n, p in m.named_parameters(remove_duplicate=False)} == before
+    assert m[1].weight is m[0].weight and m[0].weight.is_cuda
+    ids = torch.tensor([1, 7, 31])
+    torch.testing.assert_close(m(ids.cuda()).cpu(), ref(ids))
+
+
+@needs_gpu
+def test_a_rank_of_a_tensor_parallel_archive_loads_onto_the_gpu(tmp_path):
+    torch.manual_seed(3)
+    full = torch.nn.Linear(16, 32, bias=False).eval()
+    tsar.save(full, tmp_path / "tp.tsar", tp=2, shard={"weight": 0})
+    for rank in range(2):
+        with torch.device("meta"):
+            m = torch.nn.Linear(16, 16, bias=False).eval()
+        tsar.load_into(m, tmp_path / "tp.tsar", rank=rank, world=2, device="cuda")
+        assert m.weight.is_cuda
+        assert torch.equal(m.weight.cpu(), full.weight.chunk(2, 0)[rank])
