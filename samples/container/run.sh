@@ -10,9 +10,12 @@
 #  2. the model image is built a second time from a second build.sh run (the
 #     same checkpoint packed again): its layers must have the same digests;
 #  3. a registry on 127.0.0.1 (registry.yml) receives the images;
-#  4. host 2, an empty container storage of its own, pulls the model image,
-#     then the variant: the bytes the registry served for the variant must be
-#     at most 1.05x the variant's own layer plus its manifest and config;
+#  4. host 2, an empty container storage of its own in a network namespace
+#     of its own, pulls the model image, then the variant, across a veth pair
+#     (from a second registry process serving the same blobs on the veth's
+#     host end; over loopback where no namespace can be made): the bytes the
+#     registry served for the variant must be at most 1.05x the variant's own
+#     layer plus its manifest and config;
 #  5. 2 base and 2 variant workers run on host 2 with read-only root file
 #     systems, one request each (workers.py): every answer must equal the same
 #     model's without containers, and their summed Pss of the archives at most
@@ -53,8 +56,10 @@ export CONTAINERS_CONF=$here/containers.conf
 host1="--root $work/host1/root --runroot $work/host1/run --storage-driver overlay"
 host2="--root $work/host2/root --runroot $work/host2/run --storage-driver overlay"
 registry_pid=""
+netns=""
 cleanup() {
-  [ -z "$registry_pid" ] || kill "$registry_pid" 2>/dev/null || true
+  [ -z "$registry_pid" ] || kill $registry_pid 2>/dev/null || true
+  [ -z "$netns" ] || ip netns del "$netns" 2>/dev/null || true
   if [ $keep = 0 ]; then
     for h in host1 host2; do  # unmount what the storages mounted, then remove them
       [ -d "$work/$h" ] && podman --root "$work/$h/root" --runroot "$work/$h/run" system reset -f >/dev/null 2>&1 || true
@@ -103,6 +108,36 @@ for _ in $(seq 50); do
   "$TSAR_PYTHON" -c "import urllib.request as u; u.urlopen('http://$reg/v2/')" 2>/dev/null && break
   sleep 0.2
 done
+# Host 2's network: a namespace joined to this one by a veth pair, and a
+# second registry process on the veth's host end over the same blob folder.
+pull_reg=$reg
+pull_log=$work/registry.log
+in_host2=()
+if command -v ip >/dev/null && ip netns add "tsar-h2-$$" 2>/dev/null; then
+  netns=tsar-h2-$$
+  net=10.$((RANDOM % 200 + 20)).$((RANDOM % 250)).0
+  if ip link add "tsar-a$$" type veth peer name "tsar-b$$" &&
+     ip link set "tsar-b$$" netns "$netns" &&
+     ip addr add "${net%.0}.1/30" dev "tsar-a$$" && ip link set "tsar-a$$" up &&
+     ip netns exec "$netns" ip addr add "${net%.0}.2/30" dev "tsar-b$$" &&
+     ip netns exec "$netns" ip link set "tsar-b$$" up && ip netns exec "$netns" ip link set lo up; then
+    pull_reg=${net%.0}.1:$port
+    pull_log=$work/registry-veth.log
+    REGISTRY_HTTP_ADDR=$pull_reg REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY=$work/registry \
+      docker-registry serve "$here/registry.yml" >"$pull_log" 2>&1 &
+    registry_pid="$registry_pid $!"
+    in_host2=(ip netns exec "$netns")
+    for _ in $(seq 50); do
+      "${in_host2[@]}" "$TSAR_PYTHON" -c "import urllib.request as u; u.urlopen('http://$pull_reg/v2/')" 2>/dev/null && break
+      sleep 0.2
+    done
+    echo "host 2: network namespace $netns, pulling from $pull_reg across a veth pair"
+  else
+    echo "host 2: could not set up a veth pair; pulling over loopback"
+  fi
+else
+  echo "host 2: no network namespace can be made here; pulling over loopback"
+fi
 push() { podman $host1 push -q --tls-verify=false "$1" "docker://$reg/$2"; }
 push tsar/resnet18:1 tsar/resnet18:1
 push tsar/resnet18-ft:1 tsar/resnet18-ft:1
@@ -114,15 +149,16 @@ echo "model image layers as pushed (compressed): $(blobs tsar/resnet18:1)"
   check OK "the rebuilt model image pushes the same blobs" ||
   check FAIL "the rebuilt model image pushes the same blobs: $(blobs tsar/resnet18-again:1)"
 
-step "host 2: pull the model, then the variant"
-log_bytes() {  # bytes of GET responses in the access log from line $1 on
-  tail -n +"$1" "$work/registry.log" | awk '$6 == "\"GET" {s += $10} END {print s + 0}'
+step "host 2: pull the model, then the variant (from $pull_reg)"
+log_bytes() {  # bytes of GET responses in the pull registry's access log from line $1 on
+  tail -n +"$1" "$pull_log" | awk '$6 == "\"GET" {s += $10} END {print s + 0}'
 }
-mark=$(($(wc -l <"$work/registry.log") + 1))
-podman $host2 pull -q --tls-verify=false "docker://$reg/tsar/resnet18:1" >/dev/null
+pull() { "${in_host2[@]}" podman $host2 pull -q --tls-verify=false "docker://$pull_reg/$1" >/dev/null; }
+mark=$(($(wc -l <"$pull_log") + 1))
+pull tsar/resnet18:1
 model_pulled=$(log_bytes $mark)
-mark=$(($(wc -l <"$work/registry.log") + 1))
-podman $host2 pull -q --tls-verify=false "docker://$reg/tsar/resnet18-ft:1" >/dev/null
+mark=$(($(wc -l <"$pull_log") + 1))
+pull tsar/resnet18-ft:1
 variant_pulled=$(log_bytes $mark)
 read -r own meta < <(manifest tsar/resnet18-ft:1 | "$TSAR_PYTHON" -c '
 import json, sys
@@ -137,7 +173,7 @@ echo "the variant's own layer is $own bytes (compressed), its manifest and confi
 step "host 2: 2 base and 2 variant workers, read-only root file systems"
 own_bytes=$(($(stat -c %s "$work/ctx/models/resnet18.tsar") + $(stat -c %s "$work/ctx/models/resnet18-ft.tsar")))
 if "$TSAR_PYTHON" "$here/workers.py" --podman "podman $host2" --worker "$worker" --ref "$work/ctx/ref" \
-     --base "$reg/tsar/resnet18:1" 2 --variant "$reg/tsar/resnet18-ft:1" 2 --own-bytes $own_bytes; then
+     --base "$pull_reg/tsar/resnet18:1" 2 --variant "$pull_reg/tsar/resnet18-ft:1" 2 --own-bytes $own_bytes; then
   check OK "answers equal the models' without containers; one copy of the weights in RAM"
 else
   check FAIL "answers equal the models' without containers; one copy of the weights in RAM"
