@@ -2,8 +2,9 @@
 # One command for a machine with a GPU (issue 29): builds tsar's loader, its
 # Python package and its GPU tests against the CUDA torch already installed
 # there, runs every GPU test and the GPU benchmark P8, and prints one table.
-# It needs python3 with a CUDA build of torch (2.1 or newer), cmake, ninja and
-# a C++ compiler; no network and none of Debian's packages: the libraries
+# It needs python3 with a CUDA build of torch (2.1 or newer), cmake, ninja, a
+# C++ compiler and the CUDA toolkit (nvcc: torch's CMake config asks for it);
+# no network and none of Debian's packages: the libraries
 # tsar builds with come in a folder made beforehand on a Debian machine by
 # scripts/gpu-deps.sh (headers, GoogleTest's source, wheels for pytest and
 # the benchmark's peers; minizip and HDF5 are turned off for this build).
@@ -12,7 +13,7 @@
 #   scripts/gpu-check.sh [options]      # on the GPU machine, in a copy of the tree
 #
 # Options:
-#   --deps DIR     the folder from gpu-deps.sh (default shared/gpu-deps)
+#   --deps DIR     the folder from gpu-deps.sh (default shared/gpu-deps of the tree)
 #   --python PY    the Python with CUDA torch (default $TSAR_GPU_PYTHON, else
 #                  /opt/torch/.venv/bin/python, else python3)
 #   --build DIR    build folder (default build-gpu); pytest and the peers that
@@ -24,10 +25,11 @@
 # bad use. Without a GPU it still builds and runs: the GPU cases skip saying
 # why, and P8 says it was not measured.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-deps=shared/gpu-deps
+caller=$PWD
+repo=$(cd "$(dirname "$0")/.." && pwd)
+deps=$repo/shared/gpu-deps
 py=${TSAR_GPU_PYTHON:-}
-build=build-gpu
+build=$repo/build-gpu
 sizes=2,8
 out=${OUT:-}
 bench=1
@@ -46,18 +48,31 @@ done
 if [ -z "$py" ]; then
   if [ -x /opt/torch/.venv/bin/python ]; then py=/opt/torch/.venv/bin/python; else py=python3; fi
 fi
+# Paths as the caller gave them, relative to where the script was started.
+cd "$caller"
 case "$py" in */*) py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")" ;; *) py=$(command -v "$py") ;; esac
 [ -n "$out" ] || out=$build/results
+mkdir -p "$build" "$out"
+build=$(cd "$build" && pwd)
+out=$(cd "$out" && pwd)
+[ -d "$deps" ] && deps=$(cd "$deps" && pwd)
+cd "$repo"
 [ -f "$deps/include/xxhash.h" ] || {
   echo "gpu-check.sh: $deps holds no include/xxhash.h: make the folder with scripts/gpu-deps.sh on a Debian machine (then carry it here)" >&2
   exit 2
 }
 "$py" -c "import torch" 2>/dev/null || { echo "gpu-check.sh: $py cannot import torch (--python names another)" >&2; exit 2; }
+export PATH="$(dirname "$py"):$PATH"  # a venv's cmake and ninja
 for tool in cmake ninja; do
-  command -v $tool >/dev/null || [ -x "$(dirname "$py")/$tool" ] || { echo "gpu-check.sh: $tool is not on PATH" >&2; exit 2; }
+  command -v $tool >/dev/null || { echo "gpu-check.sh: $tool is not on PATH" >&2; exit 2; }
 done
-export PATH="$(cd "$(dirname "$py")" && pwd):$PATH"  # a venv's cmake and ninja
-mkdir -p "$build" "$out"
+# The CUDA torch's own CMake config (find_package(Torch)) needs the CUDA toolkit.
+if ! command -v nvcc >/dev/null && [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] &&
+   "$py" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)"; then
+  echo "gpu-check.sh: no nvcc on PATH or in \$CUDA_HOME/bin (default /usr/local/cuda): torch's CMake config needs the CUDA toolkit" >&2
+  exit 2
+fi
+command -v nvcc >/dev/null || export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
 step() { echo "== gpu-check: $* ($(date +%T))"; }
 
 step "python and torch"
@@ -72,6 +87,7 @@ lib=$(mkdir -p "$build/pylib" && cd "$build/pylib" && pwd)
 has() { PYTHONPATH=$lib "$py" -c "import $1" 2>/dev/null; }
 pipt() { "$py" -m pip install -q --no-index --find-links "$deps/wheels" --target "$lib" --upgrade "$@"; }
 has pytest || pipt pytest
+has pybind11 || pipt pybind11 || true  # for the Python package's build
 has safetensors || pipt safetensors || echo "gpu-check.sh: safetensors does not install here: its P8 row is skipped"
 has fastsafetensors || pipt fastsafetensors 2>/dev/null || echo "gpu-check.sh: fastsafetensors does not install here: its P8 row is skipped"
 # The Run:ai streamer names torch among its requirements: this machine's torch stays.
@@ -80,9 +96,11 @@ has runai_model_streamer || pipt --no-deps runai-model-streamer humanize 2>/dev/
   echo "gpu-check.sh: runai-model-streamer does not install here: its P8 row is skipped"
 
 step "configure and build (tsar_device_tests, the Python package)"
+pybind11_dir=$(PYTHONPATH=$lib "$py" -m pybind11 --cmakedir 2>/dev/null || true)
 configure() {
   cmake -G Ninja -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTSAR_PYTHON="$py" \
-    -DTSAR_DEPS_DIR="$(cd "$deps" && pwd)" -DTSAR_WITH_ZIP=OFF -DTSAR_WITH_HDF5=OFF "$@" >"$build/configure.log" 2>&1
+    ${pybind11_dir:+-Dpybind11_DIR="$pybind11_dir"} \
+    -DTSAR_DEPS_DIR="$deps" -DTSAR_WITH_ZIP=OFF -DTSAR_WITH_HDF5=OFF "$@" >"$build/configure.log" 2>&1
 }
 python_package=1
 if ! configure -DTSAR_WITH_PYTHON=ON; then
@@ -94,7 +112,8 @@ if ! configure -DTSAR_WITH_PYTHON=ON; then
 fi
 targets=tsar_device_tests
 [ $python_package = 0 ] || targets="$targets tsar_python"
-ninja -C "$build" $targets | tail -3
+ninja -C "$build" $targets >"$build/build.log" 2>&1 || { tail -40 "$build/build.log"; exit 1; }
+tail -1 "$build/build.log"
 
 step "GPU tests"
 failed=0
@@ -113,8 +132,8 @@ fi
 
 if [ $bench = 1 ]; then
   step "P8 benchmark (sizes $sizes GiB)"
-  (cd bench && PYTHONPATH="$(cd ../$build/python && pwd):.:$lib" "$py" peers/p8_gpu.py \
-     --sizes "$sizes" --workdir "../$build/p8" --out "$(cd ../$out && pwd)/p8.md") >"$out/p8.log" 2>&1 ||
+  (cd bench && PYTHONPATH="$build/python:.:$lib" "$py" peers/p8_gpu.py \
+     --sizes "$sizes" --workdir "$build/p8" --out "$out/p8.md") >"$out/p8.log" 2>&1 ||
     { echo "P8 failed:"; tail -20 "$out/p8.log"; failed=1; }
 fi
 

@@ -3,7 +3,7 @@
 # torch, cmake and ninja but no network and none of Debian's packages:
 #   include/     xxhash.h (used inlined), nlohmann/ and CLI/ (header-only)
 #   googletest/  GoogleTest's source (Debian's googletest package)
-#   wheels/      pytest and what it needs, the peers P8 measures (safetensors,
+#   wheels/      pytest and pybind11, the peers P8 measures (safetensors,
 #                fastsafetensors, the Run:ai streamer), for that machine's Python
 # minizip and HDF5 do not travel: that build turns them off (TSAR_WITH_ZIP,
 # TSAR_WITH_HDF5), which no GPU test needs. About 30 MB.
@@ -36,7 +36,7 @@ pins() { grep -hE "^($1)==" scripts/requirements.txt scripts/requirements-peers.
 py=.venv/bin/python; [ -x $py ] || py=python3
 $py -m pip download -q --only-binary=:all: --python-version "$pyver" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform any -d "$dir.tmp/wheels" $(pins 'pytest|safetensors')
+  --platform any -d "$dir.tmp/wheels" $(pins 'pytest|safetensors|pybind11')
 # The streaming peers are optional on the other machine: a row is skipped
 # where a wheel is missing. The Run:ai streamer's own requirements name torch
 # and numpy: torch is that machine's, numpy comes pinned.
