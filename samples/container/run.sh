@@ -50,21 +50,40 @@ done
 [ "$(id -u)" = 0 ] || skip "needs root: rootless podman needs subordinate uid ranges this machine does not set up"
 for f in "$tsar" "$worker"; do [ -x "$f" ] || { echo "run.sh: $f is not built (ninja -C build)" >&2; exit 1; }; done
 
-[ -n "$work" ] || work=$(mktemp -d /var/tmp/tsar-containers.XXXXXX)
+made_work=0
+if [ -z "$work" ]; then
+  work=$(mktemp -d /var/tmp/tsar-containers.XXXXXX)
+  made_work=1
+fi
 mkdir -p "$work"
 export CONTAINERS_CONF=$here/containers.conf
-host1="--root $work/host1/root --runroot $work/host1/run --storage-driver overlay"
-host2="--root $work/host2/root --runroot $work/host2/run --storage-driver overlay"
+# Each "host": a container storage and libpod state of its own, nothing shared
+# with this machine's own podman (its /var/lib/containers, /run/libpod).
+store1="--root $work/host1/root --runroot $work/host1/run --storage-driver overlay"
+store2="--root $work/host2/root --runroot $work/host2/run --storage-driver overlay"
+host1="$store1 --tmpdir $work/host1/tmp --network-config-dir $work/host1/net"
+host2="$store2 --tmpdir $work/host2/tmp --network-config-dir $work/host2/net"
 registry_pid=""
 netns=""
 cleanup() {
   [ -z "$registry_pid" ] || kill $registry_pid 2>/dev/null || true
   [ -z "$netns" ] || ip netns del "$netns" 2>/dev/null || true
+  ip link del "tsar-a$$" 2>/dev/null || true  # a veth pair left half set up
   if [ $keep = 0 ]; then
-    for h in host1 host2; do  # unmount what the storages mounted, then remove them
-      [ -d "$work/$h" ] && podman --root "$work/$h/root" --runroot "$work/$h/run" system reset -f >/dev/null 2>&1 || true
+    # Containers first (they hold overlay mounts), then what this run made.
+    for h in host1 host2; do
+      [ -d "$work/$h" ] || continue
+      podman --root "$work/$h/root" --runroot "$work/$h/run" --storage-driver overlay --tmpdir "$work/$h/tmp" \
+        rm -af >/dev/null 2>&1 || true
+      buildah --root "$work/$h/root" --runroot "$work/$h/run" --storage-driver overlay rm -a >/dev/null 2>&1 || true
+      podman --root "$work/$h/root" --runroot "$work/$h/run" --storage-driver overlay --tmpdir "$work/$h/tmp" \
+        rmi -af >/dev/null 2>&1 || true
     done
-    rm -rf "$work"
+    if [ $made_work = 1 ]; then
+      rm -rf "$work"
+    else
+      rm -rf "$work"/host1 "$work"/host2 "$work"/ctx "$work"/ctx-again "$work"/registry "$work"/registry*.log
+    fi
   fi
 }
 trap cleanup EXIT
@@ -82,9 +101,9 @@ for f in "$here"/Containerfile.*; do cp "$f" "$work/ctx/"; cp "$f" "$work/ctx-ag
 
 step "images on host 1 (buildah bud --timestamp 0)"
 # --layers: a layer per instruction (buildah's default is one for the whole file).
-bud() { buildah $host1 bud -q --layers --timestamp 0 "$@" >/dev/null; }
-bud -f "$work/ctx/Containerfile.runtime" -t tsar/runtime:1 "$work/ctx" ||
-  skip "buildah cannot build an image here (see its error above)"
+bud() { buildah $store1 bud -q --layers --timestamp 0 "$@" >/dev/null; }
+info=$(buildah $store1 info 2>&1) || skip "buildah cannot use a container storage here: $info"
+bud -f "$work/ctx/Containerfile.runtime" -t tsar/runtime:1 "$work/ctx"
 probe=$(podman $host1 run --rm --read-only --network none tsar/runtime:1 2>&1 || true)
 echo "$probe" | grep -q "usage: tsar_worker" || skip "podman cannot run a container here: $probe"
 echo "runtime image: $(podman $host1 image inspect --format '{{.Size}}' tsar/runtime:1) bytes"
@@ -122,6 +141,7 @@ if command -v ip >/dev/null && ip netns add "tsar-h2-$$" 2>/dev/null; then
      ip netns exec "$netns" ip addr add "${net%.0}.2/30" dev "tsar-b$$" &&
      ip netns exec "$netns" ip link set "tsar-b$$" up && ip netns exec "$netns" ip link set lo up; then
     pull_reg=${net%.0}.1:$port
+    export NO_PROXY="${NO_PROXY:+$NO_PROXY,}${net%.0}.1" no_proxy="${no_proxy:+$no_proxy,}${net%.0}.1"
     pull_log=$work/registry-veth.log
     REGISTRY_HTTP_ADDR=$pull_reg REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY=$work/registry \
       docker-registry serve "$here/registry.yml" >"$pull_log" 2>&1 &

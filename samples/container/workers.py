@@ -23,14 +23,24 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
+
+
+def stderr_of(proc: subprocess.Popen) -> str:
+    f = proc.stderr
+    if f is None or proc.poll() is None:
+        return "..."
+    if f.seekable():
+        f.seek(0)
+    return f.read()[-2000:]
 
 
 def answer(proc: subprocess.Popen, what: str) -> str:
     """Waits for the worker's "ready" line, sends one request, returns the answer."""
     line = proc.stdout.readline()
     if not line.startswith("ready"):
-        raise SystemExit(f"workers.py: {what}: expected 'ready ...', got {line!r} "
-                         f"(stderr: {proc.stderr.read() if proc.poll() is not None else '...'})")
+        proc.wait(timeout=30)
+        raise SystemExit(f"workers.py: {what}: expected 'ready ...', got {line!r} (stderr: {stderr_of(proc)})")
     proc.stdin.write("run\n")
     proc.stdin.flush()
     out = proc.stdout.readline().strip()
@@ -84,13 +94,16 @@ def main() -> int:
 
     want = {"base": reference(args.worker, os.path.join(args.ref, "resnet18_ts.pt")),
             "variant": reference(args.worker, os.path.join(args.ref, "resnet18_ft_ts.pt"))}
-    workers = []
+    workers, errors = [], []
     for kind, (image, count) in (("base", args.base), ("variant", args.variant)):
         for i in range(int(count)):
             name = f"tsar-{kind}-{i}-{os.getpid()}"
             cmd = podman + ["run", "--rm", "-i", "--read-only", "--network", "none", "--name", name, image]
-            workers.append((kind, name, subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                         stderr=subprocess.PIPE, text=True)))
+            err = tempfile.TemporaryFile(mode="w+")  # read on failure; a pipe could fill and block
+            errors.append(err)
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+            proc.stderr = err  # for stderr_of
+            workers.append((kind, name, proc))
     ok = True
     try:
         # Every worker answers first; only then is Pss read, when all of them
@@ -110,6 +123,9 @@ def main() -> int:
             pss = sum(p for p, _ in maps.values())
             total += pss
             base_ident = maps.get("/models/resnet18.tsar", (0, "not mapped"))[1]
+            if base_ident == "not mapped" or pss == 0:
+                print(f"workers.py: {name} does not map the base archive: the weights are not shared")
+                ok = False
             inodes.add(base_ident.split(":")[-1])
             same = got == want[kind]
             ok &= same
