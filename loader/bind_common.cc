@@ -119,7 +119,7 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   const uint32_t entry = impl.BindEntry(options.entry);
   const std::string entry_name(index.entries()[entry].name);
   // On a GPU the module's tensors are copies: training writes them, not the mapping.
-  CheckDevice(options.device, archive.path(), "bind");
+  CheckDevice(options.device, archive.path(), "bind", options.staging);
   if (training && archive.mode() == MapMode::kShared && !options.allow_training &&
       options.device.is_cpu()) {
     throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
@@ -250,7 +250,27 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   }
   // set_ on a leaf that requires grad is only allowed with grad mode off.
   c10::AutoGradMode no_grad(false);
-  std::vector<c10::TensorImpl*> to_move;
+  if (!options.device.is_cpu()) {
+    // On a GPU: every byte copied before any slot changes (an allocation or
+    // copy that fails leaves the module as it was), then each slot becomes,
+    // in place, the device copy of what it would have viewed on the CPU.
+    std::vector<size_t> which;
+    std::vector<at::Tensor> sources;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (match[i] == format::kNone) continue;
+      which.push_back(i);
+      sources.push_back(tp && targets[i].defined() ? targets[i] : impl.Make(match[i]));
+    }
+    const std::vector<at::Tensor> on_device = CopyToDevice(sources, options.device, options.staging);
+    for (size_t k = 0; k < which.size(); ++k) {
+      c10::TensorImpl* t = slots[which[k]].tensor;
+      MetaToCpu(t);  // a meta TensorImpl takes a device tensor's data as a dense one does
+      at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(t))
+          .set_data(on_device[k]);
+      report.bound.push_back(std::move(slots[which[k]].name));
+    }
+    return report;
+  }
   for (size_t i = 0; i < slots.size(); ++i) {
     if (i + kAhead < slots.size()) PrefetchTensor(slots[i + kAhead].tensor);
     if (match[i] == format::kNone) continue;
@@ -281,10 +301,8 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
       at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(t))
           .set_(impl.Make(match[i]));
     }
-    if (!options.device.is_cpu()) to_move.push_back(t);
     report.bound.push_back(std::move(slots[i].name));  // slots are the caller's scratch
   }
-  if (!to_move.empty()) MoveToDevice(to_move, options.device, options.staging);
   return report;
 }
 

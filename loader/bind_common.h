@@ -30,13 +30,16 @@ struct BindSlot {
 BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive& archive,
                      const BindOptions& options);
 
-// bind's device step (loader/device.cc): throws kUnsupported unless `device`
-// is cpu or a CUDA device this LibTorch can reach; `what` names the caller.
-void CheckDevice(c10::Device device, const std::string& path, const char* what);
-// Copies every distinct storage the tensors view to `device` once, through
-// the staging pipeline, and makes each tensor (in place, set_data) the same
-// view of the device copy of its storage.
-void MoveToDevice(const std::vector<c10::TensorImpl*>& tensors, c10::Device device,
-                  const DeviceOptions& options);
+// bind's device step (loader/device.cc). CheckDevice throws (kUnsupported,
+// kInvalidArgument) unless `device` is cpu, or a CUDA device this LibTorch
+// reaches with valid staging options; `what` names the caller.
+void CheckDevice(c10::Device device, const std::string& path, const char* what,
+                 const DeviceOptions& options = {});
+// Copies the bytes the host tensors `sources` view to `device`, once per
+// distinct storage (the byte range its views touch), through the staging
+// pipeline, and returns each source's view of the device copy (ties and
+// views stay views of one device storage).
+std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10::Device device,
+                                     const DeviceOptions& options);
 
 }  // namespace tsar

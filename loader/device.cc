@@ -11,6 +11,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <unordered_map>
 
 #include "loader/archive_impl.h"
@@ -72,8 +73,16 @@ class TorchEngine : public CopyEngine {
 
 }  // namespace
 
-void CheckDevice(c10::Device device, const std::string& path, const char* what) {
+void CheckDevice(c10::Device device, const std::string& path, const char* what,
+                 const DeviceOptions& options) {
   if (device.is_cpu()) return;
+  if (options.buffers < 1 || options.streams < 1 || options.fill_threads < 0) {
+    throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
+                std::string(what) + ": staging: expected at least 1 buffer and 1 stream and " +
+                    "fill_threads >= 0, found " + std::to_string(options.buffers) + ", " +
+                    std::to_string(options.streams) + " and " +
+                    std::to_string(options.fill_threads));
+  }
   if (!device.is_cuda()) {
     throw Error(ErrorCode::kUnsupported, path, std::nullopt,
                 std::string(what) + ": only cpu and cuda devices are supported, found " +
@@ -85,27 +94,60 @@ void CheckDevice(c10::Device device, const std::string& path, const char* what) 
                     ": this LibTorch was built without CUDA (or no CUDA device/driver is "
                     "present); use a CUDA build of LibTorch on a machine with a GPU");
   }
+  const c10::DeviceIndex count = c10::impl::VirtualGuardImpl(device.type()).deviceCount();
+  if (device.has_index() && device.index() >= count) {
+    throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
+                std::string(what) + ": " + device.str() + ": this machine has " +
+                    std::to_string(count) + " CUDA device" + (count == 1 ? "" : "s"));
+  }
 }
 
-void MoveToDevice(const std::vector<c10::TensorImpl*>& tensors, c10::Device device,
-                  const DeviceOptions& options) {
-  // One device allocation per distinct host storage, numbered in first-seen
-  // order; each tensor's number is taken before any tensor changes (a tied
-  // TensorImpl appears more than once).
+std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10::Device device,
+                                     const DeviceOptions& options) {
+  // Per distinct host storage, numbered in first-seen order: the bytes its
+  // views touch, [lo, hi), lo rounded down to 64 bytes (a multiple of every
+  // element size), copied once into one device allocation. A rank's slice
+  // copies its own run of the file, not the whole storage.
   std::unordered_map<const c10::StorageImpl*, uint32_t> number;
-  std::vector<uint32_t> of(tensors.size());
+  std::vector<uint32_t> of(sources.size());
+  std::vector<uint64_t> first(sources.size());
+  std::vector<uint64_t> lo, hi;
+  std::vector<const uint8_t*> base;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const at::Tensor& t = sources[i];
+    const uint64_t item = t.element_size();
+    first[i] = static_cast<uint64_t>(t.storage_offset()) * item;
+    uint64_t extent = 0;
+    bool whole = false;
+    if (t.numel() > 0) {
+      extent = item;
+      for (int64_t d = 0; d < t.dim(); ++d) {
+        if (t.stride(d) < 0) whole = true;
+        extent += static_cast<uint64_t>(t.size(d) - 1) * static_cast<uint64_t>(std::abs(t.stride(d))) * item;
+      }
+    }
+    const c10::Storage& s = t.storage();
+    const auto [it, fresh] = number.emplace(s.unsafeGetStorageImpl(), static_cast<uint32_t>(lo.size()));
+    of[i] = it->second;
+    const uint64_t a = whole ? 0 : first[i];
+    const uint64_t b = whole ? s.nbytes() : first[i] + extent;
+    if (fresh) {
+      lo.push_back(a);
+      hi.push_back(b);
+      base.push_back(static_cast<const uint8_t*>(s.data()));
+    } else {
+      lo[it->second] = std::min(lo[it->second], a);
+      hi[it->second] = std::max(hi[it->second], b);
+    }
+  }
   std::vector<at::Tensor> device_bytes;
   std::vector<CopyRange> ranges;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const c10::Storage& s = tensors[i]->storage();
-    const auto [it, fresh] =
-        number.emplace(s.unsafeGetStorageImpl(), static_cast<uint32_t>(device_bytes.size()));
-    of[i] = it->second;
-    if (!fresh) continue;
-    const uint64_t nbytes = s.nbytes();
-    device_bytes.push_back(at::empty({static_cast<int64_t>(nbytes)},
+  for (size_t n = 0; n < lo.size(); ++n) {
+    lo[n] &= ~uint64_t{63};
+    const uint64_t bytes = hi[n] > lo[n] ? hi[n] - lo[n] : 0;
+    device_bytes.push_back(at::empty({static_cast<int64_t>(bytes)},
                                      at::TensorOptions().dtype(at::kByte).device(device)));
-    ranges.push_back({static_cast<const uint8_t*>(s.data()), nbytes, it->second, 0});
+    ranges.push_back({base[n] + lo[n], bytes, static_cast<uint32_t>(n), 0});
   }
   {
     TorchEngine engine(device, std::max(1, options.streams), &device_bytes);
@@ -116,23 +158,24 @@ void MoveToDevice(const std::vector<c10::TensorImpl*>& tensors, c10::Device devi
     p.fill_threads = options.fill_threads;
     RunPipeline(ranges, engine, p);
   }
-  std::unordered_map<const c10::TensorImpl*, bool> moved;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    c10::TensorImpl* t = tensors[i];
-    if (!moved.emplace(t, true).second) continue;
-    at::Tensor view = at::empty({0}, at::TensorOptions().dtype(t->dtype()).device(device))
-                          .set_(device_bytes[of[i]].storage(), t->storage_offset(), t->sizes(),
-                                t->strides());
-    at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(t))
-        .set_data(view);
+  std::vector<at::Tensor> out;
+  out.reserve(sources.size());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const at::Tensor& t = sources[i];
+    const uint64_t item = t.element_size();
+    out.push_back(at::empty({0}, at::TensorOptions().dtype(t.dtype()).device(device))
+                      .set_(device_bytes[of[i]].storage(),
+                            static_cast<int64_t>((first[i] - lo[of[i]]) / item), t.sizes(),
+                            t.strides()));
   }
+  return out;
 }
 
 torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c10::Device device,
                                                       const std::string& entry,
                                                       const DeviceOptions& options) {
   if (device.is_cpu()) return archive.state_dict(entry);
-  CheckDevice(device, archive.path(), "to_device");
+  CheckDevice(device, archive.path(), "to_device", options);
   const Archive::Impl& impl = archive.impl();
   const format::Index& index = impl.index();
   const uint32_t entry_index = impl.Entry(entry);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -38,6 +39,8 @@ class FillPool {
     wake_.notify_all();
     for (std::thread& t : workers_) t.join();
   }
+  // Returns when every piece is copied and no worker holds the job; an
+  // exception from `fill` (on any thread) is rethrown here, after that.
   void Run(const std::vector<Piece>& pieces, const Fill& fill) {
     Job job{&pieces, &fill};
     if (!workers_.empty()) {
@@ -49,26 +52,36 @@ class FillPool {
       wake_.notify_all();
     }
     Work(job);
-    if (workers_.empty()) return;
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return active_ == 0 && job.finished == pieces.size(); });
-    job_ = nullptr;
+    if (!workers_.empty()) {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_.wait(lock, [&] { return active_ == 0 && job.finished == pieces.size(); });
+      job_ = nullptr;
+    }
+    if (job.error) std::rethrow_exception(job.error);
   }
 
  private:
   struct Job {
+    Job(const std::vector<Piece>* p, const Fill* f) : pieces(p), fill(f) {}
     const std::vector<Piece>* pieces;
     const Fill* fill;
     std::atomic<size_t> next{0};
     std::atomic<size_t> finished{0};
+    std::mutex error_mu;
+    std::exception_ptr error;  // the first exception of a fill
   };
   static void Work(Job& job) {
     for (size_t i; (i = job.next.fetch_add(1)) < job.pieces->size();) {
       const Piece& p = (*job.pieces)[i];
-      if (*job.fill) {
-        (*job.fill)(p.dst, p.src, p.n);
-      } else {
-        std::memcpy(p.dst, p.src, p.n);
+      try {
+        if (*job.fill) {
+          (*job.fill)(p.dst, p.src, p.n);
+        } else {
+          std::memcpy(p.dst, p.src, p.n);
+        }
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(job.error_mu);
+        if (!job.error) job.error = std::current_exception();
       }
       job.finished.fetch_add(1);
     }
@@ -130,10 +143,10 @@ PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engi
   const int threads = options.fill_threads > 0
                           ? options.fill_threads
                           : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  constexpr uint64_t kPiece = uint64_t{1} << 20;  // the unit of work of one fill thread
+  std::vector<Piece> pieces;  // the fill of the buffer being filled (outlives the pool)
   FillPool pool(threads);
   stats.fill_threads = threads;
-  constexpr uint64_t kPiece = uint64_t{1} << 20;  // the unit of work of one fill thread
-  std::vector<Piece> pieces;  // the fill of the buffer being filled
   std::vector<bool> in_flight(buffers, false);
   int b = 0;            // the buffer being filled
   uint64_t used = 0;    // bytes of it filled

@@ -46,14 +46,19 @@ struct BindOptions {
   int64_t rank = 0;
   int64_t world = 0;
   // Where the bound tensors live. cpu (the default): in the archive's
-  // mapping, zero copy. A CUDA device: after the match above, every storage
-  // the module's tensors now view is copied once to that GPU through
+  // mapping, zero copy. A CUDA device: after the match above, the bytes the
+  // module's tensors would view (per storage, the range its views touch: a
+  // rank copies its own slices) are copied once to that GPU through
   // to_device's staging pipeline (`staging`: bounded pinned memory, several
-  // streams), and the module's tensors (the same TensorImpls, as
-  // Module::to does it) become views of the device storages, so ties and
-  // views stay one device storage; the mapping is then no longer referenced
-  // by the module. Refused with kUnsupported before anything changes when
-  // this LibTorch has no CUDA or no device is present.
+  // streams, several fill threads); only then do the module's tensors (the
+  // same TensorImpls, as Module::to does it) become views of the device
+  // copies, so ties and views stay one device storage and the mapping is
+  // not referenced by the module. A training-mode module is fine there.
+  // Refused before anything changes: kUnsupported when this LibTorch has no
+  // CUDA or no device is present, kInvalidArgument for a device index past
+  // the machine's devices or staging options out of range; a failed GPU
+  // allocation or copy changes nothing either. Tensors the archive does not
+  // hold stay where they are (the Python load_into moves them too).
   c10::Device device = c10::Device(c10::kCPU);
   DeviceOptions staging;
 };

@@ -125,8 +125,11 @@ def load_into(
     :meth:`Archive.state_dict` with ``device=``) and the module's own tensors
     become views of the device copies, as ``module.to()`` does it: the same
     ``Parameter`` objects, tied parameters still one object, views still
-    views. Raises tsar.Error (UNSUPPORTED) before anything changes where
-    torch has no CUDA or there is no GPU.
+    views. Tensors the archive does not hold (non-persistent buffers such as
+    rotary frequencies, names left unmatched with ``strict=False``) then go
+    to the device too, by torch's own copy, so the whole module is there.
+    Raises tsar.Error (UNSUPPORTED) before anything changes where torch has
+    no CUDA or there is no GPU.
 
     Returns a :class:`BindReport`. Not thread-safe for one module.
     """
@@ -145,10 +148,21 @@ def load_into(
             str(archive_prefix), str(module_prefix), int(rank), int(world), target,
         )
         del items
+        if target:
+            _rest_to(module, torch.device(target))
         return BindReport(bound, missing, unexpected, mismatched)
     finally:
         if collecting:
             gc.enable()
+
+
+def _rest_to(module: torch.nn.Module, device: torch.device) -> None:
+    """Moves, in place, the module's tensors still on the CPU (what the
+    archive did not hold) to ``device``."""
+    with torch.no_grad():
+        for t in list(module.parameters()) + list(module.buffers()):
+            if t.device.type == "cpu":
+                t.data = t.data.to(device)
 
 
 def load(path: Union[str, os.PathLike], entry: Optional[str] = None) -> Dict[str, torch.Tensor]:

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <deque>
+#include <stdexcept>
 #include <map>
 #include <random>
 #include <set>
@@ -115,6 +117,26 @@ TEST(DevicePipeline, EveryByteArrivesOnceThroughBoundedBuffersOnEveryStream) {
        }
       }
     }
+  }
+}
+
+// A fill that throws on one of the threads: the exception reaches the
+// caller once every thread has let go of the buffer, and nothing hangs.
+TEST(DevicePipeline, AFillThatThrowsOnAnyThreadReachesTheCaller) {
+  std::vector<uint8_t> host(8 << 20, 7);
+  std::vector<std::vector<uint8_t>> device(1, std::vector<uint8_t>(host.size()));
+  for (int threads : {1, 4}) {
+    MockEngine engine(&device);
+    PipelineOptions o;
+    o.fill_threads = threads;
+    std::atomic<int> calls{0};
+    EXPECT_THROW(RunPipeline({{host.data(), host.size(), 0, 0}}, engine, o,
+                             [&](void* dst, const uint8_t* src, uint64_t n) {
+                               if (calls.fetch_add(1) == 3) throw std::runtime_error("read failed");
+                               std::memcpy(dst, src, n);
+                             }),
+                 std::runtime_error)
+        << threads << " threads";
   }
 }
 

@@ -51,6 +51,12 @@ TEST_F(DeviceTest, WithoutCudaBindOntoAGpuIsRefusedAndChangesNothing) {
   o.device = c10::Device(c10::kCUDA, 0);
   EXPECT_TRUE(Throws([&] { tsar::bind(*m, a, o); }, ErrorCode::kUnsupported, "bind: this LibTorch"));
   EXPECT_EQ(m->w.data_ptr(), before);
+  o.device = c10::Device(c10::kCUDA, 0);
+  o.staging.buffers = 0;  // checked before anything else, GPU or not
+  EXPECT_TRUE(Throws([&] { tsar::bind(*m, a, o); }, ErrorCode::kInvalidArgument,
+                     "bind: staging: expected at least 1 buffer"));
+  EXPECT_EQ(m->w.data_ptr(), before);
+  o.staging = DeviceOptions{};
   o.device = c10::Device(c10::kMeta);
   EXPECT_TRUE(Throws([&] { tsar::bind(*m, a, o); }, ErrorCode::kUnsupported,
                      "only cpu and cuda devices are supported, found meta"));

@@ -69,10 +69,12 @@ def test_load_into_a_gpu_keeps_the_parameter_objects_and_their_ties(tmp_path):
     with torch.device("meta"):
         m = torch.nn.Sequential(torch.nn.Embedding(32, 8), torch.nn.Linear(8, 32, bias=False)).eval()
     m[1].weight = m[0].weight
+    m[0].register_buffer("scale", torch.ones(3), persistent=False)  # not in the archive
     before = {n: id(p) for n, p in m.named_parameters(remove_duplicate=False)}
     tsar.load_into(m, tmp_path / "tied.tsar", device="cuda")
     assert {n: id(p) for n, p in m.named_parameters(remove_duplicate=False)} == before
     assert m[1].weight is m[0].weight and m[0].weight.is_cuda
+    assert m[0].scale.is_cuda  # the whole module is on the GPU
     ids = torch.tensor([1, 7, 31])
     torch.testing.assert_close(m(ids.cuda()).cpu(), ref(ids))
 
