@@ -20,8 +20,9 @@ and the stream synchronized:
 
 Each loader runs --repeat times after one read of its file (warm cache);
 the best and the median are reported as GB/s of the model's tensor bytes,
-and each result is checked against the reference's checksum (so no row
-measures a loader that loaded something else). Without a CUDA device it says
+and each result is compared bit for bit, tensor by tensor, with the archive's
+own mapped tensors (so no row measures a loader that loaded something else;
+a difference makes the exit status 1). Without a CUDA device it says
 so and exits 0 (scripts/gpu-check.sh runs it on a GPU machine).
 
     python bench/peers/p8_gpu.py --sizes 2,8 --workdir DIR [--out FILE.md] [--repeat 3]
@@ -65,12 +66,16 @@ def make_state_dict(gib: float) -> Dict[str, torch.Tensor]:
     return sd
 
 
-def checksum(sd: Dict[str, torch.Tensor], names: List[str]) -> int:
-    """Sum over the named tensors of their 16-bit words, on whatever device."""
-    total = 0
+def same_bytes(got: Dict[str, torch.Tensor], want: Dict[str, torch.Tensor], names: List[str]) -> bool:
+    """Every named tensor bit for bit equal to the reference's (each brought
+    back to the host: a swapped or transposed tensor is caught)."""
     for n in names:
-        total += int(sd[n].contiguous().view(torch.int16).to(torch.int64).sum())
-    return total
+        g, w = got[n], want[n]
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return False
+        if not torch.equal(g.detach().cpu().contiguous().view(torch.int16), w.contiguous().view(torch.int16)):
+            return False
+    return True
 
 
 def warm(path: str) -> None:
@@ -253,6 +258,7 @@ def main(argv=None) -> int:
                 f.write("\n".join(lines) + "\n")
         return 0
     os.makedirs(args.workdir, exist_ok=True)
+    different = False
     gpu = torch.cuda.get_device_name(0)
     say(f"# P8: model file to GPU tensors, warm page cache ({time.strftime('%Y-%m-%d')}, {gpu})")
     say()
@@ -265,10 +271,11 @@ def main(argv=None) -> int:
         sd = make_state_dict(size)
         names = [n for n in sd if n != "lm_head.weight"]
         nbytes = sum(sd[n].numel() * 2 for n in names)
-        want = checksum(sd, names)
         files = write_files(sd, os.path.join(args.workdir, f"llama-{size:g}g"))
         del sd
         gc.collect()
+        import tsar
+        want = tsar.open(files["tsar"]).state_dict()  # the reference: the same bytes, mapped
         say()
         say(f"## {size:g} GiB bf16 model: {len(names)} tensors, {nbytes / 1e9:.2f} GB")
         say()
@@ -299,7 +306,7 @@ def main(argv=None) -> int:
                     break
                 times.append(time.perf_counter() - t)
                 if ok is None:
-                    ok = checksum(got, names) == want
+                    ok = same_bytes(got, want, names)
                 del got
                 gc.collect()
             if err:
@@ -311,10 +318,11 @@ def main(argv=None) -> int:
                 f"{'exact' if ok else 'DIFFERENT'} |")
             if not ok:
                 say(f"P8: {row.name} loaded different bytes")
+                different = True
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
-    return 0
+    return 1 if different else 0
 
 
 if __name__ == "__main__":
