@@ -258,6 +258,15 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     std::vector<at::Tensor> sources;
     for (size_t i = 0; i < slots.size(); ++i) {
       if (match[i] == format::kNone) continue;
+      if (slots[i].tensor->layout() != c10::kStrided) {  // set_data would refuse it midway
+        std::ostringstream layout;
+        layout << slots[i].tensor->layout();
+        throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
+                    "bind onto " + options.device.str() + ": " + format::Quote(slots[i].name) +
+                        " is a " + layout.str() +
+                        " tensor, which cannot take a dense device copy in place. Nothing was "
+                        "changed");
+      }
       which.push_back(i);
       sources.push_back(tp && targets[i].defined() ? targets[i] : impl.Make(match[i]));
     }

@@ -28,7 +28,15 @@ class TorchEngine : public CopyEngine {
  public:
   TorchEngine(c10::Device device, int streams, std::vector<at::Tensor>* targets)
       : device_(device), guard_(device.type()), targets_(targets) {
-    for (int s = 0; s < streams; ++s) streams_.push_back(guard_.getStreamFromGlobalPool(device));
+    // The targets were allocated on the current stream, whose caching
+    // allocator may hand back blocks that work queued there still reads: the
+    // copy streams start after everything queued on it so far.
+    c10::Event queued(device.type());
+    queued.record(guard_.getStream(device));
+    for (int s = 0; s < streams; ++s) {
+      streams_.push_back(guard_.getStreamFromGlobalPool(device));
+      queued.block(streams_.back());
+    }
   }
   void* AllocatePinned(int buffer, uint64_t bytes) override {
     if (static_cast<size_t>(buffer) >= pinned_.size()) pinned_.resize(buffer + 1);
@@ -76,10 +84,11 @@ class TorchEngine : public CopyEngine {
 void CheckDevice(c10::Device device, const std::string& path, const char* what,
                  const DeviceOptions& options) {
   if (device.is_cpu()) return;
-  if (options.buffers < 1 || options.streams < 1 || options.fill_threads < 0) {
+  if (options.buffers < 1 || options.streams < 1 || options.fill_threads < 0 ||
+      options.fill_threads > 256) {
     throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
                 std::string(what) + ": staging: expected at least 1 buffer and 1 stream and " +
-                    "fill_threads >= 0, found " + std::to_string(options.buffers) + ", " +
+                    "fill_threads from 0 to 256, found " + std::to_string(options.buffers) + ", " +
                     std::to_string(options.streams) + " and " +
                     std::to_string(options.fill_threads));
   }

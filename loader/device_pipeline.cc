@@ -29,16 +29,14 @@ struct Piece {
 class FillPool {
  public:
   explicit FillPool(int threads) {
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { Loop(); });
-  }
-  ~FillPool() {
-    {
-      const std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+    try {
+      for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { Loop(); });
+    } catch (...) {  // no thread to be had: stop the ones made, then say so
+      Stop();
+      throw;
     }
-    wake_.notify_all();
-    for (std::thread& t : workers_) t.join();
   }
+  ~FillPool() { Stop(); }
   // Returns when every piece is copied and no worker holds the job; an
   // exception from `fill` (on any thread) is rethrown here, after that.
   void Run(const std::vector<Piece>& pieces, const Fill& fill) {
@@ -85,6 +83,15 @@ class FillPool {
       }
       job.finished.fetch_add(1);
     }
+  }
+  void Stop() {
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : workers_) t.join();
+    workers_.clear();
   }
   void Loop() {
     uint64_t seen = 0;
@@ -166,26 +173,36 @@ PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engi
     b = (b + 1) % buffers;
     used = 0;
   };
-  for (const CopyRange& r : ranges) {
-    for (uint64_t done = 0; done < r.n;) {
-      if (used == 0 && in_flight[b]) {  // refill only after its transfer finished
-        engine.WaitDone(b);
-        in_flight[b] = false;
-        ++stats.buffer_waits;
+  try {
+    for (const CopyRange& r : ranges) {
+      for (uint64_t done = 0; done < r.n;) {
+        if (used == 0 && in_flight[b]) {  // refill only after its transfer finished
+          engine.WaitDone(b);
+          in_flight[b] = false;
+          ++stats.buffer_waits;
+        }
+        const uint64_t n = std::min(r.n - done, each - used);
+        uint8_t* dst = pinned[b] + used;
+        for (uint64_t k = 0; k < n; k += kPiece) {
+          pieces.push_back({dst + k, r.src + done + k, std::min(kPiece, n - k)});
+        }
+        pending.push_back({dst, n, r.target, r.offset + done});
+        used += n;
+        done += n;
+        stats.bytes += n;
+        if (used == each) send();
       }
-      const uint64_t n = std::min(r.n - done, each - used);
-      uint8_t* dst = pinned[b] + used;
-      for (uint64_t k = 0; k < n; k += kPiece) {
-        pieces.push_back({dst + k, r.src + done + k, std::min(kPiece, n - k)});
-      }
-      pending.push_back({dst, n, r.target, r.offset + done});
-      used += n;
-      done += n;
-      stats.bytes += n;
-      if (used == each) send();
     }
+    if (used > 0) send();
+  } catch (...) {
+    // Transfers already enqueued still write into the targets: let them end
+    // before the caller frees anything.
+    try {
+      engine.Finish();
+    } catch (...) {
+    }
+    throw;
   }
-  if (used > 0) send();
   engine.Finish();
   return stats;
 }
