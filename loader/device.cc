@@ -17,7 +17,6 @@
 #include "loader/archive_impl.h"
 #include "loader/bind_common.h"
 #include "loader/device_pipeline.h"
-#include "loader/scalar_type.h"
 
 namespace tsar {
 namespace {
@@ -186,52 +185,33 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
   if (device.is_cpu()) return archive.state_dict(entry);
   CheckDevice(device, archive.path(), "to_device", options);
   const Archive::Impl& impl = archive.impl();
-  const format::Index& index = impl.index();
   const uint32_t entry_index = impl.Entry(entry);
-  const format::EntryRecord& e = index.entries()[entry_index];
-  // One device allocation per storage the entry's dense tensors view, filled
-  // by the pipeline; sharded storages (§4.12) are not in C order and go whole.
-  std::vector<at::Tensor> device_bytes(index.storages().size());
-  std::vector<CopyRange> ranges;
-  for (uint32_t i = 0; i < e.tensor_count; ++i) {
-    const format::TensorRecord& rec = index.tensors()[e.first_tensor + i];
-    if (rec.role == format::Role::kSparseComponent || rec.shard_dim != format::kNone) continue;
-    const uint32_t s = rec.storage;
-    if (device_bytes[s].defined()) continue;
-    const uint64_t nbytes = index.storages()[s].nbytes;
-    device_bytes[s] = at::empty({static_cast<int64_t>(nbytes)},
-                                at::TensorOptions().dtype(at::kByte).device(device));
-    ranges.push_back({impl.core->StorageData(s), nbytes, s, 0});
-  }
-  {
-    TorchEngine engine(device, std::max(1, options.streams), &device_bytes);
-    PipelineOptions p;
-    p.pinned_bytes = options.pinned_bytes;
-    p.buffers = options.buffers;
-    p.streams = options.streams;
-    p.fill_threads = options.fill_threads;
-    RunPipeline(ranges, engine, p);
+  // The entry's tensors in order. Sparse ones by LibTorch's own copy (small
+  // index and value arrays); every other through CopyToDevice, as bind does:
+  // the bytes each storage's views touch, once, so views and tied weights
+  // stay views of one device storage (a sharded tensor, §4.12, is its full
+  // host copy first).
+  std::vector<std::string> names;
+  std::vector<at::Tensor> tensors;
+  std::vector<size_t> dense;  // positions in `tensors` of the `sources`
+  std::vector<at::Tensor> sources;
+  impl.ForEachVisible(entry_index, [&](std::string_view name, uint32_t i, uint32_t sparse) {
+    names.emplace_back(name);
+    if (i == format::kNone) {
+      tensors.push_back(impl.MakeSparse(sparse).to(device));
+      return;
+    }
+    dense.push_back(tensors.size());
+    tensors.emplace_back();
+    sources.push_back(impl.Make(i));
+  });
+  const std::vector<at::Tensor> on_device = CopyToDevice(sources, device, options);
+  for (size_t k = 0; k < dense.size(); ++k) {
+    tensors[dense[k]] = on_device[k];
+    if (sources[k].requires_grad()) tensors[dense[k]].set_requires_grad(true);
   }
   torch::OrderedDict<std::string, at::Tensor> out;
-  impl.ForEachVisible(entry_index, [&](std::string_view name, uint32_t i, uint32_t sparse) {
-    if (i == format::kNone) {  // small index arrays and values: LibTorch's own copy
-      out.insert(std::string(name), impl.MakeSparse(sparse).to(device));
-      return;
-    }
-    const format::TensorRecord& t = index.tensors()[i];
-    if (t.shard_dim != format::kNone) {
-      out.insert(std::string(name), impl.Make(i).to(device));
-      return;
-    }
-    const c10::ScalarType type = ToScalarType(t.dtype, [&t] { return std::string(t.name); });
-    at::Tensor v =
-        at::empty({0}, at::TensorOptions().dtype(type).device(device))
-            .set_(device_bytes[t.storage].storage(), static_cast<int64_t>(t.storage_offset),
-                  c10::IntArrayRef(index.sizes(t), t.ndim),
-                  c10::IntArrayRef(index.strides(t), t.ndim));
-    if (t.requires_grad) v.set_requires_grad(true);
-    out.insert(std::string(name), v);
-  });
+  for (size_t k = 0; k < names.size(); ++k) out.insert(std::move(names[k]), std::move(tensors[k]));
   return out;
 }
 

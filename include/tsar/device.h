@@ -24,8 +24,9 @@ struct DeviceOptions {
   int fill_threads = 0;
 };
 
-// Copies every storage of `entry` to `device` (each storage once: views and
-// tied weights come back as views of one device storage) and rebuilds the
+// Copies every storage of `entry` to `device` (the bytes its tensors view,
+// each storage once: views and tied weights come back as views of one device
+// storage) and rebuilds the
 // tensors there, bytes exact for every dtype. The file is read once. A
 // tensor-parallel archive's sharded tensors (spec §4.12) are rebuilt whole on
 // the host, then copied. `device` cpu gives state_dict(entry). Throws

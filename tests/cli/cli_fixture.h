@@ -13,11 +13,8 @@
 
 namespace tsar::testing {
 
-class CliFixture : public ::testing::Test {
+class CliFixture : public TempDirTest {
  protected:
-  void SetUp() override { dir_ = TempDir(); }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-  std::string Path(const std::string& n) const { return dir_ + "/" + n; }
   Result Tsar(const std::string& args) const {
     return Sh("timeout 120 " + std::string(TSAR_CLI) + " " + args);
   }
@@ -25,7 +22,6 @@ class CliFixture : public ::testing::Test {
     struct stat st;
     return stat(p.c_str(), &st) == 0;
   }
-  std::string dir_;
 };
 
 }  // namespace tsar::testing

@@ -19,13 +19,7 @@ using testing::InRanges;
 using testing::MappedRanges;
 using testing::Throws;
 
-class ArchiveTest : public ::testing::Test {
- protected:
-  void SetUp() override { dir_ = testing::TempDir(); }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
-  std::string dir_;
-};
+using ArchiveTest = testing::TempDirTest;
 
 // One tensor of every dtype LibTorch 1.13 has, with values that use every bit pattern class.
 std::vector<std::pair<std::string, at::Tensor>> DtypeZoo() {

@@ -27,11 +27,8 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-class BindTest : public ::testing::Test {
+class BindTest : public testing::TempDirTest {
  protected:
-  void SetUp() override { dir_ = testing::TempDir(); }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-  std::string Path(const std::string& n) const { return dir_ + "/" + n; }
   // Puts `trained` in eval mode, packs it to net.tsar and returns its output on x.
   torch::Tensor PackNet(Net& trained, const torch::Tensor& x) {
     trained->eval();
@@ -41,7 +38,6 @@ class BindTest : public ::testing::Test {
     w.finish();
     return out;
   }
-  std::string dir_;
 };
 
 TEST_F(BindTest, CppModulePackedAndBoundIntoAFreshInstanceGivesTheSameOutputs) {

@@ -30,13 +30,9 @@ struct TiedImpl : torch::nn::Module {
 };
 TORCH_MODULE(Tied);
 
-class DeviceTest : public ::testing::Test {
+class DeviceTest : public testing::TempDirTest {
  protected:
-  void SetUp() override { dir_ = testing::TempDir(); }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
   bool gpu() const { return at::hasCUDA(); }
-  std::string dir_;
 };
 
 TEST_F(DeviceTest, WithoutCudaBindOntoAGpuIsRefusedAndChangesNothing) {

@@ -41,6 +41,15 @@ inline std::string TempDir() {
   return d;
 }
 
+// A test with a temporary directory of its own, removed afterwards.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = TempDir(); }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string dir_;
+};
+
 inline std::string Fixture(const std::string& name) {
   return std::string(TSAR_FIXTURES_DIR) + "/" + name;
 }
