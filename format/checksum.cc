@@ -2,6 +2,14 @@
 #include "format/checksum.h"
 
 #include <xxhash.h>
+// libxxhash's own runtime dispatch (Debian's build exports it): XXH3 with
+// AVX2 or AVX-512 where the CPU has them, about twice the SSE2 rate the
+// library's plain entry points are compiled for. Not with XXH_INLINE_ALL
+// (scripts/gpu-deps.sh's header-only build), which compiles XXH3 for the
+// build's own target.
+#if defined(__x86_64__) && !defined(XXH_INLINE_ALL) && __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <new>
 
