@@ -6,9 +6,12 @@ above 8 workers that hold none).
 
 A worker is ``python -m peers.procs worker PEER KIND SIZE PATH``: it builds the
 architecture, loads PATH with the peer's adapter, runs one forward and prints
-one line, ``READY <seconds since its own exec>`` (the exec time comes from the
-parent in TSAR_BENCH_T0, time.time() just before the spawn). With --hold it
-then waits for its stdin to close, so that the parent can read its Pss. PEER
+``READY <seconds since its own exec to the first output>`` (the exec time comes from the parent in TSAR_BENCH_T0, time.time()
+just before the spawn); with --phases it then runs a second forward and
+prints ``LOAD <s> FIRST <s> SECOND <s>``: the peer's import + open + bind into
+the module built on meta, and the two forwards. With --hold it then reads
+every page of its tensors, prints ``HELD`` and waits for its stdin to close,
+so that the parent can read its Pss. PEER
 "meta" loads nothing: it imports torch, builds the architecture on meta and
 holds (the floor of P13 and P3).
 
@@ -49,34 +52,58 @@ def disk_bandwidth(path: str) -> float:
         os.close(fd)
 
 
-def spawn(peer: str, kind: str, size: str, path: str, hold: bool = False) -> subprocess.Popen:
+def spawn(peer: str, kind: str, size: str, path: str, hold: bool = False,
+          phases: bool = False) -> subprocess.Popen:
     env = dict(os.environ, TSAR_BENCH_T0=repr(time.time()), PYTHONPATH=os.pathsep.join(
         [BENCH] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     cmd = [sys.executable, "-m", "peers.procs", "worker", peer, kind, size, path]
     if hold:
         cmd.append("--hold")
+    if phases:
+        cmd.append("--phases")
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
 
 
 def ready(p: subprocess.Popen, timeout: float = 600) -> float:
     """The worker's seconds from exec to its first output (raises if it failed)."""
-    line = p.stdout.readline()
-    if not line.startswith("READY "):
-        p.kill()
-        raise RuntimeError(f"worker failed: {line.strip()} {p.stderr.read()[-2000:]}")
-    return float(line.split()[1])
+    return ready_phases(p)["READY"]
+
+
+def ready_phases(p: subprocess.Popen, phases: bool = False) -> dict:
+    """The worker's READY line as {"READY": s}, with ``phases`` (a worker
+    spawned with phases=True) also its next line's "LOAD", "FIRST" and
+    "SECOND"; raises if it failed."""
+    words = []
+    for want in ("READY", "LOAD") if phases else ("READY",):
+        line = p.stdout.readline()
+        if not line.startswith(want + " "):
+            p.kill()
+            raise RuntimeError(f"worker failed: {line.strip()} {p.stderr.read()[-2000:]}")
+        words += line.split()
+    return {k: float(v) for k, v in zip(words[::2], words[1::2])}
 
 
 def first_output(peer: str, kind: str, size: str, path: str, files: List[str], cold: bool) -> float:
+    return first_output_phases(peer, kind, size, path, files, cold)["READY"]
+
+
+def first_output_phases(peer: str, kind: str, size: str, path: str, files: List[str],
+                        cold: bool) -> dict:
+    """One fresh worker on a warm or cold cache: ready_phases() of its line,
+    plus "OWN": the loader's own part of the first output, LOAD + FIRST -
+    SECOND (what is left when the forward itself is taken out)."""
     if cold:
         evict(files)
     else:
         warm_page_cache(files)
-    p = spawn(peer, kind, size, path)
-    t = ready(p)
+    phases = peer != "meta"
+    p = spawn(peer, kind, size, path, phases=phases)
+    t = ready_phases(p, phases)
     p.stdin.close()
     p.wait()
+    if "LOAD" in t:
+        t["OWN"] = t["LOAD"] + t["FIRST"] - t["SECOND"]
     return t
 
 
@@ -124,6 +151,8 @@ def summed_pss(peer: str, kind: str, size: str, path: str, n: int = 8, files=())
     try:
         for p in ps:
             ready(p)
+            if peer != "meta" and p.stdout.readline().strip() != "HELD":
+                raise RuntimeError(f"worker failed after its first output: {p.stderr.read()[-2000:]}")
         whole = sum(pss_kib(p.pid) for p in ps)
         return (whole, sum(file_pss_kib(p.pid, files) for p in ps)) if files else whole
     finally:
@@ -133,23 +162,47 @@ def summed_pss(peer: str, kind: str, size: str, path: str, n: int = 8, files=())
 
 
 # --- the worker -----------------------------------------------------------------------
-def worker(peer: str, kind: str, size: str, path: str, hold: bool) -> None:
+def _since_exec() -> float:
+    return time.time() - float(os.environ["TSAR_BENCH_T0"])
+
+
+def worker(peer: str, kind: str, size: str, path: str, hold: bool, phases: bool = False) -> None:
     import torch  # noqa: F401  (part of what every loader pays)
     from peers import adapters, models
 
     spec = models.spec(kind, size)
     if peer == "meta":  # the memory floor: torch imported, the architecture on meta
         spec.make(True)
-        print(f"READY {time.time() - float(os.environ['TSAR_BENCH_T0']):.6f}", flush=True)
+        print(f"READY {_since_exec():.6f}", flush=True)
         sys.stdin.read()
         return
-    module = adapters.by_name([peer])[0].load(path, spec.make)
-    y = spec.forward(module, spec.example_input())
+    adapter = adapters.by_name([peer])[0]
+    x = spec.example_input()
+    if adapter.builds_architecture:
+        t_start = time.perf_counter()
+        module = adapter.load(path, spec.make)
+    else:
+        module = spec.make(adapter.meta)
+        t_start = time.perf_counter()
+        module = adapter.bind(path, module)  # the first use of the loader: its import too
+    t_loaded = time.perf_counter()
+    y = spec.forward(module, x)
     float(y.float().sum())  # the result exists
+    t_output = time.perf_counter()
+    print(f"READY {_since_exec():.6f}", flush=True)
+    if phases:
+        # The loader's own part of the first output, from this process alone:
+        # LOAD (import of the loader + open + bind) and the first forward's
+        # extra cost over the next one (the page faults a mapping defers to
+        # first touch).
+        y = spec.forward(module, x)
+        float(y.float().sum())
+        t_second = time.perf_counter()
+        print(f"LOAD {t_loaded - t_start:.6f} FIRST {t_output - t_loaded:.6f} "
+              f"SECOND {t_second - t_output:.6f}", flush=True)
     if hold:
         adapters.touch_every_page(module)  # what a worker serving requests ends up holding
-    print(f"READY {time.time() - float(os.environ['TSAR_BENCH_T0']):.6f}", flush=True)
-    if hold:
+        print("HELD", flush=True)
         sys.stdin.read()
 
 
@@ -162,9 +215,10 @@ def main():
     w.add_argument("size")
     w.add_argument("path")
     w.add_argument("--hold", action="store_true")
+    w.add_argument("--phases", action="store_true", help="a second forward, then LOAD/FIRST/SECOND")
     args = ap.parse_args()
     if args.cmd == "worker":
-        worker(args.peer, args.kind, args.size, args.path, args.hold)
+        worker(args.peer, args.kind, args.size, args.path, args.hold, args.phases)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,14 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "loader/bind_common.h"
 #include "loader/path_watch.h"
 #include "loader/scalar_type.h"
+#include "python/src/module_walk.h"
 #include "tsar/archive.h"
 #include "tsar/device.h"
 #include "tsar/writer.h"
@@ -52,6 +54,40 @@ std::optional<DType> FloatingDtype(const std::string& name) {
   const std::optional<DType> d = DTypeFromName(name);
   if (!d) throw Error(ErrorCode::kInvalidArgument, "", std::nullopt, "dtype: unknown " + name);
   return d;
+}
+
+// load_into's options after the module: one tuple (entry, strict,
+// allow_training, archive_prefix, module_prefix, rank, world, device,
+// pinned_bytes, buffers, streams, fill_threads), as python/tsar/_bind.py builds it.
+using BindArgs = std::tuple<std::string, bool, bool, std::string, std::string, int64_t, int64_t,
+                            std::string, uint64_t, int, int, int>;
+
+// BindSlots with `args`; (bound, missing, unexpected, mismatched).
+py::tuple Bind(std::vector<BindSlot>& slots, bool training, const Archive& archive,
+               const BindArgs& args) {
+  const auto& [entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
+               pinned_bytes, buffers, streams, fill_threads] = args;
+  BindOptions o;
+  o.entry = entry;
+  o.strict = strict;
+  o.allow_training = allow_training;
+  o.archive_prefix = archive_prefix;
+  o.module_prefix = module_prefix;
+  o.rank = rank;
+  o.world = world;
+  if (!device.empty()) o.device = c10::Device(device);
+  o.staging.pinned_bytes = pinned_bytes;
+  o.staging.buffers = buffers;
+  o.staging.streams = streams;
+  o.staging.fill_threads = fill_threads;
+  BindReport r;
+  if (o.device.is_cpu()) {
+    r = BindSlots(slots, training, archive, o);
+  } else {  // the copy to the GPU takes a while: other threads may run
+    py::gil_scoped_release unlocked;
+    r = BindSlots(slots, training, archive, o);
+  }
+  return py::make_tuple(r.bound, r.missing, r.unexpected, r.mismatched);
 }
 
 py::object Dtype(DType d) {
@@ -268,40 +304,44 @@ PYBIND11_MODULE(_tsar, m) {
   m.def(
       "bind",
       [](const Archive& archive, const std::vector<std::pair<std::string, at::Tensor>>& items,
-         bool training, const std::string& entry, bool strict, bool allow_training,
-         const std::string& archive_prefix, const std::string& module_prefix, int64_t rank,
-         int64_t world, const std::string& device, uint64_t pinned_bytes, int buffers,
-         int streams, int fill_threads) {
+         bool training, const BindArgs& args) {
         std::vector<BindSlot> slots;
         slots.reserve(items.size());
         for (const auto& [name, t] : items) slots.push_back({name, t.unsafeGetTensorImpl()});
-        BindOptions o;
-        o.entry = entry;
-        o.strict = strict;
-        o.allow_training = allow_training;
-        o.archive_prefix = archive_prefix;
-        o.module_prefix = module_prefix;
-        o.rank = rank;
-        o.world = world;
-        if (!device.empty()) o.device = c10::Device(device);
-        o.staging.pinned_bytes = pinned_bytes;
-        o.staging.buffers = buffers;
-        o.staging.streams = streams;
-        o.staging.fill_threads = fill_threads;
-        BindReport r;
-        if (o.device.is_cpu()) {
-          r = BindSlots(slots, training, archive, o);
-        } else {  // the copy to the GPU takes a while: other threads may run
-          py::gil_scoped_release unlocked;
-          r = BindSlots(slots, training, archive, o);
-        }
-        return py::make_tuple(r.bound, r.missing, r.unexpected, r.mismatched);
+        return Bind(slots, training, archive, args);
       },
-      py::arg("archive"), py::arg("slots"), py::arg("training"), py::arg("entry"),
-      py::arg("strict"), py::arg("allow_training"), py::arg("archive_prefix"),
-      py::arg("module_prefix"), py::arg("rank") = 0, py::arg("world") = 0,
-      py::arg("device") = "", py::arg("pinned_bytes") = uint64_t{64} << 20,
-      py::arg("buffers") = 4, py::arg("streams") = 2, py::arg("fill_threads") = 0);
+      py::arg("archive"), py::arg("slots"), py::arg("training"), py::arg("options"));
+  // The same, walking the module in C++ (python/src/module_walk.h); None where
+  // the module needs its own state_dict() (hooks...): the caller falls back.
+  m.def(
+      "bind_module",
+      [](const Archive& archive, const py::handle& module, const py::dict& plain_cache,
+         const py::handle& plain, const BindArgs& args) -> py::object {
+        std::optional<python::ModuleSlots> walked =
+            python::WalkModule(module.ptr(), plain_cache.ptr(), plain.ptr());
+        if (!walked) return py::none();
+        return Bind(walked->slots, walked->training, archive, args);
+      },
+      py::arg("archive"), py::arg("module"), py::arg("plain_cache"), py::arg("plain"),
+      py::arg("options"));
+  // What bind_module binds: (names, tensors, training), or None (for the tests).
+  m.def(
+      "module_slots",
+      [](const py::handle& module, const py::dict& plain_cache,
+         const py::handle& plain) -> py::object {
+        std::optional<python::ModuleSlots> walked =
+            python::WalkModule(module.ptr(), plain_cache.ptr(), plain.ptr());
+        if (!walked) return py::none();
+        py::list names, tensors;
+        for (const BindSlot& s : walked->slots) {
+          names.append(py::str(s.name));
+          tensors.append(at::Tensor(
+              c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(
+                  s.tensor)));
+        }
+        return py::make_tuple(names, tensors, walked->training);
+      },
+      py::arg("module"), py::arg("plain_cache"), py::arg("plain"));
 
   // tsar.LiveModule's watcher (python/tsar/_live.py): waits without the GIL.
   py::class_<PathWatch>(m, "PathWatch")

@@ -35,9 +35,28 @@ if torch.__version__ != _built_against:
 
 from ._errors import Error, ErrorCode
 from ._archive import Archive, TensorInfo, open
-from ._save import PackSummary, pack, save
 from ._bind import BindReport, install_fault_handler, load, load_into
-from ._live import LiveEvent, LiveModule
+
+# Imported on first use: a worker that only opens and binds does not pay for
+# the writer's and the hot-swap module's definitions (3 ms of `import tsar`).
+_LAZY = {"PackSummary": "_save", "pack": "_save", "save": "_save",
+         "LiveEvent": "_live", "LiveModule": "_live"}
+
+
+def __getattr__(name):
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'tsar' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module("." + where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "__version__",

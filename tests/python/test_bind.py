@@ -166,12 +166,13 @@ def test_entry_selects_the_state_dict(tmp_path):
     assert ei.value.code == tsar.ErrorCode.NOT_FOUND
 
 
-def test_the_module_walk_lists_what_state_dict_lists():
+def test_the_module_walk_lists_what_state_dict_lists(tmp_path):
     """load_into walks the module tree itself (tsar._bind._state_items): the same
     names, tensor objects and order as state_dict(keep_vars=True), and whether any
     submodule trains; modules with hooks or their own state_dict logic fall back."""
     import torchvision
-    from tsar._bind import _state_items
+    from tsar import _tsar
+    from tsar._bind import _PLAIN, _plain, _state_items
 
     class Odd(torch.nn.Module):
         def __init__(self):
@@ -189,11 +190,21 @@ def test_the_module_walk_lists_what_state_dict_lists():
         def _save_to_state_dict(self, destination, prefix, keep_vars):
             destination[prefix + "renamed"] = self.weight
 
-    def check(m, want_training):
+    def check(m, want_training, c_walks=True):
         items, training = _state_items(m)
         want = list(m.state_dict(keep_vars=True).items())
         assert [n for n, _ in items] == [n for n, _ in want]
         assert all(a is b for (_, a), (_, b) in zip(items, want))
+        assert training == want_training
+        # The C++ walk load_into tries first: the same, or None where
+        # state_dict() must run itself.
+        walked = _tsar.module_slots(m, _PLAIN, _plain)
+        if not c_walks:
+            assert walked is None
+            return
+        names, tensors, training = walked
+        assert names == [n for n, _ in want]
+        assert len(tensors) == len(want) and all(a is b for a, (_, b) in zip(tensors, want))
         assert training == want_training
 
     check(torchvision.models.resnet18().eval(), False)
@@ -202,9 +213,17 @@ def test_the_module_walk_lists_what_state_dict_lists():
     m.seq[1].train()  # one submodule training is enough
     check(m, True)
     custom = torch.nn.Sequential(Custom(2, 2)).eval()
-    check(custom, False)
+    check(custom, False, c_walks=False)
     assert "0.renamed" in [n for n, _ in _state_items(custom)[0]]
     hooked = torch.nn.Sequential(torch.nn.Linear(2, 2)).eval()
     hooked[0]._register_state_dict_hook(lambda mod, sd, prefix, local: sd.pop(prefix + "bias"))
-    check(hooked, False)
+    check(hooked, False, c_walks=False)
     assert [n for n, _ in _state_items(hooked)[0]] == ["0.weight"]
+    pre = torch.nn.Sequential(torch.nn.Linear(2, 2)).eval()
+    pre[0].register_state_dict_pre_hook(lambda mod, prefix, keep_vars: None)
+    check(pre, False, c_walks=False)
+    # load_into through either walk binds the same: the hooked module falls back.
+    path = tmp_path / "hooked.tsar"
+    tsar.save(torch.nn.Sequential(torch.nn.Linear(2, 2)), path)
+    assert tsar.load_into(hooked, path, strict=False).bound == ["0.weight"]
+    assert tsar.load_into(m.eval(), str(path), strict=False).bound == []  # the C++ walk

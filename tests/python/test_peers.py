@@ -126,6 +126,29 @@ def test_p9_measures_and_reports_every_peer_asked_for(tmp_path):
     assert "not applicable" in text and "calls:" in text
 
 
+def test_p13_worker_reports_its_phases_and_p3_waits_for_the_touch(tmp_path):
+    """P13's worker (procs.py) times its own phases: the loader's call, the
+    first and a second forward; the own part is LOAD + FIRST - SECOND. P3's
+    held workers answer only after touching every page."""
+    from peers import procs
+
+    spec = models.spec("a", "tiny")
+    source = adapters.Source(spec, spec.reference(), str(tmp_path))
+    tsar_adapter = adapters.by_name(["tsar"])[0]
+    runnable(tsar_adapter, spec)
+    path = tsar_adapter.prepare(source)
+    files = adapters.files_of(path)
+    t = procs.first_output_phases("tsar", "a", "tiny", path, files, cold=False)
+    assert set(t) == {"READY", "LOAD", "FIRST", "SECOND", "OWN"}
+    assert all(t[k] > 0 for k in ("LOAD", "FIRST", "SECOND"))
+    assert t["READY"] > t["LOAD"] + t["FIRST"]  # exec, imports and build come first
+    assert t["OWN"] == pytest.approx(t["LOAD"] + t["FIRST"] - t["SECOND"])
+    floor = procs.first_output_phases("meta", "a", "tiny", "-", [], cold=False)
+    assert set(floor) == {"READY"}
+    whole, mapped = procs.summed_pss("tsar", "a", "tiny", path, n=1, files=files)
+    assert whole > 0 and mapped > 0  # the file's pages, read by the worker before it answered
+
+
 def test_tensordict_written_in_parts_is_what_one_memmap_writes(model, tmp_path, monkeypatch):
     """The writer splits memmap() to stay under vm.max_map_count at 100,000
     tensors; split small here, it must give the same files, byte for byte."""

@@ -1,0 +1,149 @@
+// WalkModule (python/src/module_walk.h).
+#include "python/src/module_walk.h"
+
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <string>
+#include <utility>
+
+namespace tsar::python {
+namespace {
+
+// Interned once: attribute lookups then compare pointers.
+struct Names {
+  PyObject* parameters = PyUnicode_InternFromString("_parameters");
+  PyObject* buffers = PyUnicode_InternFromString("_buffers");
+  PyObject* modules = PyUnicode_InternFromString("_modules");
+  PyObject* non_persistent = PyUnicode_InternFromString("_non_persistent_buffers_set");
+  PyObject* hooks = PyUnicode_InternFromString("_state_dict_hooks");
+  PyObject* pre_hooks = PyUnicode_InternFromString("_state_dict_pre_hooks");
+  PyObject* training = PyUnicode_InternFromString("training");
+};
+const Names& N() {
+  static const Names names;  // first use holds the GIL
+  return names;
+}
+
+// A new reference to obj.name, or nullptr (error cleared).
+PyObject* Attr(PyObject* obj, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(obj, name);
+  if (v == nullptr) PyErr_Clear();
+  return v;
+}
+
+struct Ref {  // owns one reference
+  PyObject* p;
+  explicit Ref(PyObject* o) : p(o) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  ~Ref() { Py_XDECREF(p); }
+};
+
+// 1 true, 0 false, -1 undecidable (error cleared).
+int Truth(PyObject* obj, PyObject* name) {
+  Ref v(Attr(obj, name));
+  if (v.p == nullptr) return -1;
+  const int t = PyObject_IsTrue(v.p);
+  if (t < 0) PyErr_Clear();
+  return t;
+}
+
+bool Plain(PyObject* module, PyObject* cache, PyObject* plain) {
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(module));
+  PyObject* known = PyDict_GetItemWithError(cache, type);  // borrowed
+  if (known != nullptr) return known == Py_True;
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  Ref r(PyObject_CallOneArg(plain, type));
+  if (r.p == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  return r.p == Py_True;
+}
+
+// Appends dict's tensors (None skipped, names in `skip` too); false where the
+// dict is not a plain dict of str -> Tensor.
+bool Tensors(PyObject* dict, PyObject* skip, const std::string& prefix,
+             std::vector<BindSlot>* out) {
+  if (!PyDict_CheckExact(dict)) return false;
+  Py_ssize_t pos = 0;
+  PyObject *key, *value;
+  while (PyDict_Next(dict, &pos, &key, &value)) {
+    if (value == Py_None) continue;
+    if (!PyUnicode_Check(key) || !THPVariable_Check(value)) return false;
+    if (skip != nullptr) {
+      const int in = PySet_Contains(skip, key);
+      if (in < 0) {
+        PyErr_Clear();
+        return false;
+      }
+      if (in) continue;
+    }
+    Py_ssize_t n = 0;
+    const char* s = PyUnicode_AsUTF8AndSize(key, &n);
+    if (s == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    std::string name;
+    name.reserve(prefix.size() + static_cast<size_t>(n));
+    name.append(prefix).append(s, static_cast<size_t>(n));
+    out->push_back({std::move(name), THPVariable_Unpack(value).unsafeGetTensorImpl()});
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<ModuleSlots> WalkModule(PyObject* module, PyObject* plain_cache, PyObject* plain) {
+  if (!PyDict_Check(plain_cache)) return std::nullopt;
+  const Names& k = N();
+  ModuleSlots out;
+  // Depth first, children in _modules order: state_dict's order. A module
+  // reached under two names is listed under both, as state_dict does. The
+  // frames borrow their modules: the parents' _modules dicts hold them, and
+  // nothing here runs Python code that could change them (attribute reads
+  // of plain modules, Plain()'s call only for a type not yet seen).
+  std::vector<std::pair<std::string, PyObject*>> stack{{"", module}};
+  std::vector<std::pair<std::string, PyObject*>> children;
+  while (!stack.empty()) {
+    auto [prefix, m] = std::move(stack.back());
+    stack.pop_back();
+    if (Truth(m, k.hooks) != 0 || Truth(m, k.pre_hooks) != 0 || !Plain(m, plain_cache, plain))
+      return std::nullopt;
+    const int training = Truth(m, k.training);
+    if (training < 0) return std::nullopt;
+    out.training = out.training || training;
+    Ref params(Attr(m, k.parameters)), buffers(Attr(m, k.buffers)),
+        skip(Attr(m, k.non_persistent)), modules(Attr(m, k.modules));
+    if (params.p == nullptr || buffers.p == nullptr || skip.p == nullptr || modules.p == nullptr ||
+        !PyAnySet_Check(skip.p) || !PyDict_CheckExact(modules.p))
+      return std::nullopt;
+    if (!Tensors(params.p, nullptr, prefix, &out.slots) ||
+        !Tensors(buffers.p, skip.p, prefix, &out.slots))
+      return std::nullopt;
+    children.clear();
+    Py_ssize_t pos = 0;
+    PyObject *key, *child;
+    while (PyDict_Next(modules.p, &pos, &key, &child)) {
+      if (child == Py_None) continue;
+      Py_ssize_t n = 0;
+      const char* s = PyUnicode_Check(key) ? PyUnicode_AsUTF8AndSize(key, &n) : nullptr;
+      if (s == nullptr) {
+        PyErr_Clear();
+        return std::nullopt;
+      }
+      std::string name;
+      name.reserve(prefix.size() + static_cast<size_t>(n) + 1);
+      name.append(prefix).append(s, static_cast<size_t>(n)).push_back('.');
+      children.emplace_back(std::move(name), child);
+    }
+    for (auto it = children.rbegin(); it != children.rend(); ++it) stack.push_back(std::move(*it));
+  }
+  return out;
+}
+
+}  // namespace tsar::python
