@@ -46,7 +46,15 @@ tsar.load_into(fresh, "m.tsar")
 x = torch.randn(3, 8)
 assert torch.equal(fresh(x), m(x))
 torch.jit.save(torch.jit.script(m), "m_ts.pt")
-print("wheel: import tsar, save, load_into (meta) ok")
+# import tsar loads no HDF5 (tsar._tsar_pack does, on the first tsar.pack)
+maps = open("/proc/self/maps").read()
+assert "libhdf5" not in maps, "import tsar loaded libhdf5"
+torch.save(m.state_dict(), "m_sd.pt")
+summary = tsar.pack("m_sd.pt", "m_packed.tsar")
+assert summary.tensors == 4, summary
+with tsar.open("m_packed.tsar") as a:
+    assert all(torch.equal(a[k], v) for k, v in m.state_dict().items())
+print("wheel: import tsar, save, load_into (meta), pack ok")
 PY
 
 tsar_cmd=$(PATH="$tmp/v/bin:$PATH" command -v tsar)

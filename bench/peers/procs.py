@@ -107,9 +107,14 @@ def first_output_phases(peer: str, kind: str, size: str, path: str, files: List[
     return t
 
 
-def many_cold(peer: str, kind: str, size: str, path: str, files: List[str], n: int = 8) -> float:
-    """P14: seconds from starting n workers together (cold cache) until the last answered."""
-    evict(files)
+def many_cold(peer: str, kind: str, size: str, path: str, files: List[str], n: int = 8,
+              cold: bool = True) -> float:
+    """P14: seconds from starting n workers together (cold cache; warm with
+    cold=False) until the last answered."""
+    if cold:
+        evict(files)
+    else:
+        warm_page_cache(files)
     t0 = time.time()
     ps = [spawn(peer, kind, size, path) for _ in range(n)]
     for p in ps:

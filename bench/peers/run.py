@@ -250,12 +250,22 @@ def p14_p3(rep, srcs, log, workers=8, do_p14=True):
     # Workers that import torch and build the architecture on meta, holding no weight.
     base = procs.summed_pss("meta", "b", src.spec.size, "-", n=workers) * 1024 / workers
     rep.row("P3", "b", "meta (no weights)", "Pss per worker", f"{base:.0f}", "B")
-    rows, labels, pss_s, start_s = [], [], [], []
+    rows, labels, pss_s, start_s, warm_s = [], [], [], [], []
+    verdict = None
     for a, path, files, one in prepared(PROCESS_PEERS, src):
         n = workers if a.maps_file else 2  # 8 private copies of 2 GiB and 8 torch imports do not fit in 24 GiB
         log(f"# P14/P3 {a.name} ({n} workers)")
         try:
-            start = procs.many_cold(a.name, "b", src.spec.size, path, files, n) if do_p14 else None
+            start = warm_start = disk = None
+            if do_p14:
+                # tsar's goal is judged on this difference: 3 interleaved
+                # rounds for it (medians), one for each peer.
+                runs = []
+                for _ in range(3 if a.name == "tsar" else 1):
+                    runs.append((procs.many_cold(a.name, "b", src.spec.size, path, files, n, cold=False),
+                                 procs.disk_bandwidth(max(files, key=os.path.getsize)),
+                                 procs.many_cold(a.name, "b", src.spec.size, path, files, n)))
+                warm_start, disk, start = (statistics.median(r[i] for r in runs) for i in range(3))
             whole, mapped = procs.summed_pss(a.name, "b", src.spec.size, path, n, files=files)
             pss = whole * 1024 - base * n
             mapped *= 1024
@@ -264,16 +274,38 @@ def p14_p3(rep, srcs, log, workers=8, do_p14=True):
             continue
         if start is not None:
             rep.row("P14", "b", a.name, f"{n} cold starts", f"{start:.6f}", "s")
+            rep.row("P14", "b", a.name, f"{n} warm starts", f"{warm_start:.6f}", "s")
+            rep.row("P14", "b", a.name, "disk read bandwidth", f"{disk:.0f}", "B/s", "right before the cold start")
         rep.row("P3", "b", a.name, f"summed Pss of {n} above the floor", f"{pss:.0f}", "B")
         rep.row("P3", "b", a.name, f"summed Pss of {n} workers' mappings of the model files", f"{mapped}", "B")
-        rows.append([a.name, n, ms(start), f"{one * n / 2**20 / (start):.0f}" if start else "-",
+        # The cold start's own cost: the file read once into the page cache,
+        # which every worker then reads from (the copying peers here are the
+        # buffered twins, which read through it too).
+        io_bytes = one
+        extra = start - warm_start if start is not None else None
+        rate = (f"{io_bytes / extra / 2**20:.0f} MiB/s ({io_bytes / extra / disk:.2f}x of {disk / 2**20:.0f})"
+                if extra and extra > 0 else "-")
+        if a.name == "tsar" and extra is not None and extra > 0:
+            verdict = (f"tsar (median of 3 rounds): the cold start took {ms(extra)} ms more than the warm one, "
+                       f"{io_bytes / extra / 2**20:.0f} MiB/s of file: **{io_bytes / extra / disk:.2f}x** the disk's "
+                       f"{disk / 2**20:.0f} MiB/s (goal 0.95x: {'met' if io_bytes / extra >= 0.95 * disk else 'missed'}).")
+        elif a.name == "tsar" and extra is not None:
+            verdict = (f"tsar (median of 3 rounds): the cold start was no slower than the warm one "
+                       f"({ms(extra)} ms): the read hid behind the 8 processes' CPU work, below this "
+                       f"measure's run-to-run noise (goal 0.95x of the disk: cannot be judged here).")
+        rows.append([a.name, n, ms(warm_start), ms(start), ms(extra), rate,
                      f"{pss / 2**20:.0f}", f"{mapped / 2**20:.0f} ({mapped / one:.3f}x)",
                      "maps the file" if a.maps_file else "copies"])
         labels.append(a.name)
         pss_s.append(pss / 2**20 / n * workers if not a.maps_file else pss / 2**20)
         start_s.append(None if start is None else start * 1e3)
-    rep.text(f"P14: {workers} processes started together on a cold cache (files evicted), until the "
-             "last printed its first output; MiB/s is the model's bytes times the workers over that time. "
+        warm_s.append(None if warm_start is None else warm_start * 1e3)
+    rep.text(f"P14: {workers} processes started together on a warm, then on a cold cache (files "
+             "evicted), until the last printed its first output. The cold start's extra time over the warm "
+             "one is what reading the file costs them: the *read rate* is the bytes that had to come from "
+             "the disk (the file, once: every worker reads it through the page cache, the copying peers' "
+             "buffered twins included) over that extra time, beside the disk's own read rate measured "
+             "right before the cold start (16 MiB `read(2)` calls). "
              f"P3: summed Pss of the workers, each after one forward and a read of every page of its "
              f"tensors, minus {workers} workers that built the architecture on meta and hold no "
              f"weight ({base / 2**20:.0f} MiB each): the model-attributable memory. A copying peer "
@@ -283,13 +315,17 @@ def p14_p3(rep, srcs, log, workers=8, do_p14=True):
              f"{sum(os.path.getsize(f) for f in adapters.files_of(adapters.by_name(['tsar'])[0].prepare(src))) / 2**20:.0f} MiB "
              "(one copy; goal for tsar: at most 1.05x).")
     rep.text()
-    rep.table(["peer", "workers", "all answered ms", "MiB/s", "summed Pss above the floor MiB",
+    rep.table(["peer", "workers", "warm: all answered ms", "cold: all answered ms", "cold - warm ms",
+               "read rate (x disk)", "summed Pss above the floor MiB",
                "summed Pss of the file mappings MiB (x one copy)", "tensors"], rows)
+    if verdict:
+        rep.text("- " + verdict)
+        rep.text()
     rep.chart("peers_p3", f"P3 summed Pss of {workers} workers holding model (b), MiB", "MiB", labels,
               [("summed Pss", pss_s)], log=False)
     if do_p14:
-        rep.chart("peers_p14", f"P14 {workers} workers from a cold cache, until all answered, ms", "ms",
-                  labels, [("all answered", start_s)], log=False)
+        rep.chart("peers_p14", f"P14 {workers} workers started together, until all answered, ms", "ms",
+                  labels, [("warm", warm_s), ("cold", start_s)], log=False)
 
 
 def p5(rep, srcs, repeat):

@@ -14,12 +14,11 @@
 #include "loader/bind_common.h"
 #include "loader/path_watch.h"
 #include "loader/scalar_type.h"
+#include "python/src/common.h"
 #include "python/src/module_walk.h"
 #include "tsar/archive.h"
 #include "tsar/device.h"
 #include "tsar/writer.h"
-#include "writer/pack_files.h"
-#include "writer/torchscript.h"
 
 namespace py = pybind11;
 
@@ -31,29 +30,6 @@ py::object ToPython(const MetadataValue& v) {
   if (const auto* i = std::get_if<int64_t>(&v)) return py::int_(*i);
   if (const auto* d = std::get_if<double>(&v)) return py::float_(*d);
   return py::bytes(std::get<Bytes>(v).data);
-}
-
-// Python checks types and ranges first (python/tsar/_save.py); this is the
-// last line, for callers of the private module.
-MetadataValue FromPython(const py::handle& v, const std::string& key) {
-  if (py::isinstance<py::bytes>(v)) return Bytes{v.cast<std::string>()};
-  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
-  if (py::isinstance<py::bool_>(v))
-    throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
-                "metadata " + key + ": expected str, int, float or bytes, found bool");
-  if (py::isinstance<py::int_>(v)) return v.cast<int64_t>();
-  if (py::isinstance<py::float_>(v)) return v.cast<double>();
-  throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
-              "metadata " + key + ": expected str, int, float or bytes, found " +
-                  std::string(py::str(py::type::of(v).attr("__name__"))));
-}
-
-// "" = as they are; else a floating dtype name ("float16"), as PackOptions::dtype.
-std::optional<DType> FloatingDtype(const std::string& name) {
-  if (name.empty()) return std::nullopt;
-  const std::optional<DType> d = DTypeFromName(name);
-  if (!d) throw Error(ErrorCode::kInvalidArgument, "", std::nullopt, "dtype: unknown " + name);
-  return d;
 }
 
 // load_into's options after the module: one tuple (entry, strict,
@@ -113,12 +89,6 @@ const char* ModeName(MapMode m) {
   return "shared";
 }
 
-void RaiseTsarError(const Error& e) {
-  py::object cls = py::module_::import("tsar._errors").attr("Error");
-  py::object off = e.offset() ? py::object(py::int_(*e.offset())) : py::object(py::none());
-  py::object exc = cls(e.what(), static_cast<int>(e.code()), e.path(), off);
-  PyErr_SetObject(cls.ptr(), exc.ptr());
-}
 
 }  // namespace
 }  // namespace tsar
@@ -130,13 +100,7 @@ PYBIND11_MODULE(_tsar, m) {
   py::module_::import("torch");
   m.doc() = "tsar's C++ core; use the tsar package, not this module.";
 
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const Error& e) {
-      RaiseTsarError(e);
-    }
-  });
+  python::RegisterErrorTranslator();
 
   py::class_<Archive>(m, "Archive")
       .def_property_readonly("path", &Archive::path)
@@ -240,7 +204,7 @@ PYBIND11_MODULE(_tsar, m) {
         o.alignment = alignment;
         o.durable = durable;
         o.base = base;
-        o.dtype = FloatingDtype(dtype);
+        o.dtype = python::FloatingDtype(dtype);
         Writer w(path, o);
         for (const auto& [entry, tensors] : entries) {
           w.add_entry(entry);
@@ -250,7 +214,7 @@ PYBIND11_MODULE(_tsar, m) {
         for (const auto& item : metadata) {
           const auto t = item.cast<py::tuple>();
           const auto key = t[1].cast<std::string>();
-          w.add_metadata(key, FromPython(t[2], key), t[0].cast<std::string>());
+          w.add_metadata(key, python::FromPython(t[2], key), t[0].cast<std::string>());
         }
         py::gil_scoped_release unlocked;
         w.finish();
@@ -259,46 +223,6 @@ PYBIND11_MODULE(_tsar, m) {
       py::arg("dtype"), py::arg("base") = std::string(), py::arg("durable") = true,
       py::arg("tp") = 0,
       py::arg("shard") = std::vector<std::pair<std::string, int64_t>>());
-
-  m.def(
-      "pack",
-      [](const std::vector<std::pair<std::string, std::string>>& sources, const std::string& dst,
-         const std::string& entry, bool strict, uint32_t alignment, const py::list& metadata,
-         const std::string& dtype, const std::vector<std::string>& only,
-         const std::vector<std::string>& exclude, const std::string& strip_prefix,
-         const std::string& architecture, const std::string& base, uint32_t tp,
-         const std::vector<std::pair<std::string, int64_t>>& shard) {
-        PackFilesOptions o;
-        o.pack.tp = tp;
-        o.pack.shard = shard;
-        o.pack.base = base;
-        o.pack.alignment = alignment;
-        o.pack.entry = entry;
-        o.pack.dtype = FloatingDtype(dtype);
-        o.strict = strict;
-        o.only = only;
-        o.exclude = exclude;
-        o.strip_prefix = strip_prefix;
-        o.architecture = architecture;
-        o.torch = writer::LibTorchSupport();
-        for (const auto& item : metadata) {
-          const auto t = item.cast<py::tuple>();
-          const auto key = t[0].cast<std::string>();
-          o.metadata.emplace_back(key, FromPython(t[1], key));
-        }
-        std::vector<PackSource> src;
-        for (const auto& [e, p] : sources) src.push_back({e, p});
-        PackSummary s;
-        {
-          py::gil_scoped_release unlocked;
-          s = PackFiles(src, dst, o);
-        }
-        return py::make_tuple(s.tensors, s.entries, s.nbytes, s.notes);
-      },
-      py::arg("sources"), py::arg("dst"), py::arg("entry"), py::arg("strict"), py::arg("alignment"),
-      py::arg("metadata"), py::arg("dtype"), py::arg("only"), py::arg("exclude"),
-      py::arg("strip_prefix"), py::arg("architecture"), py::arg("base") = std::string(),
-      py::arg("tp") = 0, py::arg("shard") = std::vector<std::pair<std::string, int64_t>>());
 
   // slots: the module's state_dict(keep_vars=True) items, rebound in place.
   m.def(

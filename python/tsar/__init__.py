@@ -34,12 +34,13 @@ if torch.__version__ != _built_against:
     )
 
 from ._errors import Error, ErrorCode
-from ._archive import Archive, TensorInfo, open
+from ._archive import Archive, open
 from ._bind import BindReport, install_fault_handler, load, load_into
 
 # Imported on first use: a worker that only opens and binds does not pay for
-# the writer's and the hot-swap module's definitions (3 ms of `import tsar`).
-_LAZY = {"PackSummary": "_save", "pack": "_save", "save": "_save",
+# the writer's, the hot-swap module's and TensorInfo's definitions (4 ms of
+# `import tsar`).
+_LAZY = {"TensorInfo": "_info", "PackSummary": "_save", "pack": "_save", "save": "_save",
          "LiveEvent": "_live", "LiveModule": "_live"}
 
 

@@ -1,11 +1,15 @@
 """tsar.open and tsar.Archive: a .tsar file mapped read-only, its tensors zero-copy."""
+from __future__ import annotations
+
 import collections
-import dataclasses
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 
 from . import _tsar
+
+if TYPE_CHECKING:
+    from ._info import TensorInfo
 
 _MODES = {"shared": 0, "copy_on_write": 1, "read": 2}
 _PREFETCH = {"none": 0, "willneed": 1, "populate": 2, "lock": 3}
@@ -17,28 +21,6 @@ def _choice(kind, value, table):
         return table[value]
     except (KeyError, TypeError):
         raise ValueError(f"{kind}: expected one of {', '.join(table)}, found {value!r}") from None
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorInfo:
-    """What the index says about one tensor, without touching its bytes."""
-
-    name: str
-    entry: str
-    dtype: torch.dtype
-    shape: Tuple[int, ...]
-    strides: Tuple[int, ...]
-    storage_offset: int  # in elements
-    storage: int  # storage id: equal for tensors that share a storage
-    role: str  # "tensor", "parameter", "buffer" or "sparse_component"
-    requires_grad: bool
-    # The dimension a tensor-parallel archive (saved with ``tp=``) splits it
-    # along for its ranks, or None for a tensor stored whole.
-    shard_dim: Optional[int] = None
-
-    def __post_init__(self):
-        if self.shard_dim is not None and self.shard_dim < 0:
-            object.__setattr__(self, "shard_dim", None)
 
 
 class Archive:
@@ -166,10 +148,14 @@ class Archive:
         return self._a().shard(name, rank, world, dim, entry or "")
 
     def info(self, name: str, entry: Optional[str] = None) -> TensorInfo:
+        from ._info import TensorInfo
+
         return TensorInfo(*self._a().info(name, entry or ""))
 
     def infos(self):
         """TensorInfo of every tensor of every entry, sparse components included."""
+        from ._info import TensorInfo
+
         return [TensorInfo(*i) for i in self._a().infos()]
 
     def metadata(self, entry: Optional[str] = None) -> dict:

@@ -1,4 +1,6 @@
 """tsar.load_into (rebind a module in place, zero copy) and tsar.load."""
+from __future__ import annotations
+
 import gc
 import os
 from typing import Dict, List, NamedTuple, Optional, Union

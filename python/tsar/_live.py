@@ -9,6 +9,8 @@ own), warms it up, and only then serves it. Requests that got the old module
 finish on it; the old version's mapping goes away with the last reference to
 its module. A file that cannot serve is refused and the old version serves on.
 """
+from __future__ import annotations
+
 import collections
 import os
 import threading

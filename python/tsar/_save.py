@@ -1,4 +1,6 @@
 """tsar.save (tensors in memory -> archive) and tsar.pack (files -> archive)."""
+from __future__ import annotations
+
 import collections.abc
 import json
 import os
@@ -244,7 +246,9 @@ def pack(
     else:
         sources = [("", os.fspath(s)) for s in src]
     world, plan = _shard_plan(tp, shard)
-    tensors, entries, nbytes, notes = _tsar.pack(
+    from . import _tsar_pack  # HDF5 and the zip reader load here, not at `import tsar`
+
+    tensors, entries, nbytes, notes = _tsar_pack.pack(
         sources, os.fspath(dst), entry, bool(strict), _alignment(alignment, world),
         _metadata_items(metadata),
         _dtype_name(dtype), [str(x) for x in only], [str(x) for x in exclude], str(strip_prefix),

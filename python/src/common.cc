@@ -1,0 +1,52 @@
+// python/src/common.h.
+#include "python/src/common.h"
+
+#include <exception>
+
+#include "tsar/error.h"
+
+namespace py = pybind11;
+
+namespace tsar::python {
+namespace {
+
+void RaiseTsarError(const Error& e) {
+  py::object cls = py::module_::import("tsar._errors").attr("Error");
+  py::object off = e.offset() ? py::object(py::int_(*e.offset())) : py::object(py::none());
+  py::object exc = cls(e.what(), static_cast<int>(e.code()), e.path(), off);
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+}
+
+}  // namespace
+
+void RegisterErrorTranslator() {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      RaiseTsarError(e);
+    }
+  });
+}
+
+MetadataValue FromPython(const py::handle& v, const std::string& key) {
+  if (py::isinstance<py::bytes>(v)) return Bytes{v.cast<std::string>()};
+  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
+  if (py::isinstance<py::bool_>(v))
+    throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
+                "metadata " + key + ": expected str, int, float or bytes, found bool");
+  if (py::isinstance<py::int_>(v)) return v.cast<int64_t>();
+  if (py::isinstance<py::float_>(v)) return v.cast<double>();
+  throw Error(ErrorCode::kInvalidArgument, "", std::nullopt,
+              "metadata " + key + ": expected str, int, float or bytes, found " +
+                  std::string(py::str(py::type::of(v).attr("__name__"))));
+}
+
+std::optional<DType> FloatingDtype(const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  const std::optional<DType> d = DTypeFromName(name);
+  if (!d) throw Error(ErrorCode::kInvalidArgument, "", std::nullopt, "dtype: unknown " + name);
+  return d;
+}
+
+}  // namespace tsar::python
