@@ -49,8 +49,14 @@ class Source:
 
     def file(self, fmt: str) -> str:
         if fmt not in self._files:
+            if self.state_dict is None:
+                raise RuntimeError(f"{self.spec}: {fmt} was not written before release()")
             self._files[fmt] = WRITERS[fmt](self, os.path.join(self.workdir, fmt))
         return self._files[fmt]
+
+    def release(self) -> None:
+        """Drops the reference weights; the files already written stay usable."""
+        self.module = self.state_dict = None
 
 
 def alias_groups(state_dict: Dict[str, torch.Tensor]) -> List[List[str]]:
