@@ -17,8 +17,9 @@ struct ModuleSlots {
 
 // The names and tensors of module.state_dict(keep_vars=True), in its order,
 // read straight from each module's _parameters, _buffers and _modules dicts
-// (tsar._bind._state_items does the same walk in Python, at about three times
-// the cost: a tuple and a name string per tensor, then their conversion).
+// (tsar._bind._state_items does the same walk in Python, at about twice the
+// cost: attribute lookups, a tuple and a name string per tensor, then their
+// conversion).
 // nullopt where state_dict() must run itself: a module with state_dict hooks,
 // one whose class changes state_dict (`plain(type)` false; `plain_cache` is a
 // dict {type: bool} that `plain` fills), or containers that are not plain
