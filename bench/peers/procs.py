@@ -6,8 +6,9 @@ above 8 workers that hold none).
 
 A worker is ``python -m peers.procs worker PEER KIND SIZE PATH``: it builds the
 architecture, loads PATH with the peer's adapter, runs one forward and prints
-``READY <seconds since its own exec to the first output>`` (the exec time comes from the parent in TSAR_BENCH_T0, time.time()
-just before the spawn); with --phases it then runs a second forward and
+``READY <seconds since its own exec to the first output>`` (the exec time
+comes from the parent in TSAR_BENCH_T0, time.time() just before the spawn);
+with --phases it then runs a second forward and
 prints ``LOAD <s> FIRST <s> SECOND <s>``: the peer's import + open + bind into
 the module built on meta, and the two forwards. With --hold it then reads
 every page of its tensors, prints ``HELD`` and waits for its stdin to close,

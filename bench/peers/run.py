@@ -219,7 +219,8 @@ def p13(rep, srcs, repeat, log):
             rate = "-" if read_bw is None else f"{read_bw / 2**20:.0f} MiB/s"
             rows.append([f"({kind})", a.name, a.version, ms(w), ms(w - floor), ms(med(warm, "LOAD")),
                          ms(med(warm, "FIRST") - med(warm, "SECOND")), ms(w_own),
-                         ms(c), ms(med(cold, "LOAD")), ms(c_own), rate, f"{bw / 2**20:.0f} MiB/s" + ("" if read_bw is None else f" ({read_bw / bw:.2f}x)")])
+                         ms(c), ms(med(cold, "LOAD")), ms(c_own), rate,
+                         f"{bw / 2**20:.0f} MiB/s" + ("" if read_bw is None else f" ({read_bw / bw:.2f}x)")])
             labels.append(f"{kind}: {a.name}")
             warm_s.append(w * 1e3)
             cold_s.append(c * 1e3)
@@ -239,7 +240,8 @@ def p13(rep, srcs, repeat, log):
              "the forward. *Load* is the loader's own call in that process, its first import included; "
              "*1st - 2nd forward* is what the first forward costs over the next one (the page faults a "
              "mapping defers, and one-time kernel set-up every loader's process pays alike: it varies "
-             "by tens of ms between runs); *own part* is load + that, measured inside each process. Cold: the files evicted with "
+             "by tens of ms between runs); *own part* is load + that, measured inside each process. "
+             "Cold: the files evicted with "
              "`posix_fadvise(DONTNEED)` first; *cold read rate* is the files' bytes over (cold own part - "
              "warm own part), beside the disk's read bandwidth measured with 16 MiB `read(2)` calls "
              f"on the same evicted file right before each cold run. Median of {repeat}.")
@@ -290,17 +292,16 @@ def p14_p3(rep, srcs, log, workers=8, do_p14=True):
             rep.row("P14", "b", a.name, "disk read bandwidth", f"{disk:.0f}", "B/s", "right before the cold start")
         rep.row("P3", "b", a.name, f"summed Pss of {n} above the floor", f"{pss:.0f}", "B")
         rep.row("P3", "b", a.name, f"summed Pss of {n} workers' mappings of the model files", f"{mapped}", "B")
-        # The cold start's own cost: the file read once into the page cache,
-        # which every worker then reads from (the copying peers here are the
-        # buffered twins, which read through it too).
-        io_bytes = one
+        # The cold start's own cost: the file (`one` byte count) read once
+        # into the page cache, which every worker then reads from (the
+        # copying peers here are the buffered twins, which read through it too).
         extra = start - warm_start if start is not None else None
-        rate = (f"{io_bytes / extra / 2**20:.0f} MiB/s ({io_bytes / extra / disk:.2f}x of {disk / 2**20:.0f})"
+        rate = (f"{one / extra / 2**20:.0f} MiB/s ({one / extra / disk:.2f}x of {disk / 2**20:.0f})"
                 if extra and extra > 0 else "-")
         if a.name == "tsar" and extra is not None and extra > 0:
             verdict = (f"tsar (median of 3 rounds): the cold start took {ms(extra)} ms more than the warm one, "
-                       f"{io_bytes / extra / 2**20:.0f} MiB/s of file: **{io_bytes / extra / disk:.2f}x** the disk's "
-                       f"{disk / 2**20:.0f} MiB/s (goal 0.95x: {'met' if io_bytes / extra >= 0.95 * disk else 'missed'}).")
+                       f"{one / extra / 2**20:.0f} MiB/s of file: **{one / extra / disk:.2f}x** the disk's "
+                       f"{disk / 2**20:.0f} MiB/s (goal 0.95x: {'met' if one / extra >= 0.95 * disk else 'missed'}).")
         elif a.name == "tsar" and extra is not None:
             verdict = (f"tsar (median of 3 rounds): the cold start was no slower than the warm one "
                        f"({ms(extra)} ms): the read hid behind the 8 processes' CPU work, below this "

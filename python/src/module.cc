@@ -33,16 +33,17 @@ py::object ToPython(const MetadataValue& v) {
 }
 
 // load_into's options after the module: one tuple (entry, strict,
-// allow_training, archive_prefix, module_prefix, rank, world, device,
-// pinned_bytes, buffers, streams, fill_threads), as python/tsar/_bind.py builds it.
+// allow_training, archive_prefix, module_prefix, rank, world, device), as
+// python/tsar/_bind.py builds it. A GPU bind stages with BindOptions'
+// default DeviceOptions (load_into offers no staging options).
 using BindArgs = std::tuple<std::string, bool, bool, std::string, std::string, int64_t, int64_t,
-                            std::string, uint64_t, int, int, int>;
+                            std::string>;
 
 // BindSlots with `args`; (bound, missing, unexpected, mismatched).
 py::tuple Bind(std::vector<BindSlot>& slots, bool training, const Archive& archive,
                const BindArgs& args) {
-  const auto& [entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
-               pinned_bytes, buffers, streams, fill_threads] = args;
+  const auto& [entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device] =
+      args;
   BindOptions o;
   o.entry = entry;
   o.strict = strict;
@@ -52,10 +53,6 @@ py::tuple Bind(std::vector<BindSlot>& slots, bool training, const Archive& archi
   o.rank = rank;
   o.world = world;
   if (!device.empty()) o.device = c10::Device(device);
-  o.staging.pinned_bytes = pinned_bytes;
-  o.staging.buffers = buffers;
-  o.staging.streams = streams;
-  o.staging.fill_threads = fill_threads;
   BindReport r;
   if (o.device.is_cpu()) {
     r = BindSlots(slots, training, archive, o);
@@ -88,7 +85,6 @@ const char* ModeName(MapMode m) {
   }
   return "shared";
 }
-
 
 }  // namespace
 }  // namespace tsar

@@ -147,7 +147,7 @@ def load_into(
     gc.disable()
     try:
         options = (entry or "", bool(strict), bool(allow_training), str(archive_prefix),
-                   str(module_prefix), int(rank), int(world), target, 64 << 20, 4, 2, 0)
+                   str(module_prefix), int(rank), int(world), target)
         # The module tree walked in C++; None for a module that needs its own
         # state_dict() (hooks, an overridden _save_to_state_dict...).
         report = _tsar.bind_module(archive._a(), module, _PLAIN, _plain, options)
