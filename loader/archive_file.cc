@@ -17,6 +17,7 @@
 #include "loader/archive_core.h"
 #include "loader/hash_storages.h"
 #include "loader/open_file.h"
+#include "loader/read_ahead.h"
 #include "loader/value_tree.h"
 
 namespace tsar {
@@ -173,6 +174,9 @@ std::shared_ptr<const ArchiveCore> OpenCore(const std::string& path, const OpenO
 
   auto core = std::make_shared<ArchiveCore>(path, std::move(index), std::move(mapping));
   if (core->index.is_layer()) AttachBase(*core, options, chain);
+  if (options.prefetch == Prefetch::kWillNeed && core->mapping->mode() != MapMode::kRead) {
+    StartReadAhead(core, {{core->mapping->data(), core->mapping->size()}});
+  }
   return core;
 }
 

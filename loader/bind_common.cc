@@ -11,6 +11,7 @@
 
 #include "format/reader.h"
 #include "loader/archive_impl.h"
+#include "loader/read_ahead.h"
 #include "loader/scalar_type.h"
 
 namespace tsar {
@@ -108,6 +109,21 @@ std::string RankShape(c10::IntArrayRef mine, const format::TensorRecord& rec,
   }
   return "shape " + Shape(mine) + " vs archive " + Shape(full) + " (neither whole nor rank " +
          std::to_string(o.rank) + "'s slice of " + std::to_string(o.world) + " along one dim)";
+}
+
+// The bytes a bound strided tensor views (sizes and strides are never
+// negative), appended to `out`; a sparse or empty one adds nothing.
+void AddViewed(const c10::TensorImpl& t, std::vector<ByteRange>& out) {
+  if (t.layout() != c10::kStrided || !t.has_storage() || t.numel() == 0) return;
+  const auto* data = static_cast<const uint8_t*>(t.storage().data());
+  if (data == nullptr) return;
+  uint64_t last = 0;  // the farthest element from the first, in elements
+  const c10::IntArrayRef sizes = t.sizes(), strides = t.strides();
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    last += static_cast<uint64_t>(sizes[d] - 1) * static_cast<uint64_t>(strides[d]);
+  }
+  const uint64_t item = t.itemsize();
+  out.push_back({data + static_cast<uint64_t>(t.storage_offset()) * item, (last + 1) * item});
 }
 
 }  // namespace
@@ -280,6 +296,10 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     }
     return report;
   }
+  // What the bound tensors view, for the read-ahead thread.
+  const bool read_ahead = options.read_ahead && archive.mode() != MapMode::kRead;
+  std::vector<ByteRange> viewed;
+  if (read_ahead) viewed.reserve(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     if (i + kAhead < slots.size()) PrefetchTensor(slots[i + kAhead].tensor);
     if (match[i] == format::kNone) continue;
@@ -310,8 +330,10 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
       at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(t))
           .set_(impl.Make(match[i]));
     }
+    if (read_ahead) AddViewed(*t, viewed);
     report.bound.push_back(std::move(slots[i].name));  // slots are the caller's scratch
   }
+  if (read_ahead) StartReadAhead(impl.core, std::move(viewed));
   return report;
 }
 

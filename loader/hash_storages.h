@@ -7,12 +7,9 @@
 #include <functional>
 #include <vector>
 
-namespace tsar {
+#include "loader/byte_range.h"
 
-struct ByteRange {
-  const uint8_t* data;
-  uint64_t size;
-};
+namespace tsar {
 
 // The hash of each range, in order. Threads take whole ranges from a shared
 // counter, so they stay busy whatever the sizes; the result does not depend on

@@ -56,7 +56,6 @@ std::unique_ptr<Mapping> Mapping::Create(int fd, uint64_t size, MapMode mode, Pr
   }
   m->data_ = static_cast<uint8_t*>(p);
   m->is_mmap_ = true;
-  if (prefetch == Prefetch::kWillNeed) madvise(p, len, MADV_WILLNEED);
   if (prefetch == Prefetch::kLock) {
     if (mlock(p, len) != 0)
       IoError(path, "cannot mlock " + std::to_string(size) + " bytes (see ulimit -l)", errno);

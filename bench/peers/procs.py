@@ -24,6 +24,7 @@ The disk's read bandwidth is measured in the same run: the largest file,
 evicted, then read with 16 MiB read(2) calls.
 """
 import argparse
+import contextlib
 import gc
 import os
 import subprocess
@@ -54,10 +55,21 @@ def disk_bandwidth(path: str) -> float:
         os.close(fd)
 
 
+def threads_per_worker(n: int) -> int:
+    """Intra-op threads for each of n workers sharing this machine's cores, as a
+    server with n workers sets them (OMP_NUM_THREADS): with torch's default
+    every worker runs one thread per core, and 8 workers on 2 cores took 37 s
+    instead of 16 s to answer, with seconds of run-to-run spread."""
+    return max(1, (os.cpu_count() or 1) // n)
+
+
 def spawn(peer: str, kind: str, size: str, path: str, hold: bool = False,
-          phases: bool = False) -> subprocess.Popen:
+          phases: bool = False, threads: int = 0) -> subprocess.Popen:
+    """A worker; threads > 0 sets its OMP_NUM_THREADS."""
     env = dict(os.environ, TSAR_BENCH_T0=repr(time.time()), PYTHONPATH=os.pathsep.join(
         [BENCH] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    if threads > 0:
+        env["OMP_NUM_THREADS"] = str(threads)
     cmd = [sys.executable, "-m", "peers.procs", "worker", peer, kind, size, path]
     if hold:
         cmd.append("--hold")
@@ -109,19 +121,79 @@ def first_output_phases(peer: str, kind: str, size: str, path: str, files: List[
     return t
 
 
+class Residency:
+    """Watches how much of a file is in the page cache (mincore over a
+    mapping that touches nothing), every `every` seconds on a thread: when its
+    first page arrived and when 99% of it had, so a cold start's own read
+    rate is its bytes over that span."""
+
+    def __init__(self, path: str, every: float = 0.1):
+        import ctypes
+        import mmap
+        import threading
+
+        self._size = os.path.getsize(path)
+        self._f = open(path, "rb")
+        self._m = mmap.mmap(self._f.fileno(), self._size, access=mmap.ACCESS_COPY)
+        self._anchor = ctypes.c_char.from_buffer(self._m)
+        self._vec = (ctypes.c_ubyte * ((self._size + 4095) // 4096))()
+        self._mincore = ctypes.CDLL(None).mincore
+        self._every, self.first, self.full = every, None, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def cached(self) -> int:
+        import ctypes
+
+        self._mincore(ctypes.c_void_p(ctypes.addressof(self._anchor)), ctypes.c_size_t(self._size), self._vec)
+        return bytes(self._vec).count(1) * 4096  # bit 0: cached; the others are 0
+
+    def _run(self):
+        while not self._stop.is_set():
+            n, t = self.cached(), time.time()
+            if n and self.first is None:
+                self.first = t
+            if n >= 0.99 * self._size:
+                self.full = t
+                return
+            self._stop.wait(self._every)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        del self._anchor
+        self._m.close()
+        self._f.close()
+
+    def rate(self) -> float:
+        """Bytes per second from the first page to 99% cached (0 if it never was)."""
+        if self.first is None or self.full is None:
+            return 0.0
+        return 0.99 * self._size / max(self.full - self.first, self._every)
+
+
 def many_cold(peer: str, kind: str, size: str, path: str, files: List[str], n: int = 8,
-              cold: bool = True) -> float:
+              cold: bool = True, watch: dict = None) -> float:
     """P14: seconds from starting n workers together (cold cache; warm with
-    cold=False) until the last answered."""
+    cold=False) until the last answered. With `watch` (a dict), a cold start
+    also puts there "read": its own read rate of the largest file (Residency)."""
     if cold:
         evict(files)
     else:
         warm_page_cache(files)
-    t0 = time.time()
-    ps = [spawn(peer, kind, size, path) for _ in range(n)]
-    for p in ps:
-        ready(p)
-    elapsed = time.time() - t0
+    biggest = max(files, key=os.path.getsize)
+    with Residency(biggest) if cold and watch is not None else contextlib.nullcontext() as seen:
+        t0 = time.time()
+        ps = [spawn(peer, kind, size, path, threads=threads_per_worker(n)) for _ in range(n)]
+        for p in ps:
+            ready(p)
+        elapsed = time.time() - t0
+    if seen is not None:
+        watch["read"] = seen.rate()
     for p in ps:
         p.stdin.close()
         p.wait()
@@ -154,7 +226,7 @@ def file_pss_kib(pid: int, files: List[str]) -> int:
 def summed_pss(peer: str, kind: str, size: str, path: str, n: int = 8, files=()):
     """Summed Pss (KiB) of n workers that each hold the model, after one forward;
     with `files`, also the summed Pss of their mappings of those files."""
-    ps = [spawn(peer, kind, size, path, hold=True) for _ in range(n)]
+    ps = [spawn(peer, kind, size, path, hold=True, threads=threads_per_worker(n)) for _ in range(n)]
     try:
         for p in ps:
             ready(p)

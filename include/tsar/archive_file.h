@@ -33,7 +33,8 @@ enum class MapMode {
 
 enum class Prefetch {
   kNone,      // pages come in on first touch
-  kWillNeed,  // madvise(MADV_WILLNEED): asynchronous read-ahead
+  kWillNeed,  // the whole file read into the page cache by a thread of its own,
+              // while open() returns at once (loader/read_ahead.h)
   kPopulate,  // MAP_POPULATE: every page mapped before open() returns
   kLock,      // mlock: populated and pinned in RAM (needs RLIMIT_MEMLOCK)
 };

@@ -61,6 +61,16 @@ struct BindOptions {
   // hold stay where they are (the Python load_into moves them too).
   c10::Device device = c10::Device(c10::kCPU);
   DeviceOptions staging;
+  // On the CPU over a mapped archive (kShared, kCopyOnWrite): once bound, a
+  // thread of its own reads the bytes the bound tensors view into the page
+  // cache and this process's page tables, in file order (loader/read_ahead.h),
+  // while bind returns at once; a rank reads only its own slices. For a
+  // server that binds at start and serves later: its first request then
+  // touches no disk and takes no page fault. Skipped when those bytes exceed
+  // half of the memory available. Off by default: where the first forward
+  // follows the bind at once, the kernel's own read-ahead of the first
+  // touches reads as fast (bench/README.md, "Read-ahead").
+  bool read_ahead = false;
 };
 
 struct BindReport {

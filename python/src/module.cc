@@ -33,17 +33,18 @@ py::object ToPython(const MetadataValue& v) {
 }
 
 // load_into's options after the module: one tuple (entry, strict,
-// allow_training, archive_prefix, module_prefix, rank, world, device), as
+// allow_training, archive_prefix, module_prefix, rank, world, device,
+// read_ahead), as
 // python/tsar/_bind.py builds it. A GPU bind stages with BindOptions'
 // default DeviceOptions (load_into offers no staging options).
 using BindArgs = std::tuple<std::string, bool, bool, std::string, std::string, int64_t, int64_t,
-                            std::string>;
+                            std::string, bool>;
 
 // BindSlots with `args`; (bound, missing, unexpected, mismatched).
 py::tuple Bind(std::vector<BindSlot>& slots, bool training, const Archive& archive,
                const BindArgs& args) {
-  const auto& [entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device] =
-      args;
+  const auto& [entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
+               read_ahead] = args;
   BindOptions o;
   o.entry = entry;
   o.strict = strict;
@@ -53,6 +54,7 @@ py::tuple Bind(std::vector<BindSlot>& slots, bool training, const Archive& archi
   o.rank = rank;
   o.world = world;
   if (!device.empty()) o.device = c10::Device(device);
+  o.read_ahead = read_ahead;
   BindReport r;
   if (o.device.is_cpu()) {
     r = BindSlots(slots, training, archive, o);

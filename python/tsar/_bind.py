@@ -74,6 +74,7 @@ def load_into(
     rank: int = 0,
     world: int = 0,
     device=None,
+    read_ahead: bool = False,
 ) -> BindReport:
     """Points every parameter and buffer of ``module`` at the archive, in place.
 
@@ -135,6 +136,15 @@ def load_into(
     Raises tsar.Error (UNSUPPORTED) before anything changes where torch has
     no CUDA or there is no GPU.
 
+    ``read_ahead=True`` (CPU, mapped archive): once bound, a thread of tsar's
+    own reads the bytes the module's tensors view into the page cache and this
+    process's page tables, in file order, and load_into returns at once (a
+    rank reads only its slices). For a server that binds at start and serves
+    later: its first request then touches no disk and takes no page fault.
+    Skipped when those bytes exceed half of the memory available. Off by
+    default: where the first forward follows at once, the kernel's read-ahead
+    of its first touches reads as fast.
+
     Returns a :class:`BindReport`. Not thread-safe for one module.
     """
     archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
@@ -147,7 +157,7 @@ def load_into(
     gc.disable()
     try:
         options = (entry or "", bool(strict), bool(allow_training), str(archive_prefix),
-                   str(module_prefix), int(rank), int(world), target)
+                   str(module_prefix), int(rank), int(world), target, bool(read_ahead))
         # The module tree walked in C++; None for a module that needs its own
         # state_dict() (hooks, an overridden _save_to_state_dict...).
         report = _tsar.bind_module(archive._a(), module, _PLAIN, _plain, options)
