@@ -215,9 +215,10 @@ def open(path, *, mode: str = "shared", prefetch: str = "none", verify: str = "i
             tensors are read-only memory, see :class:`Archive`), "copy_on_write"
             (MAP_PRIVATE: writes stay private, the file never changes) or "read"
             (read into private memory: for file systems where mmap fails).
-        prefetch: "none" (pages come in on first touch), "willneed" (asynchronous
-            read-ahead), "populate" (every page mapped before open returns) or
-            "lock" (populated and pinned; needs RLIMIT_MEMLOCK).
+        prefetch: "none" (pages come in on first touch), "willneed" (the whole
+            file read into the page cache by a thread of tsar's own while open
+            returns at once), "populate" (every page mapped before open returns)
+            or "lock" (populated and pinned; needs RLIMIT_MEMLOCK).
         verify: "index" (header and index checksums, always done) or "full"
             (also every storage's checksum before open returns, a layer's
             base storages included).
