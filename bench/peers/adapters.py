@@ -477,8 +477,8 @@ ADAPTERS: List[Adapter] = [
 
 
 class TsarWillneed(Tsar):
-    """tsar with the whole file's readahead started at open (madvise
-    MADV_WILLNEED): the cold read then runs at the disk's pace while the
+    """tsar with the whole file read at open by a thread of its own
+    (prefetch="willneed": MADV_POPULATE_READ, loader/read_ahead.h), while the
     forward faults pages in order. An experiment (p13_prefetch.py), not a peer."""
     name = "tsar (prefetch=willneed)"
     calls = 'tsar.load_into(module, tsar.open(path, prefetch="willneed"))'

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tsar
-from tsar_testutil import mapped_ranges, smaps_of_file
+from tsar_testutil import evict_from_page_cache, mapped_ranges, smaps_of_file
 
 _libc = ctypes.CDLL(None, use_errno=True)
 PAGE = mmap.PAGESIZE
@@ -35,12 +35,7 @@ def cached(path, start=0, end=None):
 
 
 def evict(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    evict_from_page_cache(path)
     if cached(path):
         pytest.skip("the page cache cannot be evicted here (tmpfs?)")
 

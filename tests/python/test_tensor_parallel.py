@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tsar
-from tsar_testutil import REPO, bits, run_cli
+from tsar_testutil import REPO, bits, evict_from_page_cache, run_cli
 
 
 def _source(dtype):
@@ -176,9 +176,7 @@ def _mapping_rss(path):
 
 def _rank_rss(path, names):
     """Rss of rank 2's slices (of 4) of `names`, read from a cold page cache."""
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
+    evict_from_page_cache(path)
     with tsar.open(path) as a:
         for name, dim in names:
             a.shard(name, 2, 4, dim).sum().item()

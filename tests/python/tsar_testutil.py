@@ -85,6 +85,17 @@ def all_parameters(module):
     return out
 
 
+def evict_from_page_cache(path):
+    """Writes the file back and drops its pages from the page cache
+    (posix_fadvise DONTNEED only drops clean pages)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def mapped_ranges(path, pid="self"):
     """[(start, end)] of every mapping of the file `path` in process `pid`."""
     real = os.path.realpath(path)
