@@ -149,6 +149,35 @@ def test_p13_worker_reports_its_phases_and_p3_waits_for_the_touch(tmp_path):
     assert whole > 0 and mapped > 0  # the file's pages, read by the worker before it answered
 
 
+def test_p14_cold_start_reports_when_its_first_page_came_and_the_disk_is_measured_then(tmp_path):
+    """P14's cold start records the seconds from the eviction to the file's
+    first cached page; the disk's rate is measured that long after an
+    eviction (settle), the file read whole; fresh_memory_rate times a real
+    first write."""
+    import time
+
+    from peers import procs
+
+    spec = models.spec("a", "tiny")
+    source = adapters.Source(spec, spec.reference(), str(tmp_path))
+    tsar_adapter = adapters.by_name(["tsar"])[0]
+    runnable(tsar_adapter, spec)
+    path = tsar_adapter.prepare(source)
+    files = adapters.files_of(path)
+    seen = {}
+    elapsed = procs.many_cold("tsar", "a", "tiny", path, files, n=1, watch=seen)
+    # The worker imports torch before it reads: the first page comes after
+    # the eviction and before the answer.
+    assert 0 < seen["first"] < elapsed + 1.0
+    assert seen["read"] > 0
+    t0 = time.perf_counter()
+    rate = procs.disk_bandwidth(path, settle=0.3)
+    took = time.perf_counter() - t0
+    assert took >= 0.3  # it waited before reading
+    assert 0 < rate < float("inf") and os.path.getsize(path) / rate <= took
+    assert procs.fresh_memory_rate(8 << 20, 0.0) > 0
+
+
 def test_tensordict_written_in_parts_is_what_one_memmap_writes(model, tmp_path, monkeypatch):
     """The writer splits memmap() to stay under vm.max_map_count at 100,000
     tensors; split small here, it must give the same files, byte for byte."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tsar
-from tsar_testutil import REPO, bits, evict_from_page_cache, run_cli
+from tsar_testutil import REPO, bits, evict_from_page_cache, run_cli, smaps_of_file
 
 
 def _source(dtype):
@@ -160,27 +160,13 @@ def test_a_tied_weight_sharded_one_way_only_is_stored_twice_and_said(tmp_path):
     del summary_notes
 
 
-def _mapping_rss(path):
-    """Rss (bytes) of this process's mappings of `path`."""
-    real = os.path.realpath(path)
-    rss, inside = 0, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()
-            if len(head) >= 5 and "-" in head[0] and ":" in head[3]:
-                inside = len(head) >= 6 and head[5] == real
-            elif inside and line.startswith("Rss:"):
-                rss += int(head[1]) * 1024
-    return rss
-
-
 def _rank_rss(path, names):
     """Rss of rank 2's slices (of 4) of `names`, read from a cold page cache."""
     evict_from_page_cache(path)
     with tsar.open(path) as a:
         for name, dim in names:
             a.shard(name, 2, 4, dim).sum().item()
-        return _mapping_rss(path)
+        return smaps_of_file("self", path).get("Rss", 0) << 10
 
 
 def test_a_rank_maps_only_its_own_runs_and_the_whole_tensors(tmp_path):
