@@ -187,7 +187,7 @@ class Residency:
 
     def cached(self) -> int:
         """Bytes of the file in the page cache, estimated from the stripes
-        (exact for a file of less than 4 MiB)."""
+        (exact for a file of at most one stripe, 256 KiB)."""
         import ctypes
 
         pages = (self._size + 4095) // 4096

@@ -291,7 +291,8 @@ def p14_p3(rep, srcs, log, workers=8, do_p14=True):
     base = procs.summed_pss("meta", "b", src.spec.size, "-", n=workers) * 1024 / workers
     rep.row("P3", "b", "meta (no weights)", "Pss per worker", f"{base:.0f}", "B")
     rows, labels, pss_s, start_s, warm_s = [], [], [], [], []
-    verdict, settled, tsar_bytes, tsar_extra = None, 0.0, 0, None
+    verdict = None
+    tsar_p14 = None  # tsar's (file bytes, cold - warm s, s from eviction to its first read)
     # Every peer's starts first, the disk's figures after them all: a disk
     # read between two rounds (2 GiB read twice, into memory just freed and
     # into memory the host took back) left the next rounds' cold starts
@@ -328,8 +329,6 @@ def p14_p3(rep, srcs, log, workers=8, do_p14=True):
             log(f"# P14 disk for {a.name}")
             biggest = max(files, key=os.path.getsize)
             disk, disk_now = procs.disk_bandwidth(biggest, settle=first), procs.disk_bandwidth(biggest)
-            if a.name == "tsar":
-                settled = first
         if start is not None:
             rep.row("P14", "b", a.name, f"{n} cold starts", f"{start:.6f}", "s")
             rep.row("P14", "b", a.name, f"{n} warm starts", f"{warm_start:.6f}", "s")
@@ -349,8 +348,8 @@ def p14_p3(rep, srcs, log, workers=8, do_p14=True):
                 if extra and extra > 0 else "-")
         disks = f"{disk / 2**20:.0f} after {first:.1f} s; {disk_now / 2**20:.0f} at once" if start is not None else "-"
         during = (f"{read / 2**20:.0f} MiB/s ({read / disk:.2f}x)" if start is not None and read else "-")
-        if a.name == "tsar":
-            tsar_bytes, tsar_extra = one, extra
+        if a.name == "tsar" and runs:
+            tsar_p14 = (one, extra, first)
         if a.name == "tsar" and extra is not None and extra > 0:
             verdict = (f"tsar (median of 3 rounds): the cold start took {ms(extra)} ms more than the warm one, "
                        f"{one / extra / 2**20:.0f} MiB/s of file: **{one / extra / disk:.2f}x** the disk's "
@@ -405,18 +404,17 @@ def p14_p3(rep, srcs, log, workers=8, do_p14=True):
     if verdict:
         rep.text("- " + verdict)
     for i, what in ((2, "warm"), (3, "cold")):
-        if do_p14 and "tsar" in labels:
-            times = {r[0]: r[i] for r in rows if r[1] == workers and r[i] != "-"}
-            best = min(times, key=lambda k: float(times[k].replace(",", "")), default=None)
-            if best and best != "tsar":
-                rep.text(f"- Where a peer wins: the {what} start, {best} {times[best]} ms against tsar's "
-                         f"{times['tsar']} ms (all {workers} answered).")
+        times = {r[0]: r[i] for r in rows if r[1] == workers and r[i] != "-"}
+        best = min(times, key=lambda k: float(times[k]), default=None)
+        if tsar_p14 and best != "tsar":
+            rep.text(f"- Where a peer wins: the {what} start, {best} {times[best]} ms against tsar's "
+                     f"{times['tsar']} ms (all {workers} answered).")
     if verdict:
         rep.text()
-    if do_p14 and settled > 0:
-        one = 2 << 30
-        one_file = tsar_bytes
-        now, later = procs.fresh_memory_rate(one, 0.0), procs.fresh_memory_rate(one, settled)
+    if tsar_p14 and tsar_p14[2] > 0:
+        one_file, tsar_extra, settled = tsar_p14
+        probe = 2 << 30
+        now, later = procs.fresh_memory_rate(probe, 0.0), procs.fresh_memory_rate(probe, settled)
         rep.row("P14", "b", "memory", "first write of 2 GiB of new memory, at once", f"{now:.0f}", "B/s")
         rep.row("P14", "b", "memory", f"first write of 2 GiB of new memory, {settled:.1f} s after", f"{later:.0f}",
                 "B/s")

@@ -126,18 +126,24 @@ def test_p9_measures_and_reports_every_peer_asked_for(tmp_path):
     assert "not applicable" in text and "calls:" in text
 
 
+def _tiny_tsar_archive(tmp_path):
+    """(path, files) of model (a) at the tiny size written for tsar, the
+    process measures' subject; skips where tsar cannot run."""
+    spec = models.spec("a", "tiny")
+    source = adapters.Source(spec, spec.reference(), str(tmp_path))
+    tsar_adapter = adapters.by_name(["tsar"])[0]
+    runnable(tsar_adapter, spec)
+    path = tsar_adapter.prepare(source)
+    return path, adapters.files_of(path)
+
+
 def test_p13_worker_reports_its_phases_and_p3_waits_for_the_touch(tmp_path):
     """P13's worker (procs.py) times its own phases: the loader's call, the
     first and a second forward; the own part is LOAD + FIRST - SECOND. P3's
     held workers answer only after touching every page."""
     from peers import procs
 
-    spec = models.spec("a", "tiny")
-    source = adapters.Source(spec, spec.reference(), str(tmp_path))
-    tsar_adapter = adapters.by_name(["tsar"])[0]
-    runnable(tsar_adapter, spec)
-    path = tsar_adapter.prepare(source)
-    files = adapters.files_of(path)
+    path, files = _tiny_tsar_archive(tmp_path)
     t = procs.first_output_phases("tsar", "a", "tiny", path, files, cold=False)
     assert set(t) == {"READY", "LOAD", "FIRST", "SECOND", "OWN"}
     assert all(t[k] > 0 for k in ("LOAD", "FIRST", "SECOND"))
@@ -158,12 +164,7 @@ def test_p14_cold_start_reports_when_its_first_page_came_and_the_disk_is_measure
 
     from peers import procs
 
-    spec = models.spec("a", "tiny")
-    source = adapters.Source(spec, spec.reference(), str(tmp_path))
-    tsar_adapter = adapters.by_name(["tsar"])[0]
-    runnable(tsar_adapter, spec)
-    path = tsar_adapter.prepare(source)
-    files = adapters.files_of(path)
+    path, files = _tiny_tsar_archive(tmp_path)
     seen = {}
     elapsed = procs.many_cold("tsar", "a", "tiny", path, files, n=1, watch=seen)
     # The worker imports torch before it reads: the first page comes after
