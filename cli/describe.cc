@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <charconv>
 #include <cstdio>
 #include <sstream>
 
@@ -73,6 +74,14 @@ std::string Hex(const std::string& bytes, size_t max) {
   return out;
 }
 
+std::string FloatText(double d) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, d);  // shortest round trip
+  std::string s = ec == std::errc() ? std::string(buf, end) : std::string("?");
+  if (s.find_first_of(".eni") == std::string::npos) s += ".0";  // 100.0, not 100 (an int)
+  return s;
+}
+
 nlohmann::ordered_json MetaJson(const MetadataValue& v) {
   if (const auto* s = std::get_if<std::string>(&v)) return *s;
   if (const auto* i = std::get_if<int64_t>(&v)) return *i;
@@ -99,12 +108,7 @@ std::string MetaText(const MetadataValue& v) {
     return q + (s->size() > 80 ? "\"... (string)" : "\" (string)");
   }
   if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i) + " (int)";
-  if (const auto* d = std::get_if<double>(&v)) {
-    std::ostringstream o;
-    o.precision(17);
-    o << *d << " (float)";
-    return o.str();
-  }
+  if (const auto* d = std::get_if<double>(&v)) return FloatText(*d) + " (float)";
   const std::string& b = std::get<Bytes>(v).data;
   return Hex(b, 16) + " (bytes, " + std::to_string(b.size()) + ")";
 }

@@ -41,6 +41,10 @@ std::string Printable(std::string_view s);
 std::string Dims(const std::vector<int64_t>& v);
 // Lower-case hex of up to `max` bytes, "..." when cut.
 std::string Hex(const std::string& bytes, size_t max);
+// A float in the shortest text that reads back as the same double, as
+// Python's repr: "0.9" (not 0.90000000000000002), "100.0", "1e+20", "inf",
+// "-nan".
+std::string FloatText(double d);
 // A metadata value as JSON: string, integer, float, or {"bytes_hex": "..."}.
 nlohmann::ordered_json MetaJson(const MetadataValue& v);
 // A metadata value on one line: "\"run1\" (string)", "10 (int)", "0.5 (float)",

@@ -10,6 +10,7 @@
 #include "cli/common.h"
 #include "cli/describe.h"
 #include "cli/tensor_parallel.h"
+#include "format/attached_file.h"
 #include "format/reader.h"
 #include "tsar/archive_file.h"
 #include "writer/json_util.h"
@@ -136,12 +137,6 @@ std::string BigIntText(const std::string& le) {
     digits.insert(digits.begin(), static_cast<char>('0' + rem));
   }
   return (negative ? "-" : "") + digits;
-}
-
-std::string FloatText(double d) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", d);
-  return buf;
 }
 
 size_t OpaqueBytes(const Value& v) {
@@ -387,8 +382,29 @@ std::string LayerNote(uint32_t layer) {
   return layer == 1 ? " base" : " base" + std::to_string(layer);
 }
 
+// §4.7.1: the archive-level metadata that is an attached file (a bytes
+// value under "file:" + a valid name), and the rest.
+struct ArchiveMetadata {
+  std::vector<std::pair<std::string, uint64_t>> files;  // name, size
+  std::vector<std::pair<std::string, MetadataValue>> other;
+};
+
+ArchiveMetadata SplitMetadata(const ArchiveFile& a) {
+  ArchiveMetadata m;
+  for (auto& [k, v] : a.metadata_items()) {
+    const std::string_view name = format::AttachedFileName(k);
+    if (const auto* b = std::get_if<Bytes>(&v); b && !name.empty()) {
+      m.files.emplace_back(std::string(name), b->data.size());
+    } else {
+      m.other.emplace_back(k, std::move(v));
+    }
+  }
+  return m;
+}
+
 int RunInspect(const std::string& path, bool json) {
   const ArchiveFile a = OpenArchive(path);
+  const ArchiveMetadata archive_meta = SplitMetadata(a);
   const auto infos = a.infos();
   const auto storages = a.storages();
   std::vector<int> users(storages.size());
@@ -451,8 +467,11 @@ int RunInspect(const std::string& path, bool json) {
                                      {"rank_bytes", tp.rank_bytes}});
     }
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : a.metadata_items()) json::Append(meta, k, MetaJson(v));
+    for (const auto& [k, v] : archive_meta.other) json::Append(meta, k, MetaJson(v));
     out.Member("metadata", meta);
+    nlohmann::ordered_json files = nlohmann::ordered_json::array();
+    for (const auto& [name, size] : archive_meta.files) files.push_back({{"name", name}, {"bytes", size}});
+    out.Member("files", files);
     nlohmann::ordered_json entry_meta = nlohmann::ordered_json::object();
     for (const auto& e : a.entries()) {
       nlohmann::ordered_json m = nlohmann::ordered_json::object();
@@ -549,11 +568,23 @@ int RunInspect(const std::string& path, bool json) {
   Columns dtype_columns("lrrr");
   for (const auto& r : dtype_rows) dtype_columns.Fit(r);
   for (const auto& r : dtype_rows) dtype_columns.Print(r);
-  const auto meta = a.metadata_items();
-  if (!meta.empty()) {
+  if (!archive_meta.other.empty()) {
     std::printf("\nmetadata\n");
-    for (const auto& [k, v] : meta)
+    for (const auto& [k, v] : archive_meta.other)
       std::printf("  %s = %s\n", Printable(k).c_str(), MetaText(v).c_str());
+  }
+  if (!archive_meta.files.empty()) {  // §4.7.1
+    uint64_t total = 0;
+    Columns columns("lr");
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& [name, size] : archive_meta.files) {
+      total += size;
+      rows.push_back({Printable(name), HumanBytes(size)});
+      columns.Fit(rows.back());
+    }
+    std::printf("\nfiles: %zu attached, %s (tsar.transformers reads them; metadata keys \"file:NAME\")\n",
+                rows.size(), HumanBytes(total).c_str());
+    for (const auto& r : rows) columns.Print(r);
   }
   if (a.has_value_tree()) {  // format 1.1: what the packed checkpoint was, as a whole
     std::printf("\nvalue (the packed object; tsar export -o FILE.pt gives it back)\n");

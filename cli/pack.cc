@@ -14,8 +14,9 @@ Run AddPack(CLI::App& app) {
   sub->add_option("inputs", args->inputs,
                   "Input files, detected by content: torch.save (.pt/.pth/.bin), TorchScript,\n"
                   "safetensors (or a sharded *.safetensors.index.json), HDF5 (h5py), a directory\n"
-                  "written by TensorDict's memmap() (nested keys joined with '.'), or a tsar\n"
-                  "archive (repacked: flattened, rebased, converted with --dtype)");
+                  "written by TensorDict's memmap() (nested keys joined with '.'), a directory\n"
+                  "written by transformers' save_pretrained (see below), or a tsar archive\n"
+                  "(repacked: flattened, rebased, converted with --dtype)");
   sub->add_option("-o,--output", args->output,
                   "Archive to write; replaced atomically, never half-written")
       ->required();
@@ -101,8 +102,17 @@ Run AddPack(CLI::App& app) {
       "  tsar pack finetuned.pt --base base.tsar -o finetuned.tsar   # a layer\n"
       "  tsar pack --flatten finetuned.tsar -o finetuned-full.tsar\n"
       "  tsar pack llama.safetensors --tp 4 --shard-plan llama.plan.json -o llama-tp4.tsar\n"
+      "  tsar pack ./my-model -o my-model.tsar   # a save_pretrained directory, see below\n"
       "A torch.save dict like {\"model\": sd, \"ema\": sd2, \"step\": 10} becomes entries\n"
-      "model and ema and the metadata step=10. Nothing in the input is ever executed.");
+      "model and ema and the metadata step=10. Nothing in the input is ever executed.\n"
+      "A transformers directory (config.json and model.safetensors, or a sharded\n"
+      "model.safetensors.index.json) becomes one archive: the weights as entry model,\n"
+      "and its files named *.json, *.txt, *.model, *.jinja, *.tiktoken (config,\n"
+      "generation config, tokenizer, chat templates; also additional_chat_templates/)\n"
+      "up to 64 MiB each, byte for byte, as attached files (metadata \"file:NAME\",\n"
+      "spec 4.7.1; tsar inspect lists them). Other files are skipped with a note.\n"
+      "In Python: model = tsar.transformers.load_model(\"my-model.tsar\") and\n"
+      "tokenizer = tsar.transformers.load_tokenizer(\"my-model.tsar\").");
   return [args, sub] {
     // §4.12: a tensor-parallel archive defaults to 2 MiB alignment (see --tp).
     if (args->tp != 0 && sub->get_option("--align")->count() == 0) args->align = 2u << 20;

@@ -1,16 +1,20 @@
 // Input detection by content (writer/detect.h). No LibTorch.
 #include "writer/detect.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "format/endian.h"
+#include "format/reader.h"
 #include "format/spec.h"
 #include "loader/mapping.h"
 #include "loader/open_file.h"
@@ -35,6 +39,8 @@ const char* InputKindName(InputKind kind) {
       return "tsar";
     case InputKind::kTensorDict:
       return "TensorDict memmap";
+    case InputKind::kTransformers:
+      return "transformers";
     case InputKind::kUnknown:
       break;
   }
@@ -46,15 +52,63 @@ bool IsTorchScript(const zip::Reader& zip) {
   return zip.Find(zip.prefix() + "constants.pkl") || zip.Find(zip.prefix() + "code/__torch__.py");
 }
 
+namespace {
+
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// What a directory holds, for a message: up to 12 names, sorted, directories
+// with a '/', "empty" for none.
+std::string DirectoryListing(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (const dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      struct stat st;
+      const bool sub = stat((dir + "/" + name).c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+      names.push_back(format::Quote(name) + (sub ? "/" : ""));
+    }
+    closedir(d);
+  } else {
+    return std::string("an unreadable directory (") + std::strerror(errno) + ")";
+  }
+  if (names.empty()) return "an empty directory";
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 12; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > 12) out += ", ... (" + std::to_string(names.size()) + " in all)";
+  return out;
+}
+
+}  // namespace
+
+std::string TransformersWeights(const std::string& dir) {
+  if (!IsRegularFile(dir + "/config.json")) return "";
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json"}) {
+    if (IsRegularFile(dir + "/" + name)) return name;
+  }
+  return "";
+}
+
 InputKind DetectByBytes(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    struct stat meta;
-    const std::string json = path + "/meta.json";
-    if (stat(json.c_str(), &meta) == 0 && S_ISREG(meta.st_mode)) return InputKind::kTensorDict;
-    throw Error(ErrorCode::kBadInput, path, std::nullopt,
-                "a directory without a meta.json: the only directory tsar reads is one that "
-                "TensorDict's memmap() wrote");
+    if (IsRegularFile(path + "/meta.json")) return InputKind::kTensorDict;
+    if (!TransformersWeights(path).empty()) return InputKind::kTransformers;
+    std::string what =
+        "expected a directory that transformers' save_pretrained wrote (config.json with "
+        "model.safetensors or model.safetensors.index.json) or one that TensorDict's memmap() "
+        "wrote (meta.json), found " +
+        DirectoryListing(path);
+    if (IsRegularFile(path + "/config.json")) {
+      what +=
+          "; a transformers directory without safetensors weights: save it with "
+          "save_pretrained(DIR) (safetensors is its default), or pack its weights file alone";
+    }
+    throw Error(ErrorCode::kBadInput, path, std::nullopt, what);
   }
   const int fd = OpenRegularFile(path, &st, ErrorCode::kBadInput);
   uint8_t b[16] = {0};

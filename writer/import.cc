@@ -9,6 +9,7 @@
 #include "format/endian.h"
 #include "format/spec.h"
 #include "loader/open_file.h"
+#include "writer/import_transformers.h"
 #include "writer/importer.h"
 #include "writer/zip_reader.h"
 
@@ -36,11 +37,18 @@ Imported Import(const std::string& path, const ImportOptions& options) {
     }
     return options.torchscript(path, options);
   }
-  // TensorDict's meta.json, named as such, stands for its directory.
+  // TensorDict's meta.json, named as such, stands for its directory; so does
+  // the config.json of a transformers directory.
   const size_t slash = path.rfind('/');
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;
   if (kind == InputKind::kSafetensorsIndex &&
-      path.compare(slash == std::string::npos ? 0 : slash + 1, std::string::npos, "meta.json") == 0) {
+      path.compare(base, std::string::npos, "meta.json") == 0) {
     return ImportTensorDict(path, options);
+  }
+  if (kind == InputKind::kSafetensorsIndex &&
+      path.compare(base, std::string::npos, "config.json") == 0 &&
+      !TransformersWeights(DirOf(path)).empty()) {
+    return ImportTransformers(path, options);
   }
   switch (kind) {
     case InputKind::kTorchSave:
@@ -56,6 +64,8 @@ Imported Import(const std::string& path, const ImportOptions& options) {
       return ImportTsar(path, options);
     case InputKind::kTensorDict:
       return ImportTensorDict(path, options);
+    case InputKind::kTransformers:
+      return ImportTransformers(path, options);
     case InputKind::kUnknown:
       break;
   }
@@ -73,7 +83,8 @@ Imported Import(const std::string& path, const ImportOptions& options) {
   }
   throw Error(ErrorCode::kBadInput, path, std::nullopt,
               "expected a torch.save zip, a TorchScript archive, a safetensors file or index, an "
-              "HDF5 file or a tsar archive, found none of them" +
+              "HDF5 file, a tsar archive, or a directory (transformers' save_pretrained, "
+              "TensorDict's memmap()), found none of them" +
                   hint);
 }
 

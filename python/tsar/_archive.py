@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 
@@ -162,6 +162,26 @@ class Archive:
         """Metadata as a dict (str, int, float or bytes values); entry None = archive-level."""
         return dict(self._a().metadata_items(entry or ""))
 
+    def files(self) -> Dict[str, bytes]:
+        """The files attached to the archive, ``{name: bytes}`` in name order:
+        what ``tsar pack MODEL_DIR`` keeps of a transformers directory
+        (``config.json``, tokenizer files...), byte for byte.
+
+        They are archive-level bytes metadata under the key ``"file:" + name``
+        (spec/FORMAT.md §4.7.1), so :meth:`metadata` holds them too. A name is
+        relative and '/'-separated (``additional_chat_templates/x.jinja``)
+        and never has an empty, ``.`` or ``..`` component: joined under a
+        directory, it stays inside it. A ``file:`` key that breaks that rule,
+        or whose value is not bytes, is plain metadata, not a file.
+        """
+        out = {}
+        for key, value in self._a().metadata_items(""):
+            if isinstance(value, bytes):
+                name = attached_file_name(key)
+                if name is not None:
+                    out[name] = value
+        return out
+
     def get(self, name: str, default=None):
         return self.tensor(name) if name in self else default
 
@@ -203,6 +223,18 @@ class Archive:
         if self._impl is None:
             return "<tsar.Archive closed>"
         return f"<tsar.Archive {self.path!r} mode={self.mode} entries={self.entries}>"
+
+
+def attached_file_name(key: str) -> Optional[str]:
+    """The file name of metadata key ``key`` under spec §4.7.1 (``"file:"``
+    and a relative name with no empty, ``.`` or ``..`` component and no NUL),
+    else None."""
+    if not key.startswith("file:") or len(key) == 5:
+        return None
+    name = key[5:]
+    if "\0" in name or any(c in ("", ".", "..") for c in name.split("/")):
+        return None
+    return name
 
 
 def open(path, *, mode: str = "shared", prefetch: str = "none", verify: str = "index",  # noqa: A001

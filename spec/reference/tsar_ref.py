@@ -683,6 +683,30 @@ def value_tree(r):
     return r["tree"] if r["tree"] is not None else implied_tree(r)
 
 
+def attached_file_name(key):
+    """§4.7.1: the file name (bytes) a metadata key gives, or None when the key is not
+    `file:` followed by a relative, '/'-separated name without empty, '.' or '..'
+    components and without NUL."""
+    if not key.startswith(b"file:") or len(key) == 5:
+        return None
+    name = key[5:]
+    if b"\0" in name or any(c in (b"", b".", b"..") for c in name.split(b"/")):
+        return None
+    return name
+
+
+def attached_files(r):
+    """§4.7.1: {name (bytes): content (bytes)} of the archive-level bytes records whose
+    key names a file; every other record, `file:` keys outside the grammar included, is
+    plain metadata."""
+    out = {}
+    for en, key, ty, val in r["metadata"]:
+        name = attached_file_name(key) if en == NONE and ty == 4 else None
+        if name is not None:
+            out[name] = bytes(val)
+    return out
+
+
 class Archive:
     """An opened archive (§4.11.2): its path as opened, bytes, decoded index and, for a
     layer, its checked base (an Archive), else None."""

@@ -110,5 +110,6 @@ def test_bad_directories_are_refused_naming_the_file(tmp_path, cli):
     meta_path.write_text(json.dumps(meta))
     # A directory nobody wrote with memmap().
     os.makedirs(tmp_path / "plain")
-    refused(tmp_path / "plain", 3, "without a meta.json")
+    refused(tmp_path / "plain", 3, "memmap() wrote (meta.json)", "save_pretrained",
+            "found an empty directory")
     run_cli(cli, "pack", src, "-o", tmp_path / "ok.tsar", "-q")  # the restored one packs
