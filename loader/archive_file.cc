@@ -16,6 +16,7 @@
 #include "format/value_tree.h"
 #include "loader/archive_core.h"
 #include "loader/hash_storages.h"
+#include "loader/not_an_archive.h"
 #include "loader/open_file.h"
 #include "loader/read_ahead.h"
 #include "loader/value_tree.h"
@@ -152,7 +153,14 @@ std::shared_ptr<const ArchiveCore> OpenCore(const std::string& path, const OpenO
   uint8_t first[format::kHeaderSize];
   const uint64_t first_n = std::min<uint64_t>(file_size, sizeof first);
   PreadAll(fd.get(), first, first_n, path);
-  const format::Header h = format::DecodeHeader(first, first_n, file_size, path);
+  format::Header h;
+  try {
+    h = format::DecodeHeader(first, first_n, file_size, path);
+  } catch (const Error& e) {
+    // R1 says only that the magic is wrong: say what the file is, and what to do.
+    if (e.code() == ErrorCode::kBadMagic) throw WithNotAnArchiveHint(e);
+    throw;
+  }
   std::vector<uint8_t> head(h.data_offset);
   PreadAll(fd.get(), head.data(), head.size(), path);
   format::Index index = format::Index::Parse(std::move(head), file_size, path);
