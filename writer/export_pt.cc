@@ -235,15 +235,28 @@ std::vector<std::string> ExportTorchSave(const ArchiveFile& a, const std::string
     d = static_cast<int>(t.dtype);
   }
 
+  // What to write: the stored tree; without one, the implied tree (spec
+  // §4.10.3), but for a one-entry archive always that entry's state_dict, as
+  // torch.save(state_dict) wrote it, so that load_state_dict(torch.load(x))
+  // works whatever archive-level metadata (a safetensors file's "format",
+  // tsar.save's metadata=) it holds. A checkpoint that is more than one
+  // state_dict is packed with a tree (§4.9 rule 14).
+  const bool stored_tree = a.has_value_tree();
+  const bool one_state_dict = !stored_tree && a.entries().size() == 1;
+  Value root = a.value();
+  if (one_state_dict && root.is(Value::Kind::kDict)) {
+    Value state_dict = root.pairs().front().second;  // rule 3's first pair: entry #0
+    root = std::move(state_dict);
+  }
+
   std::string pkl;
   pickle::Pickler p(&pkl);
   p.Proto();
   TreeWriter tree(a, infos, storages, p);
-  tree.Write(a.value());
+  tree.Write(root);
   p.Stop();
   for (const auto& name : tree.Unwritten())
     notes.push_back("tensor " + name + ": not part of the archive's value tree; left out");
-  const bool stored_tree = a.has_value_tree();
   for (const auto& e : a.entries()) {
     for (const auto& [k, v] : a.metadata_items(e)) {
       if (stored_tree || k != "torch._metadata")
@@ -254,6 +267,11 @@ std::vector<std::string> ExportTorchSave(const ArchiveFile& a, const std::string
   if (stored_tree) {
     for (const auto& [k, v] : a.metadata_items())
       notes.push_back("metadata " + k + ": not part of the packed checkpoint; left out");
+  } else if (one_state_dict) {
+    for (const auto& [k, v] : a.metadata_items())
+      notes.push_back("metadata " + k +
+                      ": a state_dict has no place for archive metadata; left out (tsar inspect "
+                      "shows it)");
   }
 
   AtomicFile out(path);

@@ -74,6 +74,10 @@ Value RenameEntries(const Value& v, const std::function<std::string(const std::s
 bool NeedsTree(const importer::Imported& in,
                const std::vector<std::pair<std::string, MetadataValue>>& extra) {
   if (!in.value) return false;
+  // Export to .pt writes a one-entry archive without a tree as that entry's
+  // state_dict (spec §4.10.3): a checkpoint that is more than a state_dict
+  // ({"model": sd, "epoch": 3}) keeps its tree to come back whole.
+  if (in.entries.size() == 1 && !in.value->is(Value::Kind::kEntry)) return true;
   std::vector<std::string> entries;
   for (const auto& e : in.entries) entries.push_back(e.name);
   std::vector<std::pair<std::string, MetadataValue>> top = extra;
