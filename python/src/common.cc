@@ -10,10 +10,27 @@ namespace py = pybind11;
 namespace tsar::python {
 namespace {
 
+// A message names C++'s way to do something (B1 of spec §6.7 names tsar's
+// search list, "a reader with another one names its own"): from Python, name
+// Python's.
+std::string ForPython(std::string message) {
+  static const struct {
+    const char* cpp;
+    const char* python;
+  } kSpellings[] = {
+      {"OpenOptions::base_dirs", "tsar.open(path, base_dirs=[...])"},
+  };
+  for (const auto& s : kSpellings) {
+    const size_t at = message.find(s.cpp);
+    if (at != std::string::npos) message.replace(at, std::string(s.cpp).size(), s.python);
+  }
+  return message;
+}
+
 void RaiseTsarError(const Error& e) {
   py::object cls = py::module_::import("tsar._errors").attr("Error");
   py::object off = e.offset() ? py::object(py::int_(*e.offset())) : py::object(py::none());
-  py::object exc = cls(e.what(), static_cast<int>(e.code()), e.path(), off);
+  py::object exc = cls(ForPython(e.what()), static_cast<int>(e.code()), e.path(), off);
   PyErr_SetObject(cls.ptr(), exc.ptr());
 }
 

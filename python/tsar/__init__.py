@@ -26,11 +26,16 @@ from ._build_info import __version__, torch_version as _built_against
 # The extension links this torch's LibTorch by name: against another build it
 # would fail with undefined symbols, or worse, run with a different ABI.
 if torch.__version__ != _built_against:
+    # pip refuses a local version ("2.15.0+cu132") from the package index: name
+    # the public one, and where the local build comes from.
+    _public, _, _local = _built_against.partition("+")
     raise ImportError(
         f"tsar {__version__} was built against torch {_built_against}, but this environment "
         f"has torch {torch.__version__} ({torch.__file__}): rebuild tsar in this "
         f"environment (pip install --force-reinstall --no-deps <tsar source folder>), or "
-        f"install torch=={_built_against}"
+        f"install torch=={_public}"
+        + (f" (tsar was built against its {_local} build: pip install torch=={_public} "
+           f"--index-url https://download.pytorch.org/whl/{_local})" if _local else "")
     )
 
 from ._errors import Error, ErrorCode

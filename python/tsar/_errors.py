@@ -26,6 +26,16 @@ class ErrorCode(enum.IntEnum):
     BIND_MISMATCH = 19
     BASE_MISMATCH = 20
 
+    # An IntEnum prints as its number (``print(e.code)`` gave ``2``): the name
+    # says what happened. It still is the int, and compares equal to it.
+    def __str__(self):
+        return self.name
+
+    def __format__(self, spec):
+        if spec and spec[-1] in "bcdoxXn":  # a numeric format: f"{code:d}", f"{code:#x}"
+            return int.__format__(int(self), spec)
+        return format(self.name, spec)
+
 
 class Error(RuntimeError):
     """Raised for any bad archive, bad input file, I/O failure or misuse.
