@@ -4,6 +4,8 @@
   server.py --archive model.tsar    [--workers N] [--port P]   weights mapped from a tsar archive
   server.py --archive model.tsar --follow                      ... and every new version published there
   server.py --torch-load model.pt   [--workers N] [--port P]   baseline: torch.load in every worker
+  server.py --transformers model.tsar [--workers N] [--port P] a transformers model packed from its
+                                                                save_pretrained directory
 
 The master imports torch, opens one listening socket on 127.0.0.1, and forks N
 workers that all accept() on it. Each worker builds the model architecture
@@ -17,12 +19,18 @@ a new archive renamed over the path (tsar.save, tsar pack) is verified, bound
 into a fresh module, warmed up, then served; each request runs on the version
 it started with, and a worker drops the old version's mapping after its last
 request on it. Answers then carry "version" (1, 2, ... per worker).
+With --transformers each worker calls tsar.transformers.load_model(archive)
+and load_tokenizer(archive): the model class, config and tokenizer all come
+from the one archive (make_transformers_model.py makes a small one); requests
+are text, answers the greedy continuation.
 
   GET  /          the output for a fixed probe input (linspace(-1, 1, inputs))
   POST /predict   body {"input": [inputs floats]} or {"input": [[...], ...]}
+                  (--transformers: {"text": "...", "max_new_tokens": n <= 64})
   GET  /health    {"ok": true, "worker": pid}
 
-Answers are JSON: {"worker": pid, "mode": "tsar" | "torch.load", "output": [[...]]}.
+Answers are JSON: {"worker": pid, "mode": "tsar" | "torch.load", "output": [[...]]};
+--transformers: {"worker", "mode": "transformers", "input_ids", "output_ids", "text"}.
 --ready-file PATH: when every worker is ready, PATH gets {"port", "master", "workers"}.
 SIGTERM or SIGINT to the master stops the workers and exits; workers also die
 with the master (PR_SET_PDEATHSIG).
@@ -47,6 +55,8 @@ def parse_args(argv=None):
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--archive", help="tsar archive to map and bind (shared, zero copy)")
     src.add_argument("--torch-load", dest="torch_load", help="torch.save file to load in every worker")
+    src.add_argument("--transformers", help="tsar archive of a transformers model directory "
+                     "(tsar pack MODEL_DIR): tsar.transformers.load_model in every worker")
     ap.add_argument("--follow", action="store_true",
                     help="with --archive: serve each new version published at the path (tsar.LiveModule)")
     ap.add_argument("--poll", type=float, default=1.0, help="--follow: seconds between stat()s of the path")
@@ -61,9 +71,9 @@ def parse_args(argv=None):
     a = ap.parse_args(argv)
     if a.workers < 1:
         ap.error("--workers must be at least 1")
-    weights = a.archive or a.torch_load
+    weights = a.archive or a.torch_load or a.transformers
     a.arch = a.arch or os.path.join(os.path.dirname(os.path.abspath(weights)), "model.json")
-    a.mode = "tsar" if a.archive else "torch.load"
+    a.mode = "tsar" if a.archive else "transformers" if a.transformers else "torch.load"
     if a.follow and not a.archive:
         ap.error("--follow needs --archive")
     return a
@@ -97,8 +107,28 @@ def follow_model(args):
     return live, arch
 
 
+PROMPT = "hello world"  # GET / of a --transformers server
+
+
+def generate(net, tokenizer, text, max_new_tokens=8):
+    """Greedy continuation of ``text``: (input ids, output ids, decoded text)."""
+    import torch
+    ids = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        out = net.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False,
+                           pad_token_id=tokenizer.eos_token_id)
+    new = out[0, ids["input_ids"].shape[1]:].tolist()
+    return ids["input_ids"][0].tolist(), new, tokenizer.decode(new)
+
+
 def load_model(args):
     import torch
+    if args.mode == "transformers":
+        import tsar.transformers
+        net = tsar.transformers.load_model(args.transformers)  # zero copy, eval()
+        tokenizer = tsar.transformers.load_tokenizer(args.transformers)
+        generate(net, tokenizer, PROMPT)  # warm-up: the weight pages are resident
+        return net, {"tokenizer": tokenizer}
     import mlp
     arch = mlp.load_arch(args.arch)
     net = mlp.build(arch, empty=True)  # eval() mode: required over a shared archive
@@ -134,6 +164,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def answer_text(self, text, max_new_tokens=8):
+        ids, new, decoded = generate(self.server.net, self.server.arch["tokenizer"], text,
+                                     max_new_tokens)
+        return {"worker": os.getpid(), "mode": "transformers", "input_ids": ids,
+                "output_ids": new, "text": decoded}
+
     def answer(self, x):
         import torch
         live = self.server.live
@@ -148,6 +184,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             self.reply(200, {"ok": True, "worker": os.getpid()})
+        elif self.path in ("/", "/predict") and self.server.mode == "transformers":
+            self.reply(200, self.answer_text(PROMPT))
         elif self.path in ("/", "/predict"):
             self.reply(200, self.answer(probe(self.server.arch)))
         else:
@@ -162,7 +200,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             n = int(self.headers.get("Content-Length", "0"))
             if not 0 < n <= 64 << 20:
                 raise ValueError("a JSON body of at most 64 MiB is required")
-            x = torch.tensor(json.loads(self.rfile.read(n))["input"], dtype=torch.float32)
+            body = json.loads(self.rfile.read(n))
+            if self.server.mode == "transformers":
+                text, steps = body["text"], int(body.get("max_new_tokens", 8))
+                if not isinstance(text, str) or not 0 < steps <= 64:
+                    raise ValueError('expected {"text": str, "max_new_tokens": 1 to 64}')
+                self.reply(200, self.answer_text(text, steps))
+                return
+            x = torch.tensor(body["input"], dtype=torch.float32)
             if x.dim() == 1:
                 x = x.unsqueeze(0)
             if x.dim() != 2 or x.shape[1] != self.server.arch["inputs"]:
@@ -252,6 +297,8 @@ def main(argv=None):
     import torch  # noqa: F401 - imported before fork: its pages are shared by every worker
     if args.mode == "tsar":
         import tsar  # noqa: F401
+    elif args.mode == "transformers":
+        import tsar.transformers  # noqa: F401 - and transformers, shared by the workers
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((args.host, args.port))

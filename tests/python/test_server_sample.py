@@ -52,3 +52,54 @@ def test_hot_swap_serves_every_version_without_an_error_and_lets_the_old_ones_go
     assert 0.9 * res["file_size"] <= res["pss_before"] <= 1.05 * res["file_size"]
     assert 0.9 * res["file_size"] <= res["pss_after"] <= 1.05 * res["file_size"]
     assert "errors: 0   wrong answers: 0" in r.stdout
+
+
+def test_transformers_server_answers_as_from_pretrained(tmp_path):
+    """server.py --transformers: each worker loads model and tokenizer from the
+    one archive (tsar.transformers); its greedy continuation is from_pretrained's."""
+    import signal
+    import time
+    import urllib.request
+
+    import pytest
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    sys.path.insert(0, SAMPLE)
+    try:
+        import make_transformers_model
+        hf, archive = make_transformers_model.make(str(tmp_path / "m"))
+    finally:
+        sys.path.remove(SAMPLE)
+    ready = tmp_path / "ready.json"
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(SAMPLE, "server.py"), "--transformers", archive,
+         "--workers", "2", "--ready-file", str(ready)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert server.poll() is None, server.communicate()[1]
+            assert time.monotonic() < deadline, "server not ready"
+            time.sleep(0.1)
+        info = json.loads(ready.read_text())
+        url = f"http://127.0.0.1:{info['port']}"
+        got = json.loads(urllib.request.urlopen(url + "/", timeout=60).read())
+        body = json.dumps({"text": "the lazy fox", "max_new_tokens": 5}).encode()
+        posted = json.loads(urllib.request.urlopen(
+            urllib.request.Request(url + "/predict", data=body), timeout=60).read())
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=30)
+    tok = transformers.AutoTokenizer.from_pretrained(hf)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf).eval()
+    for answer, text, steps in ((got, "hello world", 8), (posted, "the lazy fox", 5)):
+        ids = tok(text, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**ids, max_new_tokens=steps, do_sample=False,
+                                 pad_token_id=tok.eos_token_id)
+        assert answer["mode"] == "transformers" and answer["worker"] in info["workers"]
+        assert answer["input_ids"] == ids["input_ids"][0].tolist()
+        assert answer["output_ids"] == out[0, ids["input_ids"].shape[1]:].tolist()
+        assert answer["text"] == tok.decode(answer["output_ids"])
