@@ -6,6 +6,8 @@
 #include <c10/core/TensorImpl.h>
 
 #include <algorithm>
+#include <cstring>
+#include <functional>
 #include <sstream>
 #include <unordered_set>
 
@@ -67,8 +69,9 @@ constexpr int64_t kWhole = -1;
 // Rank options.rank's part of `w` elements split options.world ways, as
 // torch.chunk gives it.
 int64_t ChunkSize(int64_t n, const BindOptions& o) {
-  const int64_t c = (n + o.world - 1) / o.world;
-  return std::max<int64_t>(0, std::min(c, n - o.rank * c));
+  const int64_t c = n / o.world + (n % o.world != 0);  // ceil, without n + world overflowing
+  if (c == 0 || o.rank > (n - 1) / c) return 0;         // rank * c would pass n (or overflow)
+  return std::min(c, n - o.rank * c);
 }
 
 // §4.12: which part of archive tensor `rec` a slot of shape `mine` of a
@@ -126,10 +129,112 @@ void AddViewed(const c10::TensorImpl& t, std::vector<ByteRange>& out) {
   out.push_back({data + static_cast<uint64_t>(t.storage_offset()) * item, (last + 1) * item});
 }
 
+enum class SlotState : uint8_t { kMissing, kMatched, kMismatched, kTied };
+
+// Whether two archive tensors hold the same values: the same view of one
+// storage, or equal bytes (contiguous views of as many bytes).
+bool SameValues(const at::Tensor& a, const at::Tensor& b) {
+  if (a.dtype() != b.dtype() || !a.sizes().equals(b.sizes())) return false;
+  if (a.is_same(b)) return true;
+  if (a.layout() != c10::kStrided || b.layout() != c10::kStrided) return false;
+  if (a.storage().is_alias_of(b.storage()) && a.storage_offset() == b.storage_offset() &&
+      a.strides().equals(b.strides()))
+    return true;
+  if (!a.is_contiguous() || !b.is_contiguous()) return false;
+  const size_t n = a.nbytes();
+  if (n == 0) return true;
+  const auto* pa = static_cast<const char*>(a.storage().data()) + a.storage_offset() * a.itemsize();
+  const auto* pb = static_cast<const char*>(b.storage().data()) + b.storage_offset() * b.itemsize();
+  return std::memcmp(pa, pb, n) == 0;
+}
+
+// Ties: one TensorImpl under several names (tied weights, a module reached
+// twice). A missing name whose tensor is also matched under another name is
+// bound through that tie (kTied): save_pretrained stores a tied lm_head.weight
+// once. Two names of one tensor that the archive holds with different values
+// would leave the tensor with whichever was bound last: the later one is a
+// mismatch. Returns, per slot, whether its tensor is bound by some name.
+std::vector<bool> ResolveTies(const std::vector<BindSlot>& slots,
+                              const std::function<at::Tensor(size_t)>& source,
+                              std::vector<uint32_t>& match, std::vector<SlotState>& state,
+                              std::vector<std::pair<size_t, std::string>>& why_of) {
+  std::vector<std::pair<const c10::TensorImpl*, size_t>> by_impl(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) by_impl[i] = {slots[i].tensor, i};
+  std::sort(by_impl.begin(), by_impl.end());  // by tensor, then slot order
+  std::vector<bool> bound(slots.size(), false);
+  for (size_t lo = 0, hi; lo < by_impl.size(); lo = hi) {
+    for (hi = lo + 1; hi < by_impl.size() && by_impl[hi].first == by_impl[lo].first;) ++hi;
+    if (hi - lo == 1) {
+      bound[by_impl[lo].second] = state[by_impl[lo].second] == SlotState::kMatched;
+      continue;
+    }
+    size_t first = slots.size();  // the first name matched
+    for (size_t k = lo; k < hi; ++k) {
+      const size_t i = by_impl[k].second;
+      if (state[i] != SlotState::kMatched) continue;
+      if (first == slots.size()) {
+        first = i;
+      } else if (match[i] != match[first] && !SameValues(source(first), source(i))) {
+        state[i] = SlotState::kMismatched;
+        match[i] = format::kNone;
+        why_of.emplace_back(i, "the same tensor as " + format::Quote(slots[first].name) +
+                                   " in the module, but the archive holds other values for it "
+                                   "(tied in the module, not in the archive)");
+      }
+    }
+    for (size_t k = lo; k < hi; ++k) {
+      const size_t i = by_impl[k].second;
+      bound[i] = first != slots.size();
+      if (bound[i] && state[i] == SlotState::kMissing) state[i] = SlotState::kTied;
+    }
+  }
+  return bound;
+}
+
+// Refuses (kBindMismatch) a bind that would leave a tensor of the module on
+// the meta device: a slot neither bound nor tied, or a `loose` tensor (one no
+// archive holds: a non-persistent buffer) on meta.
+void CheckNothingStaysMeta(const std::vector<BindSlot>& slots,
+                           const std::vector<SlotState>& state, const std::vector<bool>& bound,
+                           const std::vector<BindSlot>& loose, const std::string& path,
+                           const std::string& entry_name) {
+  std::vector<std::string> unbound, buffers;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!bound[i] && slots[i].tensor->device_type() == c10::DeviceType::Meta) {
+      unbound.push_back(slots[i].name +
+                        (state[i] == SlotState::kMismatched ? " (mismatched)" : " (not in the archive)"));
+    }
+  }
+  std::unordered_set<const c10::TensorImpl*> bound_impls;
+  if (!loose.empty()) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (bound[i]) bound_impls.insert(slots[i].tensor);
+    }
+  }
+  for (const BindSlot& s : loose) {
+    if (s.tensor->device_type() == c10::DeviceType::Meta && bound_impls.count(s.tensor) == 0)
+      buffers.push_back(s.name);
+  }
+  if (unbound.empty() && buffers.empty()) return;
+  std::string msg = "bind: the module would keep tensors on the meta device, which the archive's "
+                    "entry " + format::Quote(entry_name) + " does not bind: ";
+  if (!buffers.empty()) {
+    msg += List(buffers) +
+           " (non-persistent buffers, which no archive holds: state_dict() leaves them out, and "
+           "they were made on meta with the module). Build the module under "
+           "tsar.empty_parameters() (parameters on meta, buffers made for real) instead of "
+           "torch.device(\"meta\"), or give these buffers their values before binding";
+    if (!unbound.empty()) msg += "; ";
+  }
+  if (!unbound.empty()) msg += List(unbound);
+  throw Error(ErrorCode::kBindMismatch, path, std::nullopt,
+              msg + ". A module on meta is bound completely or not at all. Nothing was changed");
+}
+
 }  // namespace
 
 BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive& archive,
-                     const BindOptions& options) {
+                     const BindOptions& options, const std::vector<BindSlot>& loose) {
   const Archive::Impl& impl = archive.impl();
   const format::Index& index = impl.index();
   const uint32_t entry = impl.BindEntry(options.entry);
@@ -148,6 +253,17 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   // §4.12: a rank's module, or an archive with sharded tensors: some slots
   // take a slice or a full copy (targets[i]) instead of the record's view.
   const bool tp = options.world > 1 || index.tp_world() != 0;
+  if (options.world < 0) {
+    throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
+                "bind: world: expected 0 or 1 (no tensor parallelism) or the number of ranks, "
+                "found " + std::to_string(options.world) + ". Nothing was changed");
+  }
+  if (options.world <= 1 && options.rank != 0) {
+    throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
+                "bind: rank: expected 0 without tensor parallelism (world " +
+                    std::to_string(options.world) + "), found " + std::to_string(options.rank) +
+                    "; pass world= the number of ranks. Nothing was changed");
+  }
   if (options.world > 1 && (options.rank < 0 || options.rank >= options.world)) {
     throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
                 "bind: rank: expected 0 to " + std::to_string(options.world - 1) + " for world " +
@@ -157,6 +273,8 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   BindReport report;
   report.bound.reserve(slots.size());
   std::vector<uint32_t> match(slots.size(), format::kNone);
+  std::vector<SlotState> state(slots.size(), SlotState::kMissing);
+  std::vector<std::pair<size_t, std::string>> why_of;  // the mismatched slots' reasons
   const format::EntryRecord& e = index.entries()[entry];
   std::vector<bool> used(e.tensor_count);  // by position in the entry
   const std::string& mp = options.module_prefix;
@@ -194,9 +312,14 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     if (prefixed) {
       t = next < end && index.tensors()[next].name == key ? next : index.FindTensor(entry, key);
     }
-    if (t == format::kNone) {
-      report.missing.push_back(slots[i].name);
-      continue;
+    if (t == format::kNone) continue;  // missing, unless tied (ResolveTies)
+    if (slots[i].tensor->layout() != c10::kStrided) {  // set_ would fail midway
+      std::ostringstream layout;
+      layout << slots[i].tensor->layout();
+      throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
+                  "bind: " + format::Quote(name) + " is a " + layout.str() +
+                      " tensor: tsar binds strided (dense) tensors, whose storage can be the "
+                      "archive's; make it dense first (to_dense()). Nothing was changed");
     }
     next = t + 1;
     used[t - e.first_tensor] = true;
@@ -219,15 +342,27 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
              " vs archive " + Shape(index.sizes(rec), rec.ndim);
     }
     if (!why.empty()) {
-      report.mismatched.push_back(slots[i].name + ": " + why);
+      state[i] = SlotState::kMismatched;
+      why_of.emplace_back(i, std::move(why));
       continue;
     }
+    state[i] = SlotState::kMatched;
     match[i] = t;
     if (tp && (split != kWhole || rec.shard_dim != format::kNone)) {
       targets[i] = split == kWhole ? impl.MakeFull(t)
                                    : impl.MakeShard(t, options.rank, options.world, split);
     }
   }
+  const std::vector<bool> impl_bound = ResolveTies(
+      slots,
+      [&](size_t i) { return tp && targets[i].defined() ? targets[i] : impl.Make(match[i]); },
+      match, state, why_of);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (state[i] == SlotState::kMissing) report.missing.push_back(slots[i].name);
+    if (state[i] == SlotState::kTied) report.tied.push_back(slots[i].name);
+  }
+  std::sort(why_of.begin(), why_of.end());
+  for (auto& [i, why] : why_of) report.mismatched.push_back(slots[i].name + ": " + why);
   for (uint32_t i = 0; i < e.tensor_count; ++i) {
     const uint32_t t = e.first_tensor + i;
     if (!used[i] && index.tensors()[t].role != format::Role::kSparseComponent) {
@@ -244,26 +379,11 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     throw Error(ErrorCode::kBindMismatch, archive.path(), std::nullopt, msg);
   }
 
-  // A meta slot left unbound would leave a module that cannot run: refused,
-  // strict or not, before anything changes.
-  // A name the archive lacks is fine when its tensor is bound through another
-  // name (a tied weight stored once, as save_pretrained stores lm_head).
-  std::vector<std::string> stay_meta;
-  std::unordered_set<const c10::TensorImpl*> bound_impls;
-  for (size_t i = 0; meta && i < slots.size(); ++i) {
-    if (match[i] != format::kNone) bound_impls.insert(slots[i].tensor);
-  }
-  for (size_t i = 0; meta && i < slots.size(); ++i) {
-    if (match[i] == format::kNone && slots[i].tensor->device_type() == c10::DeviceType::Meta &&
-        bound_impls.count(slots[i].tensor) == 0)
-      stay_meta.push_back(slots[i].name);
-  }
-  if (!stay_meta.empty()) {
-    throw Error(ErrorCode::kBindMismatch, archive.path(), std::nullopt,
-                "bind: the module would keep tensors on the meta device, which the archive's "
-                "entry " + format::Quote(entry_name) + " does not bind (" + List(stay_meta) +
-                    "); a module on meta is bound completely or not at all. Nothing was changed");
-  }
+  // A meta tensor left unbound would leave a module that cannot run (or,
+  // worse, one that runs on garbage): refused, strict or not, before anything
+  // changes. A name the archive lacks is fine when its tensor is bound through
+  // a tie (ResolveTies).
+  CheckNothingStaysMeta(slots, state, impl_bound, loose, archive.path(), entry_name);
   // set_ on a leaf that requires grad is only allowed with grad mode off.
   c10::AutoGradMode no_grad(false);
   if (!options.device.is_cpu()) {

@@ -25,10 +25,12 @@ struct BindSlot {
 // Each slot's device is checked before anything changes: cpu and meta are
 // rebound in place (a meta TensorImpl becomes a cpu one), any other device is
 // refused with kInvalidArgument naming the tensor, and so is a meta slot the
-// archive does not bind (kBindMismatch, strict or not: the module could not
-// run). The names of the slots bound are moved into the report.
+// archive does not bind, through its name or a tie (kBindMismatch, strict or
+// not: the module could not run). `loose`: the module's other tensors, which
+// no archive holds (a Python module's non-persistent buffers): one on meta is
+// refused the same way. The names of the slots bound are moved into the report.
 BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive& archive,
-                     const BindOptions& options);
+                     const BindOptions& options, const std::vector<BindSlot>& loose = {});
 
 // bind's device step (loader/device.cc). CheckDevice throws (kUnsupported,
 // kInvalidArgument) unless `device` is cpu, or a CUDA device this LibTorch

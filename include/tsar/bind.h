@@ -78,14 +78,21 @@ struct BindReport {
   std::vector<std::string> missing;     // in the module, not in the archive
   std::vector<std::string> unexpected;  // in the archive, not in the module
   std::vector<std::string> mismatched;  // "name: shape [2, 3] vs archive [3, 2]" ...
+  // Names the archive lacks whose tensor is the same object as one bound by
+  // another name (a tied weight stored once, as save_pretrained stores
+  // lm_head.weight): bound through that tie, in strict mode too.
+  std::vector<std::string> tied;
 };
 
 // Rebinds every parameter and buffer (named as state_dict() names them) to
 // the archive's tensor of the same name. Afterwards each one's data_ptr()
 // lies inside the archive's mapping; tied parameters share storage again;
-// requires_grad of parameters is kept. Strict mode throws kBindMismatch
-// listing every mismatch before changing anything; non-strict binds what
-// matches and reports the rest. kInvalidArgument for a training-mode module
+// requires_grad of parameters is kept. A name the archive lacks whose tensor
+// is the same object as one bound by name (tied weights stored once) is
+// bound through the tie and reported in `tied`, not `missing`. One tensor
+// under two names the archive holds with different bytes is a mismatch.
+// Strict mode throws kBindMismatch listing every mismatch before changing
+// anything; non-strict binds what matches and reports the rest. kInvalidArgument for a training-mode module
 // over a kShared archive. A module on the meta device (its tensors registered
 // as meta tensors: LibTorch's Module::to(kMeta) refuses, set_data() keeps types),
 // wholly or partly, is bound in place too: each meta tensor becomes a CPU

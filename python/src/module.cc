@@ -40,9 +40,9 @@ py::object ToPython(const MetadataValue& v) {
 using BindArgs = std::tuple<std::string, bool, bool, std::string, std::string, int64_t, int64_t,
                             std::string, bool>;
 
-// BindSlots with `args`; (bound, missing, unexpected, mismatched).
+// BindSlots with `args`; (bound, missing, unexpected, mismatched, tied).
 py::tuple Bind(std::vector<BindSlot>& slots, bool training, const Archive& archive,
-               const BindArgs& args) {
+               const BindArgs& args, const std::vector<BindSlot>& loose) {
   const auto& [entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
                read_ahead] = args;
   BindOptions o;
@@ -57,12 +57,12 @@ py::tuple Bind(std::vector<BindSlot>& slots, bool training, const Archive& archi
   o.read_ahead = read_ahead;
   BindReport r;
   if (o.device.is_cpu()) {
-    r = BindSlots(slots, training, archive, o);
+    r = BindSlots(slots, training, archive, o, loose);
   } else {  // the copy to the GPU takes a while: other threads may run
     py::gil_scoped_release unlocked;
-    r = BindSlots(slots, training, archive, o);
+    r = BindSlots(slots, training, archive, o, loose);
   }
-  return py::make_tuple(r.bound, r.missing, r.unexpected, r.mismatched);
+  return py::make_tuple(r.bound, r.missing, r.unexpected, r.mismatched, r.tied);
 }
 
 py::object Dtype(DType d) {
@@ -222,17 +222,21 @@ PYBIND11_MODULE(_tsar, m) {
       py::arg("tp") = 0,
       py::arg("shard") = std::vector<std::pair<std::string, int64_t>>());
 
-  // slots: the module's state_dict(keep_vars=True) items, rebound in place.
+  // slots: the module's state_dict(keep_vars=True) items, rebound in place;
+  // loose: its other tensors on meta (non-persistent buffers).
   m.def(
       "bind",
       [](const Archive& archive, const std::vector<std::pair<std::string, at::Tensor>>& items,
-         bool training, const BindArgs& args) {
-        std::vector<BindSlot> slots;
+         bool training, const BindArgs& args,
+         const std::vector<std::pair<std::string, at::Tensor>>& loose_items) {
+        std::vector<BindSlot> slots, loose;
         slots.reserve(items.size());
         for (const auto& [name, t] : items) slots.push_back({name, t.unsafeGetTensorImpl()});
-        return Bind(slots, training, archive, args);
+        for (const auto& [name, t] : loose_items) loose.push_back({name, t.unsafeGetTensorImpl()});
+        return Bind(slots, training, archive, args, loose);
       },
-      py::arg("archive"), py::arg("slots"), py::arg("training"), py::arg("options"));
+      py::arg("archive"), py::arg("slots"), py::arg("training"), py::arg("options"),
+      py::arg("loose") = std::vector<std::pair<std::string, at::Tensor>>());
   // The same, walking the module in C++ (python/src/module_walk.h); None where
   // the module needs its own state_dict() (hooks...): the caller falls back.
   m.def(
@@ -242,7 +246,7 @@ PYBIND11_MODULE(_tsar, m) {
         std::optional<python::ModuleSlots> walked =
             python::WalkModule(module.ptr(), plain_cache.ptr(), plain.ptr());
         if (!walked) return py::none();
-        return Bind(walked->slots, walked->training, archive, args);
+        return Bind(walked->slots, walked->training, archive, args, walked->loose);
       },
       py::arg("archive"), py::arg("module"), py::arg("plain_cache"), py::arg("plain"),
       py::arg("options"));

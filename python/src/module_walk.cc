@@ -69,10 +69,11 @@ bool Plain(PyObject* module, PyObject* cache, PyObject* plain) {
   return r.p == Py_True;
 }
 
-// Appends dict's tensors (None skipped, names in `skip` too); false where the
-// dict is not a plain dict of str -> Tensor.
+// Appends dict's tensors (None skipped) to `out`, those named in `skip` to
+// `skipped` where they are on meta; false where the dict is not a plain dict
+// of str -> Tensor.
 bool Tensors(PyObject* dict, PyObject* skip, const std::string& prefix,
-             std::vector<BindSlot>* out) {
+             std::vector<BindSlot>* out, std::vector<BindSlot>* skipped = nullptr) {
   if (!PyDict_CheckExact(dict)) return false;
   Py_ssize_t pos = 0;
   PyObject *key, *value;
@@ -85,7 +86,18 @@ bool Tensors(PyObject* dict, PyObject* skip, const std::string& prefix,
         PyErr_Clear();
         return false;
       }
-      if (in) continue;
+      if (in) {
+        c10::TensorImpl* t = THPVariable_Unpack(value).unsafeGetTensorImpl();
+        if (t->device_type() != c10::DeviceType::Meta) continue;
+        Py_ssize_t n = 0;
+        const char* s = PyUnicode_AsUTF8AndSize(key, &n);
+        if (s == nullptr) {
+          PyErr_Clear();
+          return false;
+        }
+        skipped->push_back({prefix + std::string(s, static_cast<size_t>(n)), t});
+        continue;
+      }
     }
     Py_ssize_t n = 0;
     const char* s = PyUnicode_AsUTF8AndSize(key, &n);
@@ -136,7 +148,7 @@ std::optional<ModuleSlots> WalkModule(PyObject* module, PyObject* plain_cache, P
         !PyAnySet_Check(skip) || !PyDict_CheckExact(modules))
       return std::nullopt;
     if (!Tensors(params, nullptr, prefix, &out.slots) ||
-        !Tensors(buffers, skip, prefix, &out.slots))
+        !Tensors(buffers, skip, prefix, &out.slots, &out.loose))
       return std::nullopt;
     children.clear();
     Py_ssize_t pos = 0;

@@ -13,6 +13,9 @@ namespace tsar::python {
 struct ModuleSlots {
   std::vector<BindSlot> slots;  // state_dict(keep_vars=True) order; the module keeps the tensors
   bool training = false;        // any submodule in training mode
+  // The non-persistent buffers on the meta device (not in state_dict(), so
+  // in no archive): BindSlots refuses a bind that would leave them there.
+  std::vector<BindSlot> loose;
 };
 
 // The names and tensors of module.state_dict(keep_vars=True), in its order,

@@ -45,7 +45,8 @@ from ._bind import BindReport, install_fault_handler, load, load_into
 # Imported on first use: a worker that only opens and binds does not pay for
 # the writer's, the hot-swap module's and TensorInfo's definitions (4 ms of
 # `import tsar`).
-_LAZY = {"TensorInfo": "_info", "PackSummary": "_save", "pack": "_save", "save": "_save",
+_LAZY = {"empty_parameters": "_empty",
+         "TensorInfo": "_info", "PackSummary": "_save", "pack": "_save", "save": "_save",
          "LiveEvent": "_live", "LiveModule": "_live"}
 
 
@@ -67,6 +68,7 @@ def __dir__():
 __all__ = [
     "__version__",
     "Archive",
+    "empty_parameters",
     "BindReport",
     "Error",
     "ErrorCode",

@@ -9,6 +9,7 @@ import torch
 
 from . import _tsar
 from ._archive import Archive, open as _open
+from ._errors import Error, ErrorCode
 
 
 _Module = torch.nn.Module
@@ -28,20 +29,27 @@ def _plain(cls) -> bool:
 
 
 def _state_items(module):
-    """``list(module.state_dict(keep_vars=True).items())`` and whether any
-    submodule is training, in one walk of the module tree. state_dict()
+    """``list(module.state_dict(keep_vars=True).items())``, whether any
+    submodule is training, and the non-persistent buffers on meta (which no
+    archive holds: ``loose``), in one walk of the module tree. state_dict()
     itself costs 2.4 us and modules() 0.8 us a module in Python (0.43 s for a
     mixture of experts of 133,000 modules); this walk reads the same dicts in
     the same order. Modules with state_dict hooks or their own state_dict
     logic are left to state_dict(). load_into first tries the same walk in
     C++ (``_tsar.bind_module``, python/src/module_walk.cc), which declines
     (None) exactly where this one calls state_dict()."""
-    items, training = [], False
+    items, training, loose = [], False, []
     stack = [("", module)]
     while stack:
         prefix, m = stack.pop()
         if (m._state_dict_hooks or m._state_dict_pre_hooks or not _plain(type(m))):
-            return list(module.state_dict(keep_vars=True).items()), any(x.training for x in module.modules())
+            items = list(module.state_dict(keep_vars=True).items())
+            listed = {id(t) for _, t in items}
+            loose = [(n, t) for n, t in module.named_parameters(remove_duplicate=False)
+                     if t.is_meta and id(t) not in listed]
+            loose += [(n, t) for n, t in module.named_buffers(remove_duplicate=False)
+                      if t.is_meta and id(t) not in listed]
+            return items, any(x.training for x in module.modules()), loose
         training = training or m.training
         for name, p in m._parameters.items():
             if p is not None:
@@ -50,9 +58,16 @@ def _state_items(module):
         for name, b in m._buffers.items():
             if b is not None and name not in skip:
                 items.append((prefix + name, b))
+            elif b is not None and b.is_meta:
+                loose.append((prefix + name, b))
         children = [(prefix + name + ".", c) for name, c in m._modules.items() if c is not None]
         stack.extend(reversed(children))
-    return items, training
+    return items, training, loose
+
+
+def _names(names: List[str], most: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    return f"[{shown}, ... {len(names) - most} more]" if len(names) > most else f"[{shown}]"
 
 
 class BindReport(NamedTuple):
@@ -60,6 +75,15 @@ class BindReport(NamedTuple):
     missing: List[str]  # in the module, not in the archive
     unexpected: List[str]  # in the archive, not in the module
     mismatched: List[str]  # "name: shape [2, 3] vs archive [3, 2]", dtype likewise
+    # Names the archive lacks whose tensor is the same object as one bound by
+    # another name (a tied lm_head.weight that save_pretrained stored once):
+    # bound through that tie, in strict mode too.
+    tied: List[str] = []
+
+    def __repr__(self) -> str:  # a count of the bound names, not a page of them
+        return (f"BindReport(bound={len(self.bound)} tensors, tied={_names(self.tied)}, "
+                f"missing={_names(self.missing)}, unexpected={_names(self.unexpected)}, "
+                f"mismatched={_names(self.mismatched)})")
 
 
 def load_into(
@@ -89,7 +113,11 @@ def load_into(
     strict=True: any name missing from the archive, not in the module, or with
     another shape or dtype raises one :class:`tsar.Error` (BIND_MISMATCH)
     listing them all, and the module is left unchanged. strict=False binds what
-    matches and reports the rest.
+    matches and reports the rest. Ties: a name the archive lacks whose tensor
+    is the same object as one bound by another name (``lm_head.weight`` tied
+    to the embedding, which ``save_pretrained`` stores once) is bound through
+    the tie, strict or not, and listed in ``BindReport.tied``; one tensor
+    under two names the archive holds with different values is a mismatch.
 
     Over a ``mode="shared"`` archive the weights are read-only memory: a module
     with any submodule in training mode (BatchNorm writes its running stats)
@@ -104,13 +132,17 @@ def load_into(
     name ``archive_prefix + (M without module_prefix)``; module names without
     ``module_prefix`` are missing (``BindOptions`` in C++).
 
-    Devices: a module on the CPU, or built on the meta device (``with
-    torch.device("meta"): model = Model()``, or ``model.to("meta")``), or partly
-    both. A meta tensor becomes a CPU tensor inside the mapping in place: the
-    same ``Parameter`` object, as for a CPU tensor, so no weight memory is ever
-    allocated. A meta tensor the archive does not bind is refused (BIND_MISMATCH)
-    even with strict=False, and a tensor on any other device (CUDA...) is
-    refused (INVALID_ARGUMENT) naming it; either way nothing is changed.
+    Devices: a module on the CPU, or with its parameters on the meta device,
+    or partly both. Build it under :func:`tsar.empty_parameters` (parameters
+    on meta, buffers made for real): a meta tensor becomes a CPU tensor inside
+    the mapping in place, the same ``Parameter`` object, so no weight memory is
+    ever allocated. Nothing is ever left on meta silently: a meta tensor the
+    archive does not bind (through its name or a tie), and a non-persistent
+    buffer on meta (which no archive holds: ``with torch.device("meta")``
+    makes BERT's ``position_ids`` and LLaMA's rotary ``inv_freq`` there), is
+    refused (BIND_MISMATCH) even with strict=False, naming each; a tensor on
+    any other device (CUDA...) is refused (INVALID_ARGUMENT) naming it; either
+    way nothing is changed.
 
     Tensor parallelism: with ``world`` > 1, ``module`` is rank ``rank``'s of
     ``world`` (built with its slice shapes). A parameter whose shape is the
@@ -147,8 +179,9 @@ def load_into(
 
     Returns a :class:`BindReport`. Not thread-safe for one module.
     """
+    rank, world = _rank_world(rank, world)
+    target = _device(device)
     archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
-    target = "" if device is None or torch.device(device).type == "cpu" else str(torch.device(device))
     # The walk and the report make one tuple per tensor and no reference
     # cycle; left on, the collector promotes them and runs full collections
     # over the whole heap (a second model awaiting collection made binding
@@ -162,16 +195,50 @@ def load_into(
         # state_dict() (hooks, an overridden _save_to_state_dict...).
         report = _tsar.bind_module(archive._a(), module, _PLAIN, _plain, options)
         if report is None:
-            items, training = _state_items(module)
-            report = _tsar.bind(archive._a(), items, training, options)
-            del items
-        bound, missing, unexpected, mismatched = report
+            items, training, loose = _state_items(module)
+            report = _tsar.bind(archive._a(), items, training, options, loose)
+            del items, loose
+        bound, missing, unexpected, mismatched, tied = report
         if target:
             _rest_to(module, torch.device(target))
-        return BindReport(bound, missing, unexpected, mismatched)
+        return BindReport(bound, missing, unexpected, mismatched, tied)
     finally:
         if collecting:
             gc.enable()
+
+
+def _invalid(message: str) -> Error:
+    return Error(f"load_into: {message}. Nothing was changed", ErrorCode.INVALID_ARGUMENT)
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _rank_world(rank, world):
+    """rank and world checked as load_into takes them (the C++ bind checks
+    them against each other): ints of int64 range, world not negative."""
+    for name, v in (("rank", rank), ("world", world)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _invalid(f"{name}: expected an int, found {type(v).__name__} {v!r}")
+        if not -_INT64_MAX <= v <= _INT64_MAX:
+            raise _invalid(f"{name}: expected an int64, found {v}")
+    return rank, world
+
+
+def _device(device) -> str:
+    """"" for the CPU (or None), else the canonical device string; tsar.Error
+    (INVALID_ARGUMENT) naming ``device=`` for what torch cannot parse or a
+    negative index."""
+    if device is None:
+        return ""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise _invalid(f"device: expected None, \"cpu\" or a CUDA device such as \"cuda:0\", "
+                       f"found {device!r} ({e})") from None
+    if d.index is not None and d.index < 0:
+        raise _invalid(f"device: expected a device index of 0 or more, found {device!r}")
+    return "" if d.type == "cpu" else str(d)
 
 
 def _rest_to(module: torch.nn.Module, device: torch.device) -> None:

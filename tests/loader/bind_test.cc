@@ -467,5 +467,61 @@ TEST_F(BindTest, TiedWeightsAndViewsComeBackTied) {
   EXPECT_TRUE(torch::equal(got.flatten(), torch::from_blob(const_cast<float*>(yv.data()), {15})));
 }
 
+// A C++ module with its head tied to its embedding (one tensor, two names).
+struct TiedHeadImpl : torch::nn::Module {
+  TiedHeadImpl() {
+    emb = register_parameter("emb", torch::randn({6, 4}));
+    head = register_parameter("head", emb);
+  }
+  torch::Tensor emb, head;
+};
+TORCH_MODULE(TiedHead);
+
+TEST_F(BindTest, ANameTheArchiveLacksBindsThroughItsTieInStrictMode) {
+  // The archive stores the tied weight once (as save_pretrained does).
+  torch::manual_seed(3);
+  const at::Tensor w = torch::randn({6, 4});
+  {
+    Writer out(Path("once.tsar"));
+    out.add("emb", w);
+    out.finish();
+  }
+  TiedHead m;
+  m->eval();
+  const BindReport r = tsar::bind(*m, Archive::open(Path("once.tsar")));  // strict
+  EXPECT_EQ(r.bound, std::vector<std::string>{"emb"});
+  EXPECT_EQ(r.tied, std::vector<std::string>{"head"});
+  EXPECT_TRUE(r.missing.empty());
+  EXPECT_EQ(m->named_parameters()["head"].data_ptr(), m->named_parameters()["emb"].data_ptr());
+  EXPECT_TRUE(torch::equal(m->named_parameters()["head"], w));
+}
+
+TEST_F(BindTest, OneTensorUnderTwoNamesWithOtherBytesInTheArchiveIsRefused) {
+  {
+    Writer out(Path("two.tsar"));
+    out.add("emb", torch::ones({6, 4}));
+    out.add("head", torch::zeros({6, 4}));
+    out.finish();
+  }
+  TiedHead m;
+  m->eval();
+  const at::Tensor before = m->emb.clone();
+  EXPECT_TRUE(Throws([&] { tsar::bind(*m, Archive::open(Path("two.tsar"))); },
+                     ErrorCode::kBindMismatch,
+                     "head: the same tensor as \"emb\" in the module, but the archive holds "
+                     "other values for it"));
+  EXPECT_TRUE(torch::equal(m->emb, before));
+  // Equal bytes under both names: both bind, still one tensor.
+  {
+    Writer out(Path("same.tsar"));
+    out.add("emb", torch::ones({6, 4}));
+    out.add("head", torch::ones({6, 4}));
+    out.finish();
+  }
+  const BindReport r = tsar::bind(*m, Archive::open(Path("same.tsar")));
+  EXPECT_EQ(r.bound.size(), 2u);
+  EXPECT_EQ(m->named_parameters()["head"].data_ptr(), m->named_parameters()["emb"].data_ptr());
+}
+
 }  // namespace
 }  // namespace tsar

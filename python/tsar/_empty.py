@@ -1,0 +1,91 @@
+"""tsar.empty_parameters: build a module whose parameters cost nothing, for
+load_into to bind."""
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import Iterator
+
+import torch
+
+_META = torch.device("meta")
+_lock = threading.Lock()
+_depth = 0
+_original = None
+
+
+def _to_meta(param: torch.nn.Parameter) -> torch.nn.Parameter:
+    """A meta Parameter of ``param``'s class, shape, dtype, requires_grad and
+    attributes (a subclass's own state, such as a quantizer's, kept)."""
+    data = param.data.to(_META)
+    if type(param) is torch.nn.Parameter:
+        meta = torch.nn.Parameter(data, requires_grad=param.requires_grad)
+        if param.__dict__:
+            meta.__dict__.update(param.__dict__)
+        return meta
+    kwargs = dict(param.__dict__)
+    kwargs["requires_grad"] = param.requires_grad
+    return type(param)(data, **kwargs)
+
+
+@contextlib.contextmanager
+def empty_parameters() -> Iterator[None]:
+    """Inside it, every parameter a module registers is made on the meta
+    device (no memory), and everything else as usual: buffers are real
+    tensors, computed by the constructor. Then :func:`tsar.load_into` binds
+    the parameters to the archive, zero copy::
+
+        with tsar.empty_parameters():
+            model = transformers.LlamaForCausalLM(config)
+        tsar.load_into(model.eval(), "llama.tsar")
+
+    Why not ``with torch.device("meta")``: that makes the buffers meta too,
+    and the non-persistent ones (BERT's ``position_ids``, LLaMA's rotary
+    ``inv_freq``) are in no state_dict and so in no archive: load_into refuses
+    such a module rather than leave them on meta. This is what accelerate's
+    ``init_empty_weights(include_buffers=False)`` does, without that
+    dependency.
+
+    Ties made by the constructor are kept: a parameter already on meta is
+    registered as it is (``self.lm_head.weight = self.embed.weight``), and a
+    parameter registered twice (``register_parameter`` of one object under
+    two names) becomes one meta Parameter. The constructor's own
+    initialization (``reset_parameters``, ``_init_weights``) runs on meta,
+    where it costs nothing; each parameter's first allocation happens on the
+    CPU, as the constructor makes it, and is freed at once (untouched memory
+    of large tensors is never faulted in).
+
+    While it is active it applies to every thread (it patches
+    ``torch.nn.Module.register_parameter``); it may be nested.
+    """
+    global _depth, _original
+    # id(original) -> (weak reference to it, its meta Parameter): one meta
+    # Parameter per object, without keeping the originals' memory alive.
+    made = {}
+
+    def register_parameter(self, name, param):
+        if param is None or param.device.type == "meta":
+            return _original(self, name, param)
+        key = id(param)
+        known = made.get(key)
+        if known is None or known[0]() is not param:
+            known = (weakref.ref(param), _to_meta(param))
+            made[key] = known
+        return _original(self, name, known[1])
+
+    with _lock:
+        if _depth == 0:
+            _original = torch.nn.Module.register_parameter
+        previous = torch.nn.Module.register_parameter
+        torch.nn.Module.register_parameter = register_parameter
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            torch.nn.Module.register_parameter = previous if _depth else _original
+            if _depth == 0:
+                _original = None
+        made.clear()
