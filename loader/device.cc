@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <thread>
 #include <unordered_map>
 
 #include "loader/archive_impl.h"
@@ -83,11 +84,12 @@ class TorchEngine : public CopyEngine {
 void CheckDevice(c10::Device device, const std::string& path, const char* what,
                  const DeviceOptions& options) {
   if (device.is_cpu()) return;
-  if (options.buffers < 1 || options.streams < 1 || options.fill_threads < 0 ||
-      options.fill_threads > 256) {
+  if (options.buffers < 1 || options.streams < 0 || options.streams > 64 ||
+      options.fill_threads < 0 || options.fill_threads > 256) {
     throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
-                std::string(what) + ": staging: expected at least 1 buffer and 1 stream and " +
-                    "fill_threads from 0 to 256, found " + std::to_string(options.buffers) + ", " +
+                std::string(what) + ": staging: expected at least 1 buffer, streams from 0 "
+                    "(by the staging rule) to 64 and fill_threads from 0 to 256, found " +
+                    std::to_string(options.buffers) + ", " +
                     std::to_string(options.streams) + " and " +
                     std::to_string(options.fill_threads));
   }
@@ -158,12 +160,13 @@ std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10
     ranges.push_back({base[n] + lo[n], bytes, static_cast<uint32_t>(n), 0});
   }
   {
-    TorchEngine engine(device, std::max(1, options.streams), &device_bytes);
-    PipelineOptions p;
-    p.pinned_bytes = options.pinned_bytes;
-    p.buffers = options.buffers;
-    p.streams = options.streams;
-    p.fill_threads = options.fill_threads;
+    PipelineOptions asked;
+    asked.pinned_bytes = options.pinned_bytes;
+    asked.buffers = options.buffers;
+    asked.streams = options.streams;
+    asked.fill_threads = options.fill_threads;
+    const PipelineOptions p = StagingFor(asked, std::thread::hardware_concurrency());
+    TorchEngine engine(device, p.streams, &device_bytes);
     RunPipeline(ranges, engine, p);
   }
   std::vector<at::Tensor> out;

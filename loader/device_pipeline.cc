@@ -121,9 +121,19 @@ class FillPool {
 
 }  // namespace
 
+PipelineOptions StagingFor(const PipelineOptions& asked, unsigned cores) {
+  constexpr unsigned kMostFillThreads = 16;
+  constexpr int kStreams = 4;
+  PipelineOptions o = asked;
+  if (o.fill_threads == 0) o.fill_threads = static_cast<int>(std::clamp(cores, 1u, kMostFillThreads));
+  if (o.streams == 0) o.streams = kStreams;
+  return o;
+}
+
 PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engine,
-                          const PipelineOptions& options,
+                          const PipelineOptions& asked,
                           const std::function<void(void*, const uint8_t*, uint64_t)>& fill) {
+  const PipelineOptions options = StagingFor(asked, std::thread::hardware_concurrency());
   if (options.buffers < 1 || options.streams < 1) {
     throw std::invalid_argument("PipelineOptions: expected at least 1 buffer and 1 stream, found " +
                                 std::to_string(options.buffers) + " and " +
@@ -147,9 +157,7 @@ PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engi
     pinned[b] = static_cast<uint8_t*>(engine.AllocatePinned(b, each));
     stats.pinned_bytes += each;
   }
-  const int threads = options.fill_threads > 0
-                          ? options.fill_threads
-                          : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  const int threads = options.fill_threads;
   constexpr uint64_t kPiece = uint64_t{1} << 20;  // the unit of work of one fill thread
   std::vector<Piece> pieces;  // the fill of the buffer being filled (outlives the pool)
   FillPool pool(threads);

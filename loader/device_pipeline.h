@@ -23,14 +23,26 @@ struct PipelineOptions {
   // buffers of whole 64 KiB granules; fewer buffers where it is too small.
   uint64_t pinned_bytes = uint64_t{64} << 20;
   int buffers = 4;
-  int streams = 2;
+  int streams = 0;  // 0: by the staging rule (StagingFor)
   // Host threads copying from the mapping into a buffer (the calling thread
-  // is one of them). One thread copies a fresh mapping of a cached file at
-  // about 20 GiB/s on this project's machines, two at 33-37 GiB/s (measured
-  // 2026-11-25, 64 MiB copies of a 2 GiB file): one is less than a PCIe 5
-  // x16 link carries (about 50 GB/s). 0: min(4, the machine's cores).
+  // is one of them). 0: by the staging rule (StagingFor).
   int fill_threads = 0;
 };
+
+// The staging rule: what fill_threads 0 and streams 0 mean on a machine of
+// `cores` cores. Measured on a 16-core H100 host (PCIe 5 x16, one pinned
+// copy_ 55 GB/s; TOOLCHAIN.md, 2026-11-26):
+// - one fill thread copies about 6 GB/s out of the archive's mapping (the
+//   first touch of each page is a fault), 8 threads 34 GB/s, 16 threads 47:
+//   the link needs 9 or more, so every core fills, up to 16 (past that the
+//   memory bus, not the threads, is the limit);
+// - 2 streams left the link idle between transfers (8 threads: 31 GB/s),
+//   4 streams did not (41 GB/s); so 4;
+// - buffers and pinned memory stay as asked (4 of 16 MiB by default: 8
+//   smaller buffers measured 23 GB/s against 49): pinned memory is bounded
+//   by pinned_bytes whatever the archive's size or the machine.
+// Values asked for (non-zero) are kept.
+PipelineOptions StagingFor(const PipelineOptions& asked, unsigned cores);
 
 // What a GPU runtime gives the pipeline. Calls come from one thread.
 class CopyEngine {

@@ -98,9 +98,18 @@ TEST_F(DeviceTest, BindOntoAGpuMovesAModuleBuiltOnMetaWithItsTies) {
   for (const auto& p : m->named_parameters()) EXPECT_TRUE(p.value().is_cuda()) << p.key();
   for (const auto& b : m->named_buffers()) EXPECT_TRUE(b.value().is_cuda()) << b.key();
   EXPECT_EQ(m->emb.data_ptr(), m->named_parameters()["head.weight"].data_ptr());
+  // The weights, byte for byte; the forward, GPU against GPU (a GPU forward
+  // and a CPU one run other kernels, with other rounding).
+  for (const auto& p : src->named_parameters()) {
+    EXPECT_TRUE(torch::equal(m->named_parameters()[p.key()].cpu(), p.value())) << p.key();
+  }
+  for (const auto& b : src->named_buffers()) {
+    EXPECT_TRUE(torch::equal(m->named_buffers()[b.key()].cpu(), b.value())) << b.key();
+  }
   torch::NoGradGuard g;
-  const at::Tensor ids = torch::tensor({1, 5, 63});
-  EXPECT_TRUE(torch::equal(m->forward(ids.cuda()).cpu(), src->forward(ids)));
+  const at::Tensor ids = torch::tensor({1, 5, 63}).cuda();
+  src->to(c10::Device(c10::kCUDA, 0));
+  EXPECT_TRUE(torch::equal(m->forward(ids), src->forward(ids)));
 }
 
 }  // namespace

@@ -56,8 +56,10 @@ def test_a_meta_module_and_a_tensor_parallel_archive_load_onto_the_gpu(tmp_path)
     with torch.device("meta"):
         m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
     tsar.load_into(m, tmp_path / "tp.tsar", device="cuda")
-    x = torch.randn(3, 16)
-    torch.testing.assert_close(m(x.cuda()).cpu(), ref(x))
+    for (name, got), want in zip(m.state_dict().items(), ref.state_dict().values()):
+        assert got.is_cuda and torch.equal(got.cpu(), want), name  # the weights, bytes exact
+    x = torch.randn(3, 16).cuda()
+    assert torch.equal(m(x), ref.cuda()(x))  # GPU against GPU: the same kernels
 
 
 @needs_gpu
@@ -75,8 +77,9 @@ def test_load_into_a_gpu_keeps_the_parameter_objects_and_their_ties(tmp_path):
     assert {n: id(p) for n, p in m.named_parameters(remove_duplicate=False)} == before
     assert m[1].weight is m[0].weight and m[0].weight.is_cuda
     assert m[0].scale.is_cuda  # the whole module is on the GPU
-    ids = torch.tensor([1, 7, 31])
-    torch.testing.assert_close(m(ids.cuda()).cpu(), ref(ids))
+    assert torch.equal(m[0].weight.cpu(), ref[0].weight)
+    ids = torch.tensor([1, 7, 31]).cuda()
+    assert torch.equal(m(ids), ref.cuda()(ids))  # GPU against GPU
 
 
 @needs_gpu
@@ -90,3 +93,44 @@ def test_a_rank_of_a_tensor_parallel_archive_loads_onto_the_gpu(tmp_path):
         tsar.load_into(m, tmp_path / "tp.tsar", rank=rank, world=2, device="cuda")
         assert m.weight.is_cuda
         assert torch.equal(m.weight.cpu(), full.weight.chunk(2, 0)[rank])
+
+
+@needs_gpu
+def test_a_module_with_meta_buffers_is_refused_before_any_copy_to_the_gpu(tmp_path):
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.register_buffer("pos", torch.arange(4), persistent=False)
+
+    tsar.save(Positions(), tmp_path / "p.tsar")
+    with torch.device("meta"):
+        m = Positions().eval()
+    with pytest.raises(tsar.Error, match="non-persistent buffers") as e:
+        tsar.load_into(m, tmp_path / "p.tsar", device="cuda")
+    assert e.value.code == tsar.ErrorCode.BIND_MISMATCH and "pos" in str(e.value)
+    assert m.fc.weight.is_meta and m.pos.is_meta
+    with tsar.empty_parameters():
+        m = Positions().eval()
+    tsar.load_into(m, tmp_path / "p.tsar", device="cuda")
+    assert m.fc.weight.is_cuda and m.pos.is_cuda and torch.equal(m.pos.cpu(), torch.arange(4))
+
+
+@needs_gpu
+def test_a_transformers_model_with_empty_parameters_onto_the_gpu_equals_from_pretrained(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "hf")
+    sd = __import__("safetensors.torch").torch.load_file(tmp_path / "hf" / "model.safetensors")
+    tsar.save(sd, tmp_path / "llama.tsar")
+    with tsar.empty_parameters():
+        m = transformers.LlamaForCausalLM(config)
+    report = tsar.load_into(m.eval(), tmp_path / "llama.tsar", device="cuda")  # strict
+    assert report.tied == ["lm_head.weight"] and m.lm_head.weight is m.model.embed_tokens.weight
+    ref = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval().cuda()
+    ids = torch.tensor([[1, 5, 9, 77]]).cuda()
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, ref(ids).logits)  # GPU against GPU
