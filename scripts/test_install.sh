@@ -35,4 +35,17 @@ minor=$(sed -n 's/^#define TSAR_FORMAT_MINOR //p' "$src/include/tsar/version.h")
 # export runs in libexec/tsar/tsar-torch, which the installed tsar must find.
 "$tmp/prefix/bin/tsar" export -q "$archive" -o "$tmp/back.safetensors"
 [[ -s "$tmp/back.safetensors" ]]
+# The LibTorch side of the installed command (libexec/tsar/tsar-torch) finds
+# LibTorch by its run path, as the installed library does: export to .pt and
+# a TorchScript pack, run without LD_LIBRARY_PATH.
+env -u LD_LIBRARY_PATH "$tmp/prefix/bin/tsar" export -q "$archive" -o "$tmp/back.pt"
+[[ -s "$tmp/back.pt" ]]
+python=$(sed -n 's/^TSAR_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
+"$python" -c "import sys, torch; torch.jit.script(torch.nn.Linear(3, 2)).save(sys.argv[1])" "$tmp/ts.pt"
+env -u LD_LIBRARY_PATH "$tmp/prefix/bin/tsar" pack -q "$tmp/ts.pt" -o "$tmp/ts.tsar"
+"$tmp/prefix/bin/tsar" inspect "$tmp/ts.tsar" | grep -q "weight"
+echo "installed tsar: export -o .pt and a TorchScript pack ok"
+torch_lib=$("$python" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
+readelf -d "$tmp/prefix/libexec/tsar/tsar-torch" | grep -q "$torch_lib" ||
+  { echo "tsar-torch's run path lacks LibTorch's folder $torch_lib"; exit 1; }
 echo "install ok"
