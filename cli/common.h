@@ -12,7 +12,7 @@
 
 namespace tsar::cli {
 
-// Exit codes (README "Exit codes"): stable for scripts.
+// Exit codes (docs/cli.md, "Exit codes of tsar"): stable for scripts.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitCheckFailed = 1;  // verify found damage, diff found differences
 inline constexpr int kExitUsage = 2;        // bad command line

@@ -603,7 +603,7 @@ Run AddInspect(CLI::App& app) {
   CLI::App* sub =
       app.add_subcommand("inspect", "Show the tensors, storages and metadata of an archive");
   sub->add_option("archive", *path, "The .tsar file")->required();
-  sub->add_flag("--json", *json, "One JSON object on stdout (schema in the README)");
+  sub->add_flag("--json", *json, "One JSON object on stdout (schema in docs/cli.md)");
   sub->footer(
       "Examples:\n"
       "  tsar inspect model.tsar\n"
