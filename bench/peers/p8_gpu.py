@@ -8,9 +8,12 @@ and the stream synchronized:
 - tsar ``Archive.state_dict(device="cuda")`` (C++ ``to_device``: staging
   through bounded pinned buffers on several streams), at the default 64 MiB of
   pinned memory and at 256 MiB;
-- the alternative design issue 29 asks to try: the archive's own mapping
-  page-locked in place (``cudaHostRegister``, read-only) and copied from
-  directly, without staging (pins the whole file while it runs);
+- tsar ``state_dict(device="cuda", pin="register")`` (issue 44): the
+  archive's own mapping page-locked in place once (``cudaHostRegister``,
+  read-only) at the first load and kept, every load copying from it directly;
+  the registration's time is reported under the table;
+- the same registration made and undone around every load (pins the whole
+  file while it runs);
 - safetensors ``load_file(path, device="cuda:0")``;
 - ``torch.load(path, mmap=True, weights_only=True)`` then ``.to("cuda")`` of
   every tensor (the tied head goes twice: torch does not keep ties across .to);
@@ -95,6 +98,35 @@ def tsar_loader(pinned: int) -> Callable[[str], Dict[str, torch.Tensor]]:
         import tsar
         return tsar.open(path).state_dict(device="cuda", pinned_bytes=pinned)
     return load
+
+
+class RegisteredOnce:
+    """tsar's ``pin="register"``: the archive opened once and its mapping
+    registered at the first load, kept registered; later loads copy from it.
+    The first load (registration included) is one of the repeats, so the best
+    is a later load; the registration's own time is reported beside."""
+
+    def __init__(self):
+        self.archives = {}
+        self.seconds = {}
+
+    def __call__(self, path):
+        import tsar
+        a = self.archives.get(path)
+        if a is None:
+            a = self.archives[path] = tsar.open(path)
+        out = a.state_dict(device="cuda", pin="register")
+        self.seconds[path] = a.registration_seconds
+        return out
+
+    def note(self, path):
+        s = self.seconds.get(path)
+        a = self.archives.pop(path, None)
+        if a is not None:
+            a.close()  # unregistered: the next size starts with nothing locked
+        return None if s is None else (f"tsar pin=\"register\": registering the mapping "
+                                       f"({os.path.getsize(path) / 2**30:.2f} GiB) took {s:.3f} s, "
+                                       "once, at the first load")
 
 
 def registered_mapping(path):
@@ -191,7 +223,10 @@ def rows() -> List[Row]:
             tsar_loader(64 << 20), "tsar", "tsar", pinned="64 MiB"),
         Row("tsar (256 MiB pinned)", 'state_dict(device="cuda", pinned_bytes=256 << 20)', "tsar",
             tsar_loader(256 << 20), "tsar", "tsar", pinned="256 MiB"),
-        Row("tsar mapping registered in place (cudaHostRegister, the design not taken)",
+        Row("tsar pin=\"register\" (registered at the first load and kept; best: a later load)",
+            'a = tsar.open(p); a.state_dict(device="cuda", pin="register")', "tsar",
+            RegisteredOnce(), "tsar", "tsar", pinned="the whole file, once"),
+        Row("tsar mapping registered per load (cudaHostRegister, then unregistered)",
             "cudaHostRegister(mapping, ReadOnly); copy_ per storage", "tsar", registered_mapping,
             "tsar", "tsar", pinned="the whole file"),
         Row("safetensors load_file", 'load_file(p, device="cuda:0")', "safetensors",
@@ -286,6 +321,7 @@ def main(argv=None) -> int:
         best_limit = nbytes / min(limit) / 1e9
         say(f"| pinned memcpy (the limit) | `dev.copy_(pinned, non_blocking=True)` | {nbytes >> 20} MiB "
             f"| {best_limit:.1f} | {nbytes / statistics.median(limit) / 1e9:.1f} | 1.00 | n/a |")
+        notes = []
         for row in rows():
             why = row.unavailable()
             if why:
@@ -319,6 +355,12 @@ def main(argv=None) -> int:
             if not ok:
                 say(f"P8: {row.name} loaded different bytes")
                 different = True
+            note = row.load.note(path) if hasattr(row.load, "note") else None
+            if note:
+                notes.append(note)
+        for n in notes:
+            say()
+            say(n)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

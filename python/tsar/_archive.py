@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 import torch
 
 from . import _tsar
+from ._errors import Error, ErrorCode
 
 if TYPE_CHECKING:
     from ._info import TensorInfo
@@ -106,8 +107,8 @@ class Archive:
         return self._a().tensor(name, entry or "")
 
     def state_dict(self, entry: Optional[str] = None, *, device=None, pinned_bytes: int = 64 << 20,
-                   buffers: int = 4, streams: int = 0,
-                   fill_threads: int = 0) -> "collections.OrderedDict[str, torch.Tensor]":
+                   buffers: int = 4, streams: int = 0, fill_threads: int = 0,
+                   pin: str = "stage") -> "collections.OrderedDict[str, torch.Tensor]":
         """Every tensor of ``entry`` (default: the first) in file order, zero-copy.
 
         ``device`` ("cuda", "cuda:1", a torch.device): the tensors on that GPU
@@ -119,7 +120,16 @@ class Archive:
         ``streams`` streams; the file is read once. 0 for ``fill_threads`` or
         ``streams``: the staging rule, every core up to 16 fills (one thread
         moves about 6 GB/s out of the mapping, a PCIe 5 link takes 55) on 4
-        streams. Pinned memory stays ``pinned_bytes`` whatever the model. Raises
+        streams. Pinned memory stays ``pinned_bytes`` whatever the model.
+
+        ``pin="register"``: instead, the archive's own mapping is page-locked
+        once, read-only, in place (cudaHostRegister) and kept so while this
+        Archive is open, and every load copies from it directly: no host copy,
+        at the link's limit, for a process that loads the same archive onto
+        GPUs more than once (hot swap, several GPUs, ranks). The first load
+        pays the registration (every page of the file faulted in and locked:
+        :attr:`registration_seconds`); processes that register one file still
+        share its page-cache pages. Not for layered archives. Raises
         tsar.Error (UNSUPPORTED) where torch has no CUDA or there is no GPU.
 
         In a tensor-parallel archive (:attr:`tp_world` > 0) a sharded tensor
@@ -127,6 +137,19 @@ class Archive:
         back in C order (split along its first dimension, slices a multiple of
         the alignment). Use :meth:`shard` for a rank's slice.
         """
+        if pin not in ("stage", "register"):
+            raise ValueError(f"pin: expected \"stage\" or \"register\", found {pin!r}")
+        if device is not None and torch.device(device).type != "cpu" and pin == "register":
+            from . import _register
+            target = torch.device(device)
+            if target.type != "cuda" or not torch.cuda.is_available():
+                raise Error(f"{self.path}: pin=\"register\" needs a CUDA device, found "
+                            f"{device!r}" + ("" if torch.cuda.is_available() else
+                                             " (no CUDA device/driver is present)"),
+                            ErrorCode.UNSUPPORTED, self.path)
+            if target.index is None:
+                target = torch.device("cuda", torch.cuda.current_device())
+            return _register.to_device(self, entry, target)
         if device is not None and torch.device(device).type != "cpu":
             return collections.OrderedDict(self._a().to_device(
                 str(torch.device(device)), entry or "", int(pinned_bytes), int(buffers), int(streams),
@@ -212,8 +235,19 @@ class Archive:
 
     # -- lifetime ----------------------------------------------------------------
     def close(self) -> None:
-        """Drops this object's hold on the mapping; tensors already handed out stay valid."""
+        """Drops this object's hold on the mapping; tensors already handed out
+        stay valid. A ``pin="register"`` registration is released."""
+        if getattr(self, "_registration", None) is not None:
+            from . import _register
+            _register.release(self)
         self._impl = None
+
+    @property
+    def registration_seconds(self) -> Optional[float]:
+        """How long ``state_dict(device=, pin="register")``'s one registration
+        of the mapping took, or None before it (or after close())."""
+        r = getattr(self, "_registration", None)
+        return None if r is None else r.seconds
 
     def __enter__(self):
         return self

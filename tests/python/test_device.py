@@ -1,5 +1,7 @@
 """Archives on a GPU (issue 29): Archive.state_dict(device=), load_into(device=).
 Without a GPU the GPU tests skip, saying so, and the error is checked."""
+import os
+
 import pytest
 import torch
 
@@ -134,3 +136,72 @@ def test_a_transformers_model_with_empty_parameters_onto_the_gpu_equals_from_pre
     ids = torch.tensor([[1, 5, 9, 77]]).cuda()
     with torch.no_grad():
         assert torch.equal(m(ids).logits, ref(ids).logits)  # GPU against GPU
+
+
+@pytest.mark.skipif(GPU, reason="checks the error where there is no GPU")
+def test_pin_register_without_a_gpu_is_refused_and_a_bad_pin_named(tmp_path):
+    tsar.save(_source(), tmp_path / "m.tsar")
+    a = tsar.open(tmp_path / "m.tsar")
+    with pytest.raises(tsar.Error, match="no CUDA device") as e:
+        a.state_dict(device="cuda", pin="register")
+    assert e.value.code == tsar.ErrorCode.UNSUPPORTED and a.registration_seconds is None
+    with pytest.raises(ValueError, match="pin: expected"):
+        a.state_dict(device="cuda", pin="lock")
+
+
+@needs_gpu
+def test_pin_register_copies_from_the_registered_mapping_bytes_exact_and_releases(tmp_path):
+    sd = _source()
+    tsar.save(sd, tmp_path / "m.tsar")
+    a = tsar.open(tmp_path / "m.tsar")
+    assert a.registration_seconds is None
+    for _ in range(2):  # the first load registers, the second reuses it
+        got = a.state_dict(device="cuda", pin="register")
+        assert a.registration_seconds is not None and a.registration_seconds >= 0
+        for name, want in sd.items():
+            g = got[name]
+            assert g.is_cuda and g.dtype == want.dtype and g.shape == want.shape, name
+            assert torch.equal(bits(g.cpu()), bits(want)), name
+        assert got["emb"].untyped_storage().data_ptr() == got["head"].untyped_storage().data_ptr()
+        assert got["part"].untyped_storage().data_ptr() == got["emb"].untyped_storage().data_ptr()
+    a.close()
+    assert a.registration_seconds is None
+
+
+@needs_gpu
+def test_two_processes_that_register_one_archive_still_share_its_pages(tmp_path):
+    import subprocess
+    import sys
+    from tsar_testutil import child_env
+    torch.manual_seed(5)
+    tsar.save({"w": torch.randn(16 << 20)}, tmp_path / "big.tsar")  # 64 MiB
+    child = (
+        "import sys, torch, tsar\n"
+        "from tsar_testutil import smaps_of_file\n"
+        "a = tsar.open(sys.argv[1])\n"
+        "a.state_dict(device='cuda', pin='register')\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "m = smaps_of_file('self', sys.argv[1])\n"
+        "print(m.get('Rss', 0), m.get('Pss', 0), flush=True)\n"
+        "sys.stdin.readline()\n")
+    env = child_env()
+    env["PYTHONPATH"] += os.pathsep + os.path.dirname(os.path.abspath(__file__))
+    procs = [subprocess.Popen([sys.executable, "-c", child, str(tmp_path / "big.tsar")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for p in procs:
+            p.stdin.write("\n")
+            p.stdin.flush()
+        sizes = [tuple(map(int, p.stdout.readline().split())) for p in procs]
+        for rss, pss in sizes:
+            assert rss >= 60 << 10, sizes  # every page of the tensor is mapped (locked)...
+            assert pss <= 0.6 * rss, sizes  # ...and shared by both processes
+    finally:
+        for p in procs:
+            p.stdin.write("\n")
+            p.stdin.flush()
+            p.wait(timeout=60)
