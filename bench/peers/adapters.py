@@ -158,9 +158,19 @@ def _write_hf(source: Source, base: str) -> str:
     return base
 
 
+def _write_tsar_hf(source: Source, base: str) -> str:
+    import tsar
+
+    # tsar pack of the save_pretrained directory: the weights and config.json in one file.
+    path = base + ".tsar"
+    tsar.pack(source.file("hf"), path)
+    return path
+
+
 WRITERS: Dict[str, Callable[[Source, str], str]] = {
     "tsar": _write_tsar, "pt": _write_pt, "safetensors": _write_safetensors,
     "tensordict": _write_tensordict, "tdz": _write_tensordict_archive, "hf": _write_hf,
+    "tsar-hf": _write_tsar_hf,
 }
 
 
@@ -391,6 +401,35 @@ class FromPretrained(Adapter):
             return getattr(transformers, json.load(f)["architectures"][0])
 
 
+class TsarTransformers(Tsar):
+    """tsar.transformers.load_model: from_pretrained's counterpart, the whole
+    load from one archive (config, class, empty parameters, bind, eval)."""
+    name, fmt = "tsar.transformers.load_model", "tsar-hf"
+    calls = ("tsar.transformers.load_model(path)  # archive of tsar pack MODEL_DIR: "
+             "config.json, class, tsar.empty_parameters, load_into, eval()")
+    builds_architecture = True
+
+    def unavailable(self):
+        reason = super().unavailable()
+        if reason is None:
+            try:
+                import tsar.transformers  # noqa: F401
+            except ImportError as e:
+                reason = f"{NOT_MEASURABLE}: {e}"
+        return reason
+
+    def applies(self, spec):
+        return FromPretrained.applies(self, spec)
+
+    def load(self, path, make):
+        import tsar.transformers
+
+        return tsar.transformers.load_model(path)
+
+    def bind(self, path, module):
+        raise TypeError(f"{self.name} builds its own architecture: use load()")
+
+
 class FastSafetensors(Adapter):
     """fastsafetensors without GPUDirect Storage: pread into one host buffer per
     file (16 MiB bounce buffers, max_threads=16), then tensors are views of it.
@@ -471,7 +510,7 @@ class RunaiStreamerCuda(RunaiStreamer):
 
 ADAPTERS: List[Adapter] = [
     Tsar(), TorchLoadMmap(), SafetensorsLoadFile(), SafetensorsSafeOpen(), TensorDictMemmap(),
-    TensorDictArchive(), FromPretrained(), FastSafetensors(), FastSafetensorsBuffered(), RunaiStreamer(),
+    TensorDictArchive(), FromPretrained(), TsarTransformers(), FastSafetensors(), FastSafetensorsBuffered(), RunaiStreamer(),
     RunaiStreamerBuffered(), FastSafetensorsGds(), RunaiStreamerCuda(),
 ]
 

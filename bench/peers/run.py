@@ -39,7 +39,8 @@ from peers import adapters, models, p9_warm, procs  # noqa: E402
 MEASURES = ("P9", "P13", "P14", "P3", "P5", "VERIFY", "P15", "P11")
 # The peers of the process measures: every CPU loader (the GPU rows are the issue "CUDA"'s).
 PROCESS_PEERS = ["tsar", "torch.load(mmap)", "safetensors.load_file", "safetensors.safe_open",
-                 "tensordict.load_memmap", "transformers.from_pretrained", "fastsafetensors (buffered)",
+                 "tensordict.load_memmap", "transformers.from_pretrained", "tsar.transformers.load_model",
+                 "fastsafetensors (buffered)",
                  "runai-model-streamer (buffered)"]
 
 
