@@ -290,3 +290,24 @@ def test_tsar_transformers_without_transformers_says_pip_install():
                    "    print('ImportError:', e)\n")
     assert r.returncode == 0, r.stderr
     assert "ImportError:" in r.stdout and "pip install transformers" in r.stdout, r.stdout
+
+
+def test_attach_rule_skips_what_it_must_and_says_why(tmp_path, cli):
+    d = save_model(str(tmp_path / "m"), gpt2())
+    big = os.path.join(d, "huge.json")
+    with open(big, "wb") as f:  # sparse: 64 MiB + 1 byte, over the cap, never read
+        f.truncate((64 << 20) + 1)
+    os.mkfifo(os.path.join(d, "pipe.json"))  # must not block the pack
+    bad = os.path.join(d.encode(), b"latin\xe9.json")
+    with open(bad, "wb") as f:
+        f.write(b"{}")
+    empty = os.path.join(d, "empty.txt")
+    open(empty, "wb").close()
+    archive = str(tmp_path / "m.tsar")
+    notes = run_cli(cli, "pack", d, "-o", archive).stderr
+    assert "huge.json" in notes and "67108865 bytes, over the 67108864" in notes
+    assert "pipe.json" in notes and "not a regular file" in notes
+    assert "latin\\xe9.json" in notes and "not UTF-8" in notes
+    files = check_files(archive, d)
+    assert files["empty.txt"] == b""  # an empty file is a file
+    assert not {"huge.json", "pipe.json"} & set(files)
