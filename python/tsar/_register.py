@@ -38,9 +38,9 @@ class Registration:
 
     def __init__(self, archive):
         a = archive._a()
-        if archive.layers:
+        if len(archive.layers) > 1:  # the archive itself, then its bases
             raise Error(f"{archive.path}: pin=\"register\": a layered archive maps its base "
-                        f"separately ({', '.join(archive.layers)}); use pin=\"stage\"",
+                        f"separately ({', '.join(archive.layers[1:])}); use pin=\"stage\"",
                         ErrorCode.UNSUPPORTED, archive.path)
         base, size = int(a.data_ptr), int(a.mapped_size)
         if base == 0 or size == 0:
@@ -88,7 +88,7 @@ def to_device(archive, entry: Optional[str], device: torch.device):
     one device storage). Synchronizes the stream before returning, as the
     staged path does."""
     registration(archive)
-    host = archive._a().state_dict(entry or "")  # zero-copy views of the mapping
+    host = collections.OrderedDict(archive._a().state_dict(entry or ""))  # views of the mapping
     on_device = {}
     with torch.cuda.device(device):
         for t in host.values():
