@@ -19,7 +19,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tsar_ref import (TsarError, decode, full_bytes, hexb, open_archive, shard_layout,  # noqa: E402
+from tsar_ref import (TsarError, attached_files, decode, full_bytes, hexb, open_archive, shard_layout,  # noqa: E402
                       storage_bytes, verify, xxh3)
 
 ROLES = {"tensor": 0, "parameter": 1, "buffer": 2, "sparse_component": 3}
@@ -103,6 +103,8 @@ def main():
             ok &= ROLES[t["role"]] == rt["role"] and t["requires_grad"] == rt["rg"] and t["storage_offset"] == rt["sof"]
             ok &= t.get("shard_dim") == rt.get("shard_dim")  # §4.12: only on sharded tensors
         ok &= len(want["metadata"]) == len(r["metadata"])
+        # §4.7.1: the attached files, by the key grammar alone.
+        ok &= want.get("files", {}) == {n.decode(): v.hex() for n, v in attached_files(r).items()}
         h = r["header"]
         ok &= want.get("format_version", "1.0") == f"{h['major']}.{h['minor']}"
         # The value tree (§4.10, format 1.1): every value record and link, as expected.json lists them.

@@ -57,6 +57,8 @@ struct Draft {
     nlohmann::ordered_json json;
   };
   std::vector<MetaRecord> meta;  // as added; Expected() lists them in file order
+  // §4.7.1: {name: content as hex} of the attached files, when the sample has any.
+  nlohmann::ordered_json files;
   std::vector<std::pair<format::SparseSpec, uint32_t>> sparse;  // with its entry index
   std::vector<format::ValueSpec> values;                        // §4.10; empty: none
   std::optional<format::LayerSpec> layer;                       // §4.11
@@ -192,6 +194,7 @@ struct Draft {
     j["storages"] = storages;
     j["tensors"] = tensors;
     j["metadata"] = metadata;
+    if (!files.is_null()) j["files"] = files;
     nlohmann::ordered_json sparse_records = nlohmann::ordered_json::array();
     for (const auto& [sp, entry] : sparse) {
       static const char* const kLayouts[] = {"", "coo", "csr", "csc"};
@@ -826,6 +829,43 @@ Draft EntriesMeta() {
   return d;
 }
 
+// valid/attached_files: attached files (§4.7.1) beside records that are not
+// files: a name the grammar refuses, a string record, a per-entry record.
+Draft AttachedFiles() {
+  Draft d;
+  d.Entry("model");
+  d.Tensor(T("w", d.Storage(Floats({1, 2})), DType::kFloat32, {2}, {1}));
+  auto meta = [&](uint32_t entry, std::string key, MetaType type, std::string value) {
+    MetadataSpec m;
+    m.entry = entry;
+    m.key = key;
+    m.type = type;
+    m.bytes = value;
+    d.Meta(m);
+    std::string hex;
+    for (const unsigned char c : value) {
+      static const char kHex[] = "0123456789abcdef";
+      hex += kHex[c >> 4];
+      hex += kHex[c & 15];
+    }
+    d.meta.push_back({entry,
+                      key,
+                      {{"entry", entry == format::kNone ? nlohmann::ordered_json(nullptr)
+                                                        : nlohmann::ordered_json(entry)},
+                       {"key", key},
+                       {"type", type == MetaType::kBytes ? "bytes" : "string"},
+                       {"value", type == MetaType::kBytes ? hex : value}}});
+    return hex;
+  };
+  d.files = nlohmann::ordered_json::object();
+  d.files["config.json"] = meta(format::kNone, "file:config.json", MetaType::kBytes, "{}\n");
+  d.files["t/v.txt"] = meta(format::kNone, "file:t/v.txt", MetaType::kBytes, "");
+  meta(format::kNone, "file:../up", MetaType::kBytes, "x");  // ".." refused: metadata
+  meta(format::kNone, "file:s.txt", MetaType::kString, "s");  // not bytes: metadata
+  meta(0, "file:e.txt", MetaType::kBytes, "e");                // per entry: metadata
+  return d;
+}
+
 // valid/aligned: alignment 128, so a 128-byte storage takes the large-storage
 // rule of §4.4 and a 64-byte one the small rule, in a file under 4 KiB.
 Draft Aligned() {
@@ -1018,6 +1058,7 @@ std::vector<SampleFile> GenerateSamples() {
                          {"dtypes", Dtypes},
                          {"dtypes_1_3", Dtypes13},
                          {"entries_meta", EntriesMeta},
+                         {"attached_files", AttachedFiles},
                          {"aligned", Aligned},
                          {"empty_views", EmptyViews},
                          {"sparse", SparseTensors},

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "format/attached_file.h"
 #include "format/checksum.h"
 #include "format/endian.h"
 #include "format/reader.h"
@@ -164,6 +165,20 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
         }
       }
     }
+    // §4.7.1: the attached files, by the key grammar, as expected.json lists them.
+    nlohmann::json files = nlohmann::json::object();
+    for (const format::MetadataRecord& m : idx.metadata()) {
+      const std::string_view name = format::AttachedFileName(m.key);
+      if (m.entry != format::kNone || m.type != format::MetaType::kBytes || name.empty()) continue;
+      std::string hex;
+      for (const unsigned char c : std::string(m.bytes)) {
+        static const char kHex[] = "0123456789abcdef";
+        hex += kHex[c >> 4];
+        hex += kHex[c & 15];
+      }
+      files[std::string(name)] = hex;
+    }
+    EXPECT_EQ(nlohmann::json(j.value("files", nlohmann::json::object())), files) << tsar_path;
     // Every sparse record (§4.6).
     ASSERT_EQ(j["sparse"].size(), idx.sparse().size()) << tsar_path;
     static const char* const kLayouts[] = {"", "coo", "csr", "csc"};
@@ -220,7 +235,7 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
     EXPECT_EQ(j.value("links", nlohmann::json::array()), nlohmann::json(idx.links())) << tsar_path;
     ++checked;
   }
-  EXPECT_EQ(checked, 12);
+  EXPECT_EQ(checked, 13);
 }
 
 // valid/layer.tsar opens over valid/shared.tsar (§4.11): its base storages
