@@ -4,6 +4,8 @@
 #include "writer/import_transformers.h"
 
 #include <dirent.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -84,6 +86,25 @@ std::vector<Listed> List(const std::string& dir) {
   return out;
 }
 
+// Where `path` leads when that is inside directory `real_dir` (a real path),
+// else "" with `*target` set to where it leads: a symbolic link out of the
+// directory would let a hostile directory ship the packing host's files
+// (README, "Hostile input"). Links that stay inside, as those of a directory
+// copied with its links, are followed.
+std::string InsideReal(const std::string& path, const std::string& real_dir, std::string* target) {
+  char buf[PATH_MAX];
+  if (realpath(path.c_str(), buf) == nullptr) {
+    *target = std::strerror(errno);
+    return "";
+  }
+  const std::string real = buf;
+  if (real.size() > real_dir.size() && real.compare(0, real_dir.size(), real_dir) == 0 &&
+      (real_dir == "/" || real[real_dir.size()] == '/'))
+    return real;
+  *target = real;
+  return "";
+}
+
 // The whole of regular file `path`, which must still have `size` bytes.
 std::string ReadWhole(const std::string& path, uint64_t size) {
   struct stat st;
@@ -114,7 +135,9 @@ std::string ReadWhole(const std::string& path, uint64_t size) {
 }
 
 // Attaches `l` (of `dir`, named `name` in the archive) or records why not.
-void Consider(const std::string& dir, const Listed& l, const std::string& name, Imported* out) {
+// `real_top`: the real path of the input directory.
+void Consider(const std::string& dir, const Listed& l, const std::string& name,
+              const std::string& real_top, Imported* out) {
   if (l.type == Listed::Type::kUnreadable) {
     out->skipped.push_back(Quote(name) + ": not attached: cannot stat: " + l.error);
     return;
@@ -128,8 +151,15 @@ void Consider(const std::string& dir, const Listed& l, const std::string& name, 
     out->skipped.push_back(Quote(name) + ": not attached: " + why);
     return;
   }
+  std::string target;
+  const std::string real = InsideReal(dir + "/" + l.name, real_top, &target);
+  if (real.empty()) {
+    out->skipped.push_back(Quote(name) + ": not attached: a symbolic link that leaves the "
+                           "directory (to " + Quote(target) + ")");
+    return;
+  }
   out->metadata.push_back({"", std::string(format::kAttachedFilePrefix) + name,
-                           Bytes{ReadWhole(dir + "/" + l.name, l.size)}});
+                           Bytes{ReadWhole(real, l.size)}});
 }
 
 }  // namespace
@@ -191,6 +221,12 @@ Imported ImportTransformers(const std::string& path, const ImportOptions& option
   }
   out.metadata = std::move(kept);
   const bool sharded = weights != "model.safetensors";
+  char real_buf[PATH_MAX];
+  if (realpath(dir.c_str(), real_buf) == nullptr) {
+    throw Error(ErrorCode::kIo, dir, std::nullopt,
+                std::string("cannot resolve the directory: ") + std::strerror(errno));
+  }
+  const std::string real_top = real_buf;
   for (const Listed& l : List(dir)) {
     if (l.name == weights || (sharded && IsShardName(l.name))) continue;
     if (!l.name.empty() && l.name[0] == '.') continue;  // .git, .cache (huggingface_hub)
@@ -208,11 +244,11 @@ Imported ImportTransformers(const std::string& path, const ImportOptions& option
           out.skipped.push_back(Quote(l.name + "/" + t.name + "/") + ": not read");
           continue;
         }
-        Consider(sub, t, l.name + "/" + t.name, &out);
+        Consider(sub, t, l.name + "/" + t.name, real_top, &out);
       }
       continue;
     }
-    Consider(dir, l, l.name, &out);
+    Consider(dir, l, l.name, real_top, &out);
   }
   return out;
 }

@@ -26,8 +26,9 @@ std::string AttachRefusal(const std::string& name, uint64_t size);
 // options.default_entry holds the weights of TransformersWeights(dir) as the
 // safetensors importer reads them (with their __metadata__ as archive
 // metadata); every file the rule above attaches becomes archive-level bytes
-// metadata "file:<name>", its exact bytes; `skipped` lists every other file
-// and directory, with the reason. Throws kBadInput (no config.json or
+// metadata "file:<name>", its exact bytes (a symbolic link is followed only
+// when it leads to a file inside `dir`: one that leaves it is never read);
+// `skipped` lists every other file and directory, with the reason. Throws kBadInput (no config.json or
 // weights; the weights' own errors; a file that changes while read), kIo.
 Imported ImportTransformers(const std::string& dir, const ImportOptions& options);
 

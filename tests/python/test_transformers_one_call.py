@@ -183,7 +183,10 @@ def test_inspect_lists_attached_files_and_notes_skipped_ones(tmp_path, cli):
     os.makedirs(os.path.join(d, "additional_chat_templates"))
     with open(os.path.join(d, "additional_chat_templates", "tool_use.jinja"), "w") as f:
         f.write("{{ tools }}")
-    os.symlink(os.path.join(d, "config.json"), os.path.join(d, "linked.json"))  # HF cache style
+    os.symlink(os.path.join(d, "config.json"), os.path.join(d, "linked.json"))  # stays inside
+    secret = tmp_path / "secret.txt"  # a link out of the directory: never read
+    secret.write_text("the packing host's file")
+    os.symlink(secret, os.path.join(d, "notes.txt"))
     archive = str(tmp_path / "m.tsar")
     r = run_cli(cli, "pack", d, "-o", archive)
     notes = r.stderr
@@ -194,6 +197,8 @@ def test_inspect_lists_attached_files_and_notes_skipped_ones(tmp_path, cli):
     assert files["additional_chat_templates/tool_use.jinja"] == b"{{ tools }}"
     assert files["linked.json"] == files["config.json"]
     assert "README.md" not in files and "training_args.bin" not in files
+    assert "notes.txt" not in files
+    assert '"notes.txt": not attached: a symbolic link that leaves the directory' in notes
 
     text = run_cli(cli, "inspect", archive).stdout
     section = text[text.index("\nfiles: "):]
