@@ -316,3 +316,17 @@ def test_attach_rule_skips_what_it_must_and_says_why(tmp_path, cli):
     files = check_files(archive, d)
     assert files["empty.txt"] == b""  # an empty file is a file
     assert not {"huge.json", "pipe.json"} & set(files)
+
+
+def test_archive_packed_in_another_dtype_builds_the_model_in_it(tmp_path, cli):
+    """config.json says float32, the archive holds bfloat16 (tsar pack --dtype):
+    the model is built in the stored dtype, bit-exact with from_pretrained(dtype=bf16)."""
+    d = save_model(str(tmp_path / "m"), llama(True))
+    archive = str(tmp_path / "bf16.tsar")
+    run_cli(cli, "pack", d, "--dtype", "bfloat16", "-o", archive, "-q")
+    model = tt.load_model(archive)
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert in_mapping(model.model.embed_tokens.weight.data_ptr(), mapped_ranges(archive))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, reference(IDS).logits)
