@@ -217,9 +217,16 @@ def pack(
 
     ``src`` is a file (torch.save, TorchScript, safetensors or its sharded
     ``*.safetensors.index.json``, HDF5, a directory written by TensorDict's
-    ``memmap()`` whose nested keys are joined with '.'; detected by content), a list of files, or
+    ``memmap()`` whose nested keys are joined with '.', a directory written by
+    transformers' ``save_pretrained``; detected by content), a list of files, or
     a dict ``{entry_name: file}`` (as ``--entry NAME=FILE``). A file holding one
-    state_dict becomes entry ``entry``. Nothing in an input is ever executed:
+    state_dict becomes entry ``entry``. A transformers directory gives its
+    safetensors weights (one file or the shards of its index) and attaches its
+    ``config.json``, ``generation_config.json``, tokenizer files and chat
+    templates byte for byte (names ending in .json, .txt, .model, .jinja,
+    .tiktoken, up to 64 MiB each; :meth:`Archive.files`, spec §4.7.1); other
+    files are listed in ``notes``. :mod:`tsar.transformers` loads such an
+    archive back as a model and a tokenizer. Nothing in an input is ever executed:
     torch.save files are read by tsar's own pickle reader, which keeps whole
     checkpoints (optimizer state, args, numpy values...) as a value tree and
     objects it does not interpret as opaque pickle fragments that it never
