@@ -37,6 +37,15 @@ if(TSAR_PYTHON AND NOT Torch_DIR)
 endif()
 
 find_package(Torch REQUIRED)
+# LibTorch's headers need C++20 from torch 2.14 on (std::strong_ordering,
+# starts_with, requires). torch 2.15's TorchConfig.cmake makes every consumer
+# of `torch` compile as C++20 (target_compile_features(torch INTERFACE
+# cxx_std_20)); 2.14's sets CXX_STANDARD 20 only on its own targets, so a
+# C++17 project fails against it. Every target that links LibTorch here gets
+# C++20 the same way, whatever the torch; the rest of tsar stays C++17.
+if(TARGET torch)
+  set_property(TARGET torch APPEND PROPERTY INTERFACE_COMPILE_FEATURES cxx_std_20)
+endif()
 
 set(TSAR_TORCH_VERSION "${Torch_VERSION}")
 if(NOT TSAR_TORCH_VERSION)

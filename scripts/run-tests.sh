@@ -5,6 +5,10 @@
 # run for a bounded time (build-fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache keys relative to the checkout (paths under it rewritten, the build
+# folder not hashed): a clone in another folder (CI's) reuses what a build
+# here compiled, instead of a cold build of every LibTorch translation unit.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 scripts/setup.sh build
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 scripts/test-without-torch.sh build-notorch build/cli/tsar

@@ -7,6 +7,10 @@
 # use it there); `pip install .` installs it into an environment (README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache keys relative to the checkout (paths under it rewritten, the build
+# folder not hashed): a clone in another folder (CI's) reuses what a build
+# here compiled, instead of a cold build of every LibTorch translation unit.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 build=${1:-build}
 
 packages=(
