@@ -119,7 +119,14 @@ def test_gpt2_through_tsar_pack_and_a_converted_dtype(tmp_path):
     tsar.pack(d, archive)  # the Python entry point, same importer
     check_files(archive, d)
     reference = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
+    normal, kaiming = torch.nn.init.normal_, torch.nn.modules.linear.init.kaiming_uniform_
+    rng = torch.get_rng_state()
     model = tt.load_model(archive)
+    # Initializers skip meta tensors only while the model is built: restored after.
+    assert torch.nn.init.normal_ is normal and torch.nn.modules.linear.init.kaiming_uniform_ is kaiming
+    from transformers import initialization
+    assert initialization.TORCH_INIT_FUNCTIONS["normal_"] is torch.nn.init.normal_
+    assert torch.equal(torch.get_rng_state(), rng)  # nothing drawn for weights it does not make
     ids = IDS.clamp(max=255)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reference(ids).logits)
