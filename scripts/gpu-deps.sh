@@ -4,9 +4,11 @@
 #   include/     xxhash.h (used inlined), nlohmann/ and CLI/ (header-only)
 #   googletest/  GoogleTest's source (Debian's googletest package)
 #   wheels/      pytest and pybind11, the peers P8 measures (safetensors,
-#                fastsafetensors, the Run:ai streamer), for that machine's Python
+#                fastsafetensors, the Run:ai streamer, tensorizer), for that
+#                machine's Python
 # minizip and HDF5 do not travel: that build turns them off (TSAR_WITH_ZIP,
-# TSAR_WITH_HDF5), which no GPU test needs. About 30 MB.
+# TSAR_WITH_HDF5), which no GPU test needs. About 50 MB (tensorizer's boto3
+# and botocore 17 of them).
 #
 #   scripts/gpu-deps.sh [DIR] [--python-version 3.12]
 # DIR defaults to shared/gpu-deps (what the device tool carries with the tree).
@@ -38,9 +40,13 @@ $py -m pip download -q --only-binary=:all: --python-version "$pyver" --implement
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
   --platform any -d "$dir.tmp/wheels" $(pins 'pytest|safetensors|pybind11')
 # The streaming peers are optional on the other machine: a row is skipped
-# where a wheel is missing. The Run:ai streamer's own requirements name torch
-# and numpy: torch is that machine's, numpy comes pinned.
-for p in $(pins 'fastsafetensors|humanize|typer|numpy') "--no-deps $(pins 'runai-model-streamer')"; do
+# where a wheel is missing. The Run:ai streamer's and tensorizer's own
+# requirements name torch and numpy: torch is that machine's, numpy comes
+# pinned. What tensorizer imports with it: boto3 (and its requirements), redis,
+# libnacl, psutil (install with --no-deps: tensorizer boto3 botocore s3transfer
+# jmespath python-dateutil six urllib3 redis libnacl psutil).
+for p in $(pins 'fastsafetensors|humanize|typer|numpy|boto3|redis|libnacl|psutil') \
+         "--no-deps $(pins 'runai-model-streamer')" "--no-deps $(pins 'tensorizer')"; do
   $py -m pip download -q --only-binary=:all: --python-version "$pyver" --implementation cp \
     --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_30_x86_64 \
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \

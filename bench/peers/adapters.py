@@ -167,10 +167,27 @@ def _write_tsar_hf(source: Source, base: str) -> str:
     return path
 
 
+def _write_tensorizer(source: Source, base: str) -> str:
+    from tensorizer import TensorSerializer
+
+    # As vLLM's serialize_vllm_model writes: write_module, every parameter
+    # and buffer under its state_dict name with its kind (param or buffer).
+    # One difference: non-persistent buffers (rotary frequencies) are left
+    # out, as state_dict does (vLLM keeps the default, True): the meta-built
+    # module computes them, and load_into_module would register them back as
+    # persistent buffers. A tied weight is written once per module that
+    # holds it (model (b)'s head: twice); the load re-ties.
+    path = base + ".tensors"
+    serializer = TensorSerializer(path)
+    serializer.write_module(source.module, include_non_persistent_buffers=False)
+    serializer.close()
+    return path
+
+
 WRITERS: Dict[str, Callable[[Source, str], str]] = {
     "tsar": _write_tsar, "pt": _write_pt, "safetensors": _write_safetensors,
     "tensordict": _write_tensordict, "tdz": _write_tensordict_archive, "hf": _write_hf,
-    "tsar-hf": _write_tsar_hf,
+    "tsar-hf": _write_tsar_hf, "tensorizer": _write_tensorizer,
 }
 
 
@@ -508,10 +525,50 @@ class RunaiStreamerCuda(RunaiStreamer):
     device, needs_cuda = "cuda:0", True
 
 
+class Tensorizer(Adapter):
+    """CoreWeave's tensorizer (the format of vLLM's ``--load-format
+    tensorizer``), the way vLLM loads it: the module built without weights
+    (here on meta), then ``load_into_module``. Eager (``lazy_load=False``, the
+    default): the constructor reads every tensor with 8 reader threads for a
+    local file (``num_readers=None``), each into a buffer it allocates per
+    tensor (plain buffered ``readinto``, no mapping); ``load_into_module`` then
+    ``register_parameter``/``register_buffer``s them, so the meta module's
+    tensors are replaced by name. Every tensor comes back as an
+    ``nn.Parameter`` (buffers too, with requires_grad on floating ones:
+    tensorizer's ``_to_torch_parameter``); ties are re-tied after, as for the
+    other peers whose files hold no ties."""
+    name, dist, module_name, fmt = "tensorizer", "tensorizer", "tensorizer", "tensorizer"
+    maps_file = False
+    device = "cpu"
+
+    @property
+    def calls(self):
+        return (f"with TensorDeserializer(path, device='{self.device}') as d: d.load_into_module(module); "
+                "re-tie  # file: TensorSerializer(path).write_module(m, include_non_persistent_buffers=False)")
+
+    def bind(self, path, module):
+        from tensorizer import TensorDeserializer
+
+        groups = tie_groups(module)
+        with TensorDeserializer(path, device=self.device) as deserializer:
+            deserializer.load_into_module(module)
+        retie(module, groups)
+        return module
+
+
+class TensorizerCuda(Tensorizer):
+    """tensorizer straight to a GPU: each reader thread reads its tensors one
+    by one into a pinned buffer the size of its largest and copies each on a
+    CUDA stream of its own. Measured by P8 (p8_gpu.py), on a file written from
+    a state_dict."""
+    name = "tensorizer (cuda)"
+    device, needs_cuda = "cuda:0", True
+
+
 ADAPTERS: List[Adapter] = [
     Tsar(), TorchLoadMmap(), SafetensorsLoadFile(), SafetensorsSafeOpen(), TensorDictMemmap(),
     TensorDictArchive(), FromPretrained(), TsarTransformers(), FastSafetensors(), FastSafetensorsBuffered(), RunaiStreamer(),
-    RunaiStreamerBuffered(), FastSafetensorsGds(), RunaiStreamerCuda(),
+    RunaiStreamerBuffered(), Tensorizer(), FastSafetensorsGds(), RunaiStreamerCuda(), TensorizerCuda(),
 ]
 
 

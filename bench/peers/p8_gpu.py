@@ -19,7 +19,14 @@ and the stream synchronized:
   every tensor (the tied head goes twice: torch does not keep ties across .to);
 - fastsafetensors ``fastsafe_open([path], device="cuda:0", nogds=True)`` (its
   bounce-buffer path; ``nogds=False`` too, where GPUDirect Storage works), and
-  the Run:ai streamer ``stream_file(path, device="cuda:0")``, where they import.
+  the Run:ai streamer ``stream_file(path, device="cuda:0")``, where they import;
+- CoreWeave's tensorizer (vLLM's ``--load-format tensorizer``)
+  ``TensorDeserializer(path, device="cuda:0")``, eager (its default and
+  fastest path: reader threads, 8 for a local file, each reading its tensors
+  one by one into a pinned buffer the size of its largest, each copied on the
+  thread's own CUDA stream and waited for), its tensors taken from the
+  deserializer, a mapping of names to tensors; the file written by
+  ``TensorSerializer.write_state_dict`` of the same tensors (the head once).
 
 Each loader runs --repeat times after one read of its file (warm cache);
 the best and the median are reported as GB/s of the model's tensor bytes,
@@ -192,6 +199,12 @@ def runai_loader(path):
         return {k: v.clone() for k, v in s.get_tensors()}
 
 
+def tensorizer_loader(path):
+    from tensorizer import TensorDeserializer
+    with TensorDeserializer(path, device="cuda:0") as d:  # eager: every tensor on the device here
+        return dict(d)
+
+
 def version(dist: str) -> str:
     try:
         if dist == "tsar":  # the build under test, on PYTHONPATH
@@ -239,19 +252,32 @@ def rows() -> List[Row]:
             fastsafetensors_loader(False), "fastsafetensors", "fastsafetensors"),
         Row("Run:ai streamer", 'SafetensorsStreamer().stream_file(p, device="cuda:0")', "safetensors",
             runai_loader, "runai-model-streamer", "runai_model_streamer"),
+        Row("tensorizer", 'dict(TensorDeserializer(p, device="cuda:0"))  # eager (lazy_load=False)', "tensorizer",
+            tensorizer_loader, "tensorizer", "tensorizer", pinned="per reader thread: its largest tensor"),
     ]
 
 
 def write_files(sd, base: str) -> Dict[str, str]:
     import tsar
     from safetensors.torch import save_file
-    files = {"tsar": base + ".tsar", "safetensors": base + ".safetensors", "pt": base + ".pt"}
+    files = {"tsar": base + ".tsar", "safetensors": base + ".safetensors", "pt": base + ".pt",
+             "tensorizer": base + ".tensors"}
     if not os.path.exists(files["tsar"]):
         tsar.save(sd, files["tsar"])
     if not os.path.exists(files["safetensors"]):  # safetensors stores no ties: the head once
         save_file({k: v for k, v in sd.items() if k != "lm_head.weight"}, files["safetensors"])
     if not os.path.exists(files["pt"]):
         torch.save(sd, files["pt"])
+    if not os.path.exists(files["tensorizer"]):
+        try:
+            from tensorizer import TensorSerializer
+        except Exception:  # not installed here: its row says so
+            del files["tensorizer"]
+        else:  # a state_dict, the head once (the file keeps no ties); written whole, then renamed
+            s = TensorSerializer(files["tensorizer"] + ".tmp")
+            s.write_state_dict({k: v for k, v in sd.items() if k != "lm_head.weight"})
+            s.close()
+            os.rename(files["tensorizer"] + ".tmp", files["tensorizer"])
     return files
 
 
@@ -298,7 +324,7 @@ def main(argv=None) -> int:
     say(f"# P8: model file to GPU tensors, warm page cache ({time.strftime('%Y-%m-%d')}, {gpu})")
     say()
     say(f"torch {torch.__version__}; " + ", ".join(
-        f"{d} {version(d)}" for d in ("tsar", "safetensors", "fastsafetensors", "runai-model-streamer")))
+        f"{d} {version(d)}" for d in ("tsar", "safetensors", "fastsafetensors", "runai-model-streamer", "tensorizer")))
     say("GB/s = the model's tensor bytes (ties once) / seconds from the call to every byte on the "
         f"device (stream synchronized); best and median of {args.repeat}; x limit = best / best of "
         "the pinned memcpy.")

@@ -95,7 +95,7 @@ def test_every_adapter_describes_itself():
     assert len(set(names)) == len(names)
     assert {"tsar", "torch.load(mmap)", "safetensors.load_file", "safetensors.safe_open",
             "tensordict.load_memmap", "transformers.from_pretrained", "fastsafetensors",
-            "runai-model-streamer"} <= set(names)
+            "runai-model-streamer", "tensorizer", "tensorizer (cuda)"} <= set(names)
     for a in adapters.ADAPTERS:
         assert a.version and a.calls and a.fmt in adapters.WRITERS, a.name
         reason = a.unavailable()
@@ -200,3 +200,56 @@ def test_tensordict_written_in_parts_is_what_one_memmap_writes(model, tmp_path, 
     whole, parts = contents(tmp_path / "whole"), contents(tmp_path / "parts")
     assert len(whole) > 3 and sorted(whole) == sorted(parts)
     assert [k for k in whole if whole[k] != parts[k]] == []
+
+
+def test_tensorizer_file_holds_the_reference_tensors_and_loads_them_bit_exactly(tmp_path):
+    """The tensorizer peer (issue 44): the adapter writes a real tensorizer
+    file (its magic, every state_dict name, the tied head written as a second
+    copy), which TensorDeserializer reads back bit for bit, and the P9 bind
+    fills a module built on meta with those bytes, ties re-made."""
+    pytest.importorskip("transformers")
+    spec = models.spec("b", "tiny")
+    adapter = adapters.by_name(["tensorizer"])[0]
+    runnable(adapter, spec)  # skips, saying why, where tensorizer does not import
+    from tensorizer import TensorDeserializer
+
+    source = adapters.Source(spec, spec.reference(), str(tmp_path))
+    path = adapter.prepare(source)
+    with open(path, "rb") as f:
+        assert f.read(5) == b"|TZR|"
+    with TensorDeserializer(path, device="cpu") as d:
+        stored = dict(d)
+    assert sorted(stored) == sorted(source.state_dict)
+    for name, ref in source.state_dict.items():
+        assert same_tensor(stored[name], ref) == "", name
+    assert stored["lm_head.weight"].data_ptr() != stored["model.embed_tokens.weight"].data_ptr()
+
+    module = adapter.bind(path, spec.make(True))
+    assert module.lm_head.weight is module.model.embed_tokens.weight
+    for name, ref in source.state_dict.items():
+        assert same_tensor(module.state_dict()[name], ref) == "", name
+
+
+def test_p8_writes_a_tensorizer_file_of_the_same_bytes(tmp_path, monkeypatch):
+    """P8's tensorizer row reads a file that write_files makes from the same
+    state_dict as tsar's (the head once); on the CPU here, the bytes compare
+    equal with P8's own check against the archive's mapped tensors."""
+    runnable(adapters.by_name(["tensorizer"])[0], None)
+    from tensorizer import TensorDeserializer
+
+    from peers import p8_gpu
+
+    monkeypatch.setattr(p8_gpu, "HIDDEN", 64)
+    monkeypatch.setattr(p8_gpu, "INTER", 96)
+    monkeypatch.setattr(p8_gpu, "VOCAB", 128)
+    sd = p8_gpu.make_state_dict(0.0001)
+    names = [n for n in sd if n != "lm_head.weight"]
+    files = p8_gpu.write_files(sd, str(tmp_path / "llama"))
+    assert "tensorizer" in files and [r.fmt for r in p8_gpu.rows() if r.name == "tensorizer"] == ["tensorizer"]
+    import tsar
+
+    want = tsar.open(files["tsar"]).state_dict()
+    with TensorDeserializer(files["tensorizer"], device="cpu") as d:
+        got = dict(d)
+    assert sorted(got) == sorted(names)
+    assert p8_gpu.same_bytes(got, want, names)
