@@ -3,6 +3,8 @@ load_into to bind."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import threading
 import weakref
 from typing import Iterator
@@ -13,6 +15,7 @@ _META = torch.device("meta")
 _lock = threading.Lock()
 _depth = 0
 _original = None
+_inits = []  # what _patch_initializers replaced, while active
 
 
 def _to_meta(param: torch.nn.Parameter) -> torch.nn.Parameter:
@@ -27,6 +30,53 @@ def _to_meta(param: torch.nn.Parameter) -> torch.nn.Parameter:
     kwargs = dict(param.__dict__)
     kwargs["requires_grad"] = param.requires_grad
     return type(param)(data, **kwargs)
+
+
+# Where initializers are reached by name: torch.nn.init itself, the modules
+# that import its functions, and transformers' table of them.
+_INIT_MODULES = ("torch.nn.init", "torch.nn.modules.linear", "torch.nn.modules.sparse",
+                 "torch.nn.modules.normalization", "torch.nn.modules.conv",
+                 "torch.nn.modules.activation", "torch.nn.modules.batchnorm")
+
+
+def _skipping(fn):
+    @functools.wraps(fn)
+    def init(tensor, *args, **kwargs):
+        if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+            return tensor
+        return fn(tensor, *args, **kwargs)
+    return init
+
+
+def _patch_initializers():
+    """Makes the initializers (``torch.nn.init.*_``, and transformers' through
+    its ``TORCH_INIT_FUNCTIONS`` where transformers is imported) return a meta
+    tensor as it is: filling one has no effect, yet costs about 2-4 ms a tensor
+    through torch's reference decompositions (the larger part of building a
+    LLaMA with empty parameters). Real tensors, the buffers, are initialized
+    as before. Returns what to restore."""
+    saved = []
+    table = getattr(sys.modules.get("transformers.initialization"), "TORCH_INIT_FUNCTIONS", None)
+    for name, fn in list((table or {}).items()):
+        saved.append((table, name, fn, True))
+        table[name] = _skipping(fn)
+    for module_name in _INIT_MODULES:
+        module = sys.modules.get(module_name)
+        for name in dir(torch.nn.init) if module is not None else ():
+            fn = getattr(module, name, None)
+            if (name.endswith("_") and not name.startswith("_") and callable(fn)
+                    and getattr(torch.nn.init, name, None) is fn):
+                saved.append((module, name, fn, False))
+                setattr(module, name, _skipping(fn))
+    return saved
+
+
+def _restore(saved) -> None:
+    for where, name, fn, is_table in reversed(saved):
+        if is_table:
+            where[name] = fn
+        else:
+            setattr(where, name, fn)
 
 
 @contextlib.contextmanager
@@ -47,6 +97,11 @@ def empty_parameters() -> Iterator[None]:
     ``init_empty_weights(include_buffers=False)`` does, without that
     dependency.
 
+    The constructor's initializers skip meta tensors (``torch.nn.init``'s
+    functions and transformers' return them as they are: filling a meta
+    tensor does nothing, but costs milliseconds a tensor); buffers are
+    initialized as usual, and no random number is drawn for a parameter.
+
     Ties made by the constructor are kept: a parameter already on meta is
     registered as it is (``self.lm_head.weight = self.embed.weight``), and a
     parameter registered twice (``register_parameter`` of one object under
@@ -57,9 +112,10 @@ def empty_parameters() -> Iterator[None]:
     of large tensors is never faulted in).
 
     While it is active it applies to every thread (it patches
-    ``torch.nn.Module.register_parameter``); it may be nested.
+    ``torch.nn.Module.register_parameter`` and the initializers); it may be
+    nested.
     """
-    global _depth, _original
+    global _depth, _original, _inits
     # id(original) -> (weak reference to it, its meta Parameter): one meta
     # Parameter per object, without keeping the originals' memory alive.
     made = {}
@@ -77,6 +133,7 @@ def empty_parameters() -> Iterator[None]:
     with _lock:
         if _depth == 0:
             _original = torch.nn.Module.register_parameter
+            _inits = _patch_initializers()
         previous = torch.nn.Module.register_parameter
         torch.nn.Module.register_parameter = register_parameter
         _depth += 1
@@ -88,4 +145,6 @@ def empty_parameters() -> Iterator[None]:
             torch.nn.Module.register_parameter = previous if _depth else _original
             if _depth == 0:
                 _original = None
+                _restore(_inits)
+                _inits = []
         made.clear()

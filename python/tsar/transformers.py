@@ -17,8 +17,6 @@ Needs ``transformers`` (``import tsar`` itself never imports it).
 from __future__ import annotations
 
 import collections
-import contextlib
-import functools
 import json
 import os
 import shutil
@@ -126,55 +124,6 @@ def _stored_dtype(archive, entry):
     return counts.most_common(1)[0][0] if counts else None
 
 
-_INIT_MODULES = ("torch.nn.init", "torch.nn.modules.linear", "torch.nn.modules.sparse",
-                 "torch.nn.modules.normalization", "torch.nn.modules.conv",
-                 "torch.nn.modules.activation", "torch.nn.modules.batchnorm")
-
-
-@contextlib.contextmanager
-def _no_init_on_meta():
-    """Initializers (torch.nn.init's, and transformers' through its
-    TORCH_INIT_FUNCTIONS) return a meta tensor as it is: filling one has no
-    effect, yet costs about 4 ms a tensor through torch's reference
-    decompositions (0.1 s of a 74-tensor LLaMA's construction). Real tensors,
-    the buffers, are initialized as before; a meta tensor draws nothing from
-    the random generator either way. Patches module attributes for the time
-    of the construction (as empty_parameters does): not thread-safe."""
-    import sys
-
-    from transformers import initialization
-
-    def skipping(fn):
-        @functools.wraps(fn)
-        def init(tensor, *args, **kwargs):
-            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
-                return tensor
-            return fn(tensor, *args, **kwargs)
-        return init
-
-    saved = []
-    table = getattr(initialization, "TORCH_INIT_FUNCTIONS", {})
-    for name, fn in list(table.items()):
-        saved.append((table, name, fn, True))
-        table[name] = skipping(fn)
-    for module_name in _INIT_MODULES:
-        module = sys.modules.get(module_name)
-        for name in dir(torch.nn.init) if module is not None else ():
-            fn = getattr(module, name, None)
-            if name.endswith("_") and not name.startswith("_") and callable(fn) and \
-                    getattr(torch.nn.init, name, None) is fn:
-                saved.append((module, name, fn, False))
-                setattr(module, name, skipping(fn))
-    try:
-        yield
-    finally:
-        for where, name, fn, is_table in reversed(saved):
-            if is_table:
-                where[name] = fn
-            else:
-                setattr(where, name, fn)
-
-
 def load_model(path, *, device=None, dtype=None, model_class=None, **load_into_kwargs):
     """The model the archive at ``path`` holds, ready for inference.
 
@@ -217,7 +166,7 @@ def load_model(path, *, device=None, dtype=None, model_class=None, **load_into_k
         built_dtype = _stored_dtype(archive, load_into_kwargs.get("entry")) or config.dtype
         if isinstance(built_dtype, str):
             built_dtype = getattr(torch, built_dtype)
-        with tsar.empty_parameters(), _no_init_on_meta():
+        with tsar.empty_parameters():
             if hasattr(cls, "_from_config"):  # the contexts from_config builds under
                 model = cls._from_config(config, dtype=built_dtype)
             elif hasattr(cls, "from_config"):  # an Auto class

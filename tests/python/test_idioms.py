@@ -155,6 +155,23 @@ def test_empty_parameters_keeps_ties_of_one_object_registered_twice():
     assert torch.equal(m.n, torch.arange(3))
 
 
+def test_empty_parameters_skips_initializers_on_meta_and_restores_them():
+    init, linear_init = torch.nn.init.kaiming_uniform_, torch.nn.modules.linear.init.kaiming_uniform_
+    state = torch.get_rng_state()
+    with tsar.empty_parameters():
+        assert torch.nn.init.kaiming_uniform_ is not init
+        m = torch.nn.Linear(64, 64)
+        real = torch.nn.init.normal_(torch.zeros(3))  # a real tensor is still initialized
+    assert torch.equal(torch.get_rng_state(), state) is False  # normal_ on the real one drew
+    assert real.abs().sum() > 0 and m.weight.is_meta and m.bias.is_meta
+    assert torch.nn.init.kaiming_uniform_ is init
+    assert torch.nn.modules.linear.init.kaiming_uniform_ is linear_init
+    state = torch.get_rng_state()
+    with tsar.empty_parameters():
+        torch.nn.Linear(64, 64)
+    assert torch.equal(torch.get_rng_state(), state)  # nothing drawn for meta parameters
+
+
 class TwoNames(torch.nn.Module):
     """One Parameter under two names."""
 
