@@ -177,11 +177,24 @@ def _write_tensorizer(source: Source, base: str) -> str:
     # module computes them, and load_into_module would register them back as
     # persistent buffers. A tied weight is written once per module that
     # holds it (model (b)'s head: twice); the load re-ties.
+    # tensorizer 2.12.1 cannot write model (c) (100,000 tensors): its tensor
+    # headers hold the module's index in 16 bits (write_module fails past
+    # 65,535 modules: "ushort format requires 0 <= number <= 65535"), and the
+    # metadata area is a fixed 256 KiB (write_state_dict fails: "Metadata
+    # overflow"). Said so, as P9's failed row, before writing anything.
+    if _too_many_modules_for_tensorizer(source.module):
+        raise RuntimeError(
+            "tensorizer cannot write this model: module indices are 16 bits (65,535 modules at most) "
+            "and its metadata area is 256 KiB (write_state_dict of 100,000 tensors: Metadata overflow)")
     path = base + ".tensors"
     serializer = TensorSerializer(path)
     serializer.write_module(source.module, include_non_persistent_buffers=False)
     serializer.close()
     return path
+
+
+def _too_many_modules_for_tensorizer(module: nn.Module) -> bool:
+    return sum(1 for _ in module.modules()) > 0xFFFF
 
 
 WRITERS: Dict[str, Callable[[Source, str], str]] = {
