@@ -94,6 +94,10 @@ has fastsafetensors || pipt fastsafetensors 2>/dev/null || echo "gpu-check.sh: f
 has numpy || pipt numpy 2>/dev/null || true
 has runai_model_streamer || pipt --no-deps runai-model-streamer humanize 2>/dev/null ||
   echo "gpu-check.sh: runai-model-streamer does not install here: its P8 row is skipped"
+# tensorizer names torch among its requirements too: its own needs by name.
+has tensorizer || pipt --no-deps tensorizer boto3 botocore s3transfer jmespath python-dateutil six \
+  urllib3 redis libnacl psutil 2>/dev/null ||
+  echo "gpu-check.sh: tensorizer does not install here: its P8 row is skipped"
 
 step "configure and build (tsar_device_tests, the Python package)"
 pybind11_dir=$(PYTHONPATH=$lib "$py" -m pybind11 --cmakedir 2>/dev/null || true)
