@@ -90,6 +90,12 @@ Run AddPack(CLI::App& app) {
                 "be kept as opaque pickle fragments (classes, numpy, Path...), HDF5 and\n"
                 "safetensors values that metadata cannot hold (default: keep fragments, never\n"
                 "running them; skip the rest with a note)");
+  sub->add_flag("--follow-symlinks", args->follow_symlinks,
+                "Below an input directory (TensorDict's, a safetensors index's shards) follow\n"
+                "symbolic links wherever they point. Default: a link that leaves the directory\n"
+                "is refused, naming it and its target (links that stay inside are followed),\n"
+                "so that packing a directory one was handed never reads the host's files; a\n"
+                "Hugging Face cache snapshot, whose files link to ../../blobs, needs this flag");
   sub->add_flag("-q,--quiet", args->quiet, "No progress bar, notes or summary");
   sub->footer(
       "Examples:\n"

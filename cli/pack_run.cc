@@ -61,6 +61,7 @@ int Pack(const PackArgs& a) {
   options.only = a.only;
   options.exclude = a.exclude;
   options.strip_prefix = a.strip_prefix;
+  options.follow_symlinks = a.follow_symlinks;
   options.architecture = a.arch;
   options.pack.base = a.base;
   ApplyShardArgs(a.tp, a.shard, a.shard_plan, &options.pack);

@@ -222,22 +222,46 @@ Scan ScanProcesses(const std::vector<FileId>& ids) {
   return s;
 }
 
-// §4.12: per rank of a tensor-parallel archive, the pages of the file it
-// reads (its slices and the whole tensors) and how many are resident.
+// §4.12: for the first kMaxListedRanks ranks of a tensor-parallel archive,
+// the pages of the file each reads (its slices and the whole tensors) and
+// how many are resident. One pass over the storages per rank, resident pages
+// counted with sums per block of 64 pages: memory and time grow with the file
+// (its pages, its storages), never with world x storages.
 std::vector<std::pair<uint64_t, uint64_t>> RankPages(const TpPlan& tp, const Measure& m) {
+  constexpr uint64_t kBlock = 64;
+  const uint64_t known = m.resident.size();
+  std::vector<uint64_t> before(known / kBlock + 1, 0);  // resident pages before block b
+  for (uint64_t b = 0; b < known / kBlock; ++b) {
+    uint64_t n = 0;
+    for (uint64_t p = b * kBlock; p < (b + 1) * kBlock; ++p) n += m.resident[p];
+    before[b + 1] = before[b] + n;
+  }
+  const auto resident = [&](uint64_t first, uint64_t end) {  // pages [first, end)
+    uint64_t n = 0;
+    const uint64_t fb = (first + kBlock - 1) / kBlock, eb = end / kBlock;
+    if (fb >= eb) {
+      for (uint64_t p = first; p < end; ++p) n += m.resident[p];
+      return n;
+    }
+    for (uint64_t p = first; p < fb * kBlock; ++p) n += m.resident[p];
+    for (uint64_t p = eb * kBlock; p < end; ++p) n += m.resident[p];
+    return n + before[eb] - before[fb];
+  };
   std::vector<std::pair<uint64_t, uint64_t>> out;  // (pages, resident)
-  for (const auto& ranges : tp.ranges) {
-    uint64_t pages = 0, resident = 0, next = 0;  // `next`: first page not yet counted
-    for (const auto& [off, len] : ranges) {
-      uint64_t first = std::max(off / m.page_size, next);
-      const uint64_t end = (off + len + m.page_size - 1) / m.page_size;
-      for (; first < end && first < m.resident.size(); ++first) {
-        ++pages;
-        resident += m.resident[first];
+  const uint32_t listed = std::min(tp.world, kMaxListedRanks);
+  for (uint32_t rank = 0; rank < listed; ++rank) {
+    uint64_t pages = 0, in_cache = 0, next = 0;  // `next`: first page not yet counted
+    for (const TpPlan::Run& run : tp.runs) {
+      const uint64_t off = run.offset + uint64_t{rank} * run.stride;
+      const uint64_t first = std::max(off / m.page_size, next);
+      const uint64_t end = std::min((off + run.length + m.page_size - 1) / m.page_size, known);
+      if (first < end) {
+        pages += end - first;
+        in_cache += resident(first, end);
       }
       next = std::max(next, end);
     }
-    out.emplace_back(pages, resident);
+    out.emplace_back(pages, in_cache);
   }
   return out;
 }
@@ -284,6 +308,7 @@ int RunResidency(const std::string& path, bool json) {
       auto& ranks = j["ranks"] = nlohmann::ordered_json::array();
       for (const auto& [pages, resident] : RankPages(tp, m))
         ranks.push_back({{"pages", pages}, {"resident_pages", resident}});
+      j["ranks_not_listed"] = tp.world - ranks.size();
     }
     j["total_pss_bytes"] = total_pss;
     j["total_rss_bytes"] = total_rss;
@@ -306,6 +331,10 @@ int RunResidency(const std::string& path, bool json) {
       std::printf("  rank %zu of %u: %llu of the %llu pages it reads in page cache\n", r, tp.world,
                   static_cast<unsigned long long>(ranks[r].second),
                   static_cast<unsigned long long>(ranks[r].first));
+    }
+    if (ranks.size() < tp.world) {
+      std::printf("  ... and %zu more ranks, not listed (the first %u are)\n",
+                  tp.world - ranks.size(), kMaxListedRanks);
     }
   }
   if (s.processes.empty()) {
@@ -365,7 +394,8 @@ Run AddResidency(CLI::App& app) {
       "  \"skipped_processes\": {\"permission_denied\", \"exited\", \"permission_denied_pids\"}}\n"
       "An archive packed for tensor-parallel ranks (pack --tp) also gets, per rank, the pages\n"
       "it reads (its slices and the tensors stored whole) and how many are in the page cache\n"
-      "(\"ranks\": [{\"pages\", \"resident_pages\"}] in --json).\n"
+      "(\"ranks\": [{\"pages\", \"resident_pages\"}] in --json). The first 256 ranks are listed;\n"
+      "the rest are counted (\"ranks_not_listed\"): a small file can say 65536 ranks.\n"
       "Examples:\n"
       "  tsar residency /models/resnet.tsar\n"
       "  tsar residency /models/resnet.tsar --json | jq '.total_pss_bytes'");

@@ -33,6 +33,7 @@ struct PackArgs {
   std::string output;
   uint32_t align = 4096;
   bool strict = false;
+  bool follow_symlinks = false;  // --follow-symlinks
   bool quiet = false;
 };
 

@@ -60,6 +60,9 @@ struct Archive::Impl {
                   const std::vector<int64_t>& strides, uint64_t offset) const;
   at::Tensor MakeFull(uint32_t tensor) const;
   at::Tensor MakeShard(uint32_t tensor, int64_t rank, int64_t world, int64_t dim) const;
+  // Elements [start, start + length) along `dim` of a sharded tensor, copied
+  // from the blocks the slice spans (loader/shards.cc).
+  at::Tensor BlockedSlice(uint32_t tensor, int64_t dim, int64_t start, int64_t length) const;
   // The sparse tensor over its component views (kInvalidValue if
   // inconsistent); loader/sparse.cc.
   at::Tensor MakeSparse(uint32_t sparse) const;

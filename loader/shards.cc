@@ -5,13 +5,18 @@
 //     shard(rank, W)           zero-copy, C-contiguous: the rank's own block
 //     shard(rank, k*W)         zero-copy: a narrow of one block (strided unless d
 //                              is the first dimension with a size above 1)
-//     any other world or dim   a copy (taken from the full tensor)
+//     any other world or dim   a copy of the slice alone (from the blocks it
+//                              spans; the full tensor is never built)
 //     the full tensor          zero-copy when the blocks lie back to back in
 //                              C order (d leads and slices fill whole blocks),
 //                              else a copy
 //   tensor stored whole: torch.chunk(full, world, dim)[rank], a zero-copy
 //   (strided) view.
+// The slice is computed, never chosen among `world` chunks: its cost does not
+// grow with `world` (a 260-byte archive can hold a stride-0 tensor of 2^40
+// elements, and world can be 4e6).
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/TensorImpl.h>
 
@@ -60,6 +65,46 @@ at::Tensor Archive::Impl::MakeFull(uint32_t i) const {
   return out;
 }
 
+// Elements [start, start + length) along `dim` of sharded tensor `i`, as a
+// C-contiguous copy made from the blocks the slice spans (every block when
+// `dim` is not the split one), never from the full tensor.
+at::Tensor Archive::Impl::BlockedSlice(uint32_t i, int64_t dim, int64_t start,
+                                       int64_t length) const {
+  const format::TensorRecord& t = index().tensors()[i];
+  std::vector<int64_t> sizes(index().sizes(t), index().sizes(t) + t.ndim);
+  std::vector<int64_t> out_sizes = sizes;
+  out_sizes[dim] = length;
+  bool empty = false;
+  for (const int64_t s : out_sizes) empty = empty || s == 0;
+  if (empty) {  // no bytes to read (and an empty tensor's blocks all lie at 0)
+    const c10::ScalarType type =
+        ToScalarType(t.dtype, [&t] { return "tensor " + format::Quote(std::string(t.name)); });
+    return at::empty(out_sizes, at::TensorOptions().dtype(type));
+  }
+  const format::ShardLayout l = index().ShardLayoutOf(t);
+  const auto d = static_cast<int64_t>(t.shard_dim);
+  const int64_t w = static_cast<int64_t>(l.world);
+  std::vector<int64_t> block_sizes = sizes;
+  block_sizes[d] /= w;
+  const std::vector<int64_t> block_strides = format::ShardStrides(block_sizes);
+  const uint64_t esize = ElementSize(t.dtype);
+  const auto block = [&](int64_t b) {
+    return View(i, block_sizes, block_strides, static_cast<uint64_t>(b) * l.block_stride / esize);
+  };
+  std::vector<at::Tensor> pieces;
+  if (dim == d) {  // the blocks [start, start + length) spans, each narrowed
+    const int64_t bs = block_sizes[d];
+    for (int64_t b = start / bs; b <= (start + length - 1) / bs; ++b) {
+      const int64_t lo = std::max(start, b * bs), hi = std::min(start + length, (b + 1) * bs);
+      pieces.push_back(block(b).narrow(d, lo - b * bs, hi - lo));
+    }
+  } else {  // every block, narrowed along `dim`, joined along d
+    pieces.reserve(static_cast<size_t>(w));
+    for (int64_t b = 0; b < w; ++b) pieces.push_back(block(b).narrow(dim, start, length));
+  }
+  return at::cat(pieces, d);  // a copy, also of a single piece
+}
+
 at::Tensor Archive::Impl::MakeShard(uint32_t i, int64_t rank, int64_t world, int64_t dim) const {
   const format::TensorRecord& t = index().tensors()[i];
   const std::string what = "shard of " + format::Quote(QualifiedName(i));
@@ -77,6 +122,7 @@ at::Tensor Archive::Impl::MakeShard(uint32_t i, int64_t rank, int64_t world, int
     }
     dim = t.shard_dim;
   }
+  if (ndim == 0) return fail("a scalar (0 dimensions) has no dimension to split");
   if (dim < -ndim || dim >= ndim) {
     return fail("dim: expected -" + Dec(ndim) + " to " + Dec(ndim - 1) + ", found " + Dec(dim));
   }
@@ -94,17 +140,26 @@ at::Tensor Archive::Impl::MakeShard(uint32_t i, int64_t rank, int64_t world, int
     out = View(i, sizes, format::ShardStrides(sizes), static_cast<uint64_t>(block) * l.block_stride / esize);
     if (k > 1) out = out.chunk(k, dim)[rank % k];
   } else {
-    const at::Tensor full = t.shard_dim != format::kNone ? MakeFull(i) : Make(i);
-    const std::vector<at::Tensor> parts = full.detach().chunk(world, dim);
-    if (rank >= static_cast<int64_t>(parts.size())) {
-      return fail("rank " + Dec(rank) + ": size " + Dec(full.size(dim)) + " of dim " + Dec(dim) +
-                  " gives only " + Dec(static_cast<int64_t>(parts.size())) + " chunks of " +
-                  Dec(world));
+    // torch.chunk(full, world, dim)[rank], computed: chunks of ceil(size /
+    // world) along dim, as many as that takes (a size of 0 gives `world`
+    // empty chunks).
+    const int64_t size = index().sizes(t)[dim];
+    int64_t start = 0, length = 0;
+    if (size > 0) {
+      const int64_t split = size / world + (size % world != 0 ? 1 : 0);
+      const int64_t chunks = size / split + (size % split != 0 ? 1 : 0);
+      if (rank >= chunks) {
+        return fail("rank " + Dec(rank) + ": size " + Dec(size) + " of dim " + Dec(dim) +
+                    " gives only " + Dec(chunks) + " chunks of " + Dec(world));
+      }
+      start = rank * split;  // < size: no overflow
+      length = std::min(split, size - start);
     }
-    out = parts[rank];
-    // A blocked tensor's slice along another dim or world is a copy already;
-    // keep it from holding the whole copy.
-    if (t.shard_dim != format::kNone) out = out.clone();
+    if (t.shard_dim == format::kNone) {
+      out = Make(i).detach().narrow(dim, start, length);  // a zero-copy view
+    } else {
+      out = BlockedSlice(i, dim, start, length);  // a copy of the slice alone
+    }
   }
   if (t.requires_grad) out.set_requires_grad(true);
   return out;

@@ -96,7 +96,9 @@ std::string TransformersWeights(const std::string& dir) {
 InputKind DetectByBytes(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    if (IsRegularFile(path + "/meta.json")) return InputKind::kTensorDict;
+    // Any meta.json (a FIFO, a link): the TensorDict importer says what it is.
+    struct stat meta;
+    if (lstat((path + "/meta.json").c_str(), &meta) == 0) return InputKind::kTensorDict;
     if (!TransformersWeights(path).empty()) return InputKind::kTransformers;
     std::string what =
         "expected a directory that transformers' save_pretrained wrote (config.json with "

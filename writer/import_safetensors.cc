@@ -24,6 +24,7 @@
 #include "tsar/error.h"
 #include "writer/importer.h"
 #include "writer/json_util.h"
+#include "writer/safe_open.h"
 #include "writer/strict_json.h"
 
 namespace tsar::importer {
@@ -202,9 +203,10 @@ TensorSpec ParseTensor(const std::string& path, const std::string& name, const J
   return t;
 }
 
-Parsed ParseFile(const std::string& path) {
+Parsed ParseFile(std::shared_ptr<const MappedInput> file) {
   Parsed p;
-  p.file = MappedInput::Open(path);
+  p.file = std::move(file);
+  const std::string& path = p.file->path();
   const uint64_t size = p.file->size();
   if (size < kLengthSize) {
     throw Error::Field(ErrorCode::kBadInput, path, 0, "header length", "8 bytes",
@@ -312,7 +314,7 @@ bool IsSafeRelativePath(const std::string& s) {
 }  // namespace
 
 Imported ImportSafetensors(const std::string& path, const ImportOptions& options) {
-  const Parsed p = ParseFile(path);
+  const Parsed p = ParseFile(MappedInput::Open(path));
   Imported out;
   out.kind = InputKind::kSafetensors;
   out.entries.push_back({options.default_entry, {}});
@@ -391,10 +393,16 @@ Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& op
   }
 
   // Every shard is validated, and every name accounted for, before any view exists.
+  // Shards are opened below the index's directory, component by component:
+  // none may be (or lie under) a symbolic link that leaves it (safe_open.h).
+  const InputDir shard_dir(dir, path, options.follow_symlinks);
   std::vector<Parsed> parsed;
   std::unordered_map<std::string, const std::string*> found_in;  // tensor -> shard
   for (const std::string& shard : shards) {
-    parsed.push_back(ParseFile(dir + shard));
+    struct stat st;
+    const int fd = shard_dir.OpenFile(shard, &st);
+    parsed.push_back(
+        ParseFile(MappedInput::Open(fd, static_cast<uint64_t>(st.st_size), dir + shard)));
     for (const TensorSpec& t : parsed.back().tensors) {
       const auto seen = found_in.find(t.name);
       if (seen != found_in.end()) {

@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "format/reader.h"
-#include "loader/open_file.h"
 #include "tsar/dtype.h"
 #include "tsar/error.h"
 #include "writer/importer.h"
+#include "writer/safe_open.h"
 #include "writer/strict_json.h"
 
 namespace tsar::importer {
@@ -68,40 +68,64 @@ std::string EncodeKey(const std::string& key) {
   return out;
 }
 
-bool Exists(const std::string& path, bool directory) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && (directory ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode));
+// `rel` below a level's directory `dir` (relative to the input directory).
+std::string Below(const std::string& dir, const std::string& rel) {
+  return dir.empty() ? rel : dir + "/" + rel;
 }
 
-// The file or directory TensorDict wrote for `key` under `dir`: the encoded
-// name, or the raw key as TensorDict before 0.11 wrote it (only a key that
-// stays inside `dir`). Empty when neither exists.
-std::string Child(const std::string& dir, const std::string& key, const std::string& suffix,
-                  bool directory) {
-  const std::string encoded = dir + "/" + EncodeKey(key) + suffix;
-  if (Exists(encoded, directory)) return encoded;
+// What TensorDict wrote for a key: where (relative to the input directory)
+// and what is there.
+struct ChildFile {
+  std::string rel;
+  InputDir::Found found;
+  bool Is(bool directory) const {
+    return found.kind ==
+           (directory ? InputDir::Found::Kind::kDirectory : InputDir::Found::Kind::kRegular);
+  }
+};
+
+// The file or directory TensorDict wrote for `key` in level `dir`: the
+// encoded name, or the raw key as TensorDict before 0.11 wrote it (only a
+// key that stays inside `dir`). The first of them of the kind wanted; else
+// the first that exists, of another kind; else the encoded name, absent.
+ChildFile Child(const InputDir& root, const std::string& dir, const std::string& key,
+                const std::string& suffix, bool directory) {
+  ChildFile encoded{Below(dir, EncodeKey(key) + suffix), {}};
+  encoded.found = root.Stat(encoded.rel);
+  if (encoded.Is(directory)) return encoded;
   const bool legacy_safe = !key.empty() && key != "." && key != ".." &&
-                           key.find('/') == std::string::npos && key.find('\0') == std::string::npos;
-  if (legacy_safe && Exists(dir + "/" + key + suffix, directory)) return dir + "/" + key + suffix;
-  return "";
+                           key.find('/') == std::string::npos &&
+                           key.find('\0') == std::string::npos && EncodeKey(key) != key;
+  if (legacy_safe) {
+    ChildFile legacy{Below(dir, key + suffix), {}};
+    legacy.found = root.Stat(legacy.rel);
+    if (legacy.Is(directory)) return legacy;
+    if (encoded.found.kind == InputDir::Found::Kind::kAbsent &&
+        legacy.found.kind != InputDir::Found::Kind::kAbsent) {
+      return legacy;
+    }
+  }
+  return encoded;
 }
 
 struct Reader {
   const ImportOptions& options;
+  const InputDir& root;
   Imported out;
   Imported::Entry entry;
 
   // The bytes of a tensor file: mapped when large, read when small.
-  std::shared_ptr<const writer::Storage> Bytes(const std::string& file, uint64_t nbytes) {
+  std::shared_ptr<const writer::Storage> Bytes(const std::string& rel, uint64_t nbytes) {
+    const std::string file = root.Path(rel);
     struct stat st;
+    const int fd = root.OpenFile(rel, &st);
+    const auto size = static_cast<uint64_t>(st.st_size);
     if (nbytes >= kMapThreshold) {
-      const auto input = MappedInput::Open(file);
+      const auto input = MappedInput::Open(fd, size, file);  // closes fd
       if (input->size() < nbytes) Short(file, nbytes, input->size());
       if (input->size() > nbytes) Longer(file, nbytes, input->size());
       return MappedInput::Storage(input, 0, nbytes);
     }
-    const int fd = OpenRegularFile(file, &st, ErrorCode::kBadInput);
-    const auto size = static_cast<uint64_t>(st.st_size);
     if (size < nbytes) {
       close(fd);
       Short(file, nbytes, size);
@@ -111,12 +135,16 @@ struct Reader {
     uint64_t done = 0;
     while (done < nbytes) {
       const ssize_t n = pread(fd, bytes.data() + done, nbytes - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         const int err = errno;
         close(fd);
-        throw Error(ErrorCode::kIo, file, done,
-                    n == 0 ? std::string("cannot read: the file ended early")
-                           : std::string("cannot read: ") + std::strerror(err));
+        if (n == 0) {
+          throw Error(ErrorCode::kBadInput, file, done,
+                      "changed while being read: it ended after " + std::to_string(done) +
+                          " of the " + std::to_string(nbytes) + " bytes it had when opened");
+        }
+        throw Error(ErrorCode::kIo, file, done, std::string("cannot read: ") + std::strerror(err));
       }
       done += static_cast<uint64_t>(n);
     }
@@ -190,18 +218,16 @@ struct Reader {
         Fail(meta_path, where + "shape: expected strides that fit in 64 bits");
       }
     }
-    const std::string file = Child(dir, key, ".memmap", false);
+    const ChildFile file = Child(root, dir, key, ".memmap", false);
     std::shared_ptr<const writer::Storage> storage;
-    if (file.empty()) {
+    if (file.found.kind == InputDir::Found::Kind::kAbsent && nbytes == 0) {
       // torch.from_file makes no file for a tensor without elements.
-      if (nbytes != 0) {
-        Fail(meta_path, where + "expected its bytes in " + Quote(dir + "/" + EncodeKey(key) +
-                                                                  ".memmap") +
-                            ", found no such file");
-      }
       storage = writer::Storage::Owning({});
+    } else if (!file.Is(false)) {
+      Fail(meta_path, where + "expected its bytes in a regular file " + Quote(root.Path(file.rel)) +
+                          ", found " + file.found.Describe());
     } else {
-      storage = Bytes(file, nbytes);
+      storage = Bytes(file.rel, nbytes);
     }
     entry.tensors.push_back(
         {name, MakeView(storage, *dtype, sizes, strides, 0, "tensor " + Quote(name), meta_path)});
@@ -228,14 +254,16 @@ struct Reader {
     }
   }
 
-  // One level: `dir`/meta.json, its tensors and its nested levels, in order.
+  // One level: `dir`/meta.json (`dir` relative to the input directory, "" for
+  // the top), its tensors and its nested levels, in order.
   void Level(const std::string& dir, const std::string& prefix, int depth) {
-    const std::string meta_path = dir + "/meta.json";
+    const std::string meta_rel = Below(dir, "meta.json");
+    const std::string meta_path = root.Path(meta_rel);
     if (depth > kMaxNesting) {
       Fail(meta_path, "expected TensorDicts nested at most " + std::to_string(kMaxNesting) +
                           " levels deep, found deeper nesting");
     }
-    const Json meta = ReadMeta(meta_path);
+    const Json meta = ReadMeta(meta_rel);
     if (meta.contains("_is_non_tensor") && meta["_is_non_tensor"].is_boolean() &&
         meta["_is_non_tensor"].get<bool>()) {
       order_.pop_back();
@@ -259,12 +287,12 @@ struct Reader {
       if (!info.is_object()) continue;  // the level's own fields: shape, device, _type...
       const std::string name = prefix + key;
       if (info.contains("type")) {  // a nested TensorDict, tensorclass or NonTensorData
-        const std::string sub = Child(dir, key, "", true);
-        if (sub.empty()) {
+        const ChildFile sub = Child(root, dir, key, "", true);
+        if (!sub.Is(true)) {
           Fail(meta_path, "key " + Quote(name) + ": expected its directory " +
-                              Quote(dir + "/" + EncodeKey(key)) + ", found none");
+                              Quote(root.Path(sub.rel)) + ", found " + sub.found.Describe());
         }
-        Level(sub, name + ".", depth + 1);
+        Level(sub.rel, name + ".", depth + 1);
         continue;
       }
       if (!info.contains("dtype") || !info.contains("shape")) {
@@ -278,9 +306,10 @@ struct Reader {
     order_.pop_back();
   }
 
-  Json ReadMeta(const std::string& meta_path) {
+  Json ReadMeta(const std::string& meta_rel) {
+    const std::string meta_path = root.Path(meta_rel);
     struct stat st;
-    const int fd = OpenRegularFile(meta_path, &st, ErrorCode::kBadInput);
+    const int fd = root.OpenFile(meta_rel, &st);
     const auto size = static_cast<uint64_t>(st.st_size);
     if (size > kMaxMetaSize) {
       close(fd);
@@ -291,6 +320,7 @@ struct Reader {
     uint64_t done = 0;
     while (done < size) {
       const ssize_t n = pread(fd, text.data() + done, size - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       done += static_cast<uint64_t>(n);
     }
@@ -312,18 +342,24 @@ struct Reader {
 Imported ImportTensorDict(const std::string& path, const ImportOptions& options) {
   std::string dir = path;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  struct stat st;
   if (const size_t slash = dir.rfind('/');
-      Exists(dir, false) && dir.substr(slash == std::string::npos ? 0 : slash + 1) == "meta.json") {
+      stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode) &&
+      dir.substr(slash == std::string::npos ? 0 : slash + 1) == "meta.json") {
     dir = slash == std::string::npos ? "." : dir.substr(0, std::max<size_t>(slash, 1));
   }
-  if (!Exists(dir + "/meta.json", false)) {
-    Fail(path, "expected a directory written by TensorDict's memmap() (with a meta.json), found "
-               "no meta.json in it");
+  // Every file below `dir` is opened through it: no symbolic link leaves it.
+  const InputDir root(dir, path, options.follow_symlinks);
+  if (const InputDir::Found meta = root.Stat("meta.json");
+      meta.kind == InputDir::Found::Kind::kAbsent) {
+    Fail(path, "expected a directory written by TensorDict's memmap() (with a meta.json), found " +
+                   (meta.link.empty() ? std::string("no meta.json in it")
+                                      : "meta.json " + meta.Describe()));
   }
-  Reader r{options, {}, {}, {}};
+  Reader r{options, root, {}, {}, {}};
   r.out.kind = InputKind::kTensorDict;
   r.entry.name = options.default_entry;
-  r.Level(dir, "", 0);
+  r.Level("", "", 0);
   r.out.entries.push_back(std::move(r.entry));
   return std::move(r.out);
 }

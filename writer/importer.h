@@ -4,6 +4,7 @@
 // the format allows, so packing never holds a second copy of the model.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -32,6 +33,12 @@ struct ImportOptions {
   bool strict = false;
   // Entry name for inputs that hold a single state_dict.
   std::string default_entry = "model";
+  // Inputs that read files below a directory (a TensorDict directory, the
+  // shards of a safetensors index) refuse a symbolic link there that leaves
+  // the directory (writer/safe_open.h); true follows every link (`tsar pack
+  // --follow-symlinks`: a Hugging Face cache snapshot, whose files link to
+  // ../../blobs).
+  bool follow_symlinks = false;
   // Reads a TorchScript file: needs LibTorch, so it is ImportTorchScript
   // (writer/torchscript.h) where LibTorch is linked (tsar-torch, the Python
   // package) and unset elsewhere, where a TorchScript input is kUnsupported.
@@ -92,10 +99,22 @@ Imported ImportTsar(const std::string& path, const ImportOptions& options);
 
 // A whole input file mapped read-only (MAP_PRIVATE, PROT_READ). Storages
 // made from it keep the mapping alive.
+//
+// A file truncated while mapped would kill the process with SIGBUS at the
+// first read of a page past its new end. While a MappedInput lives, such a
+// fault on its pages is caught (a SIGBUS handler, installed at the first
+// Open, that hands every other fault to the handler before it): the pages
+// from there to the end of the mapping read as zeros from then on, and the
+// input is marked changed; CheckInputsUnchanged() then throws naming it. Who
+// reads a MappedInput's bytes into something that lasts (PackFiles: the
+// archive) calls it before publishing.
 class MappedInput {
  public:
   // Throws kNotFound / kIo.
   static std::shared_ptr<const MappedInput> Open(const std::string& path);
+  // The regular file open at `fd` (of `size` bytes, named `path` in
+  // messages); closes `fd`, also when it throws (kIo).
+  static std::shared_ptr<const MappedInput> Open(int fd, uint64_t size, const std::string& path);
   ~MappedInput();
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
@@ -106,11 +125,21 @@ class MappedInput {
       const std::shared_ptr<const MappedInput>& self, uint64_t offset, uint64_t nbytes);
 
  private:
+  friend struct MappedInputRegistry;
   MappedInput() = default;
   std::string path_;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
+  size_t slot_ = SIZE_MAX;  // in the registry the SIGBUS handler reads
+  long owner_ = 0;          // the thread that opened it (gettid)
 };
+
+// Throws kBadInput ("changed while being read") naming an input that the
+// calling thread opened (MappedInput, still alive) and that a read found
+// truncated; with `check_sizes`, also one whose file is now shorter than its
+// mapping (a write(2) from such a mapping fails with EFAULT, no SIGBUS: call
+// it with true when a write failed). Cheap when no input was ever truncated.
+void CheckInputsUnchanged(bool check_sizes = false);
 
 Imported ImportTorchSave(const std::string& path, const ImportOptions& options);
 // The same, for a torch.save zip whose central directory `zip` (over

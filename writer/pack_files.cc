@@ -2,6 +2,7 @@
 #include "writer/pack_files.h"
 
 #include <algorithm>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -10,6 +11,7 @@
 #include "loader/value_tree.h"
 #include "writer/archive_writer.h"
 #include "writer/importer.h"
+#include "writer/tensor_parallel.h"
 
 namespace tsar {
 namespace {
@@ -23,6 +25,42 @@ void CheckInputName(const std::string& input, const std::string& what, const std
     format::CheckName(what, name, field);
   } catch (const Error& e) {
     throw Error(ErrorCode::kBadInput, input, std::nullopt, e.what());
+  }
+}
+
+// What the archive cannot hold, or the tensor-parallel plan cannot split, in
+// an input's entry: a bad input naming that input (exit 3), not a misuse of
+// the writer naming the output (the writer would find it only at finish()).
+void CheckInputTensors(const std::string& input, const importer::Imported::Entry& e,
+                       const PackOptions& pack) {
+  std::unordered_set<std::string_view> names;
+  names.reserve(e.tensors.size());
+  const bool plan = pack.tp >= 2 && pack.tp <= format::kMaxWorld && !pack.shard.empty();
+  for (const auto& t : e.tensors) {
+    const std::string what = "tensor " + format::Quote(t.name);
+    if (t.tensor.sizes.size() > format::kMaxNdim) {
+      throw Error(ErrorCode::kBadInput, input, std::nullopt,
+                  what + ": ndim: expected at most " + std::to_string(format::kMaxNdim) +
+                      " (what an archive holds), found " + std::to_string(t.tensor.sizes.size()));
+    }
+    if (!names.insert(t.name).second) {
+      throw Error(ErrorCode::kBadInput, input, std::nullopt,
+                  what + ": expected a name unique in entry " + format::Quote(e.name) +
+                      ", found it twice" +
+                      (t.name.find('.') != std::string::npos
+                           ? " (nested keys are joined with '.': a key holding a '.' can name "
+                             "the same tensor as a nested one)"
+                           : ""));
+    }
+    if (!plan) continue;
+    const size_t p = writer::MatchShardPattern(t.name, pack.shard);
+    if (p == pack.shard.size()) continue;
+    try {
+      writer::ShardDimOf(t.name, t.tensor, t.role == Role::kSparseComponent, pack.tp,
+                         pack.shard[p]);
+    } catch (const Error& err) {
+      throw Error(ErrorCode::kBadInput, input, std::nullopt, err.what());
+    }
   }
 }
 
@@ -217,6 +255,9 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
   PackSummary summary;
   PackOptions pack = options.pack;
   pack.progress = [&](uint64_t done, uint64_t all) {
+    // An input truncated while its bytes were read: named, before anything
+    // is published (importer::MappedInput).
+    importer::CheckInputsUnchanged();
     summary.nbytes = all;
     if (options.pack.progress) options.pack.progress(done, all);
   };
@@ -241,6 +282,7 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     io.strict = options.strict;
     io.default_entry = s.entry.empty() ? options.pack.entry : s.entry;
     io.torchscript = options.torch.import_torchscript;
+    io.follow_symlinks = options.follow_symlinks;
     importer::Imported in = importer::Import(s.path, io);
     if (!options.architecture.empty() && in.kind != importer::InputKind::kTorchScript) {
       throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
@@ -297,6 +339,7 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     for (auto& e : in.entries) {
       CheckInputName(s.path, "entry", e.name);
       for (const auto& t : e.tensors) CheckInputName(s.path, "tensor", t.name);
+      CheckInputTensors(s.path, e, options.pack);
       if (const auto [it, fresh] = entry_inputs.emplace(e.name, s.path); !fresh) {
         throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
                     "entry " + format::Quote(e.name) + " comes from " + it->second +
@@ -338,7 +381,14 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
   if (!options.architecture.empty()) {
     publish_architecture = options.torch.architecture(sources[0].path, options.architecture);
   }
-  writer.finish();
+  try {
+    writer.finish();
+  } catch (const Error&) {
+    // A write from a mapping whose file was truncated fails with EFAULT
+    // ("<output>: cannot write: Bad address"): the input is what changed.
+    importer::CheckInputsUnchanged(true);
+    throw;
+  }
   if (publish_architecture) publish_architecture(options.pack.durable);
   return summary;
 }

@@ -44,6 +44,9 @@ struct PackFilesOptions {
   // Taken off every tensor name that starts with it (DDP's "module.",
   // Lightning's "model."); some tensor must have it.
   std::string strip_prefix;
+  // Follow symbolic links below an input directory wherever they point
+  // (ImportOptions::follow_symlinks; default: refuse one that leaves it).
+  bool follow_symlinks = false;
   // When set: the one input must be a TorchScript file, and its architecture
   // without weight bytes (writer/architecture.h) is written here too, for a
   // server to load before tsar::bind. Both files are published only when both

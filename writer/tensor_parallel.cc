@@ -36,6 +36,39 @@ bool IsCContiguous(const TensorRef& t) {
 
 }  // namespace
 
+size_t MatchShardPattern(const std::string& name, const ShardPatterns& patterns) {
+  size_t p = 0;
+  while (p < patterns.size() && fnmatch(patterns[p].first.c_str(), name.c_str(), 0) != 0) ++p;
+  return p;
+}
+
+uint32_t ShardDimOf(const std::string& name, const TensorRef& t, bool sparse_component,
+                    uint32_t world, const std::pair<std::string, int64_t>& pattern) {
+  const std::string what =
+      "tensor " + format::Quote(name) + " (matched by " + format::Quote(pattern.first) + ")";
+  if (sparse_component) Refuse(what + ": expected a dense tensor, found a sparse one");
+  const auto ndim = static_cast<int64_t>(t.sizes.size());
+  int64_t dim = pattern.second;
+  if (ndim == 0) {
+    Refuse(what + ": dim " + std::to_string(dim) +
+           ": expected a tensor of at least one dimension to split, found a scalar (shape [])");
+  }
+  if (dim < -ndim || dim >= ndim) {
+    Refuse(what + ": dim: expected -" + Dec(ndim) + " to " + std::to_string(ndim - 1) +
+           " for shape " + Shape(t.sizes) + ", found " + std::to_string(dim));
+  }
+  if (dim < 0) dim += ndim;
+  if (t.sizes[dim] % world != 0) {
+    Refuse(what + ": size " + Dec(t.sizes[dim]) + " of dim " + Dec(dim) + " (shape " +
+           Shape(t.sizes) + "): expected a multiple of tp " + Dec(world));
+  }
+  if (!IsCContiguous(t)) {
+    Refuse(what + ": expected a C-contiguous tensor, found strides " + Shape(t.strides) +
+           " for shape " + Shape(t.sizes) + " (make it contiguous before packing)");
+  }
+  return static_cast<uint32_t>(dim);
+}
+
 ShardPlan ApplyShardPlan(const std::vector<ShardItem>& items, uint32_t world,
                          const std::vector<std::pair<std::string, int64_t>>& patterns,
                          uint32_t alignment) {
@@ -53,30 +86,14 @@ ShardPlan ApplyShardPlan(const std::vector<ShardItem>& items, uint32_t world,
   std::map<const Storage*, std::string> sharded_sources;  // source -> a sharded tensor's name
   for (size_t i = 0; i < items.size(); ++i) {
     const ShardItem& it = items[i];
-    size_t p = 0;
-    while (p < patterns.size() && fnmatch(patterns[p].first.c_str(), it.name->c_str(), 0) != 0) ++p;
+    const size_t p = MatchShardPattern(*it.name, patterns);
     if (p == patterns.size()) continue;
     used[p] = true;
     TensorRef& t = *it.tensor;
     const std::string what = "tensor " + format::Quote(*it.name) + " (matched by " +
                              format::Quote(patterns[p].first) + ")";
-    if (it.sparse_component) Refuse(what + ": expected a dense tensor, found a sparse one");
+    const uint32_t d = ShardDimOf(*it.name, t, it.sparse_component, world, patterns[p]);
     const auto ndim = static_cast<int64_t>(t.sizes.size());
-    int64_t dim = patterns[p].second;
-    if (dim < -ndim || dim >= ndim || ndim == 0) {
-      Refuse(what + ": dim: expected -" + Dec(ndim) + " to " + std::to_string(ndim - 1) +
-             " for shape " + Shape(t.sizes) + ", found " + std::to_string(dim));
-    }
-    if (dim < 0) dim += ndim;
-    if (t.sizes[dim] % world != 0) {
-      Refuse(what + ": size " + Dec(t.sizes[dim]) + " of dim " + Dec(dim) + " (shape " +
-             Shape(t.sizes) + "): expected a multiple of tp " + Dec(world));
-    }
-    if (!IsCContiguous(t)) {
-      Refuse(what + ": expected a C-contiguous tensor, found strides " + Shape(t.strides) +
-             " for shape " + Shape(t.sizes) + " (make it contiguous before packing)");
-    }
-    const auto d = static_cast<uint32_t>(dim);
     plan.dims[i] = d;
     sharded_sources.emplace(t.storage.get(), *it.name);
     Key key{t.storage.get(), t.storage_offset, t.dtype, t.sizes, d};

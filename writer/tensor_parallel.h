@@ -31,6 +31,20 @@ struct ShardPlan {
   std::string note;
 };
 
+using ShardPatterns = std::vector<std::pair<std::string, int64_t>>;
+
+// The first of `patterns` whose glob matches `name` (fnmatch; '*' also
+// matches dots), or patterns.size() when none does.
+size_t MatchShardPattern(const std::string& name, const ShardPatterns& patterns);
+
+// The dimension (0 to ndim - 1) along which `pattern` splits tensor `name`
+// (`t`) for `world` ranks. Throws kInvalidArgument, with no path, naming the
+// tensor and the pattern, for what cannot be split: a sparse component, a
+// scalar, a dim outside the shape, a size not divisible by world, a view that
+// is not C-contiguous. PackFiles calls it at import, to name the input.
+uint32_t ShardDimOf(const std::string& name, const TensorRef& t, bool sparse_component,
+                    uint32_t world, const std::pair<std::string, int64_t>& pattern);
+
 // Applies `patterns` (glob, dim; first match decides) for `world` ranks in an
 // archive of `alignment`. Throws kInvalidArgument as PackOptions::shard says.
 ShardPlan ApplyShardPlan(const std::vector<ShardItem>& items, uint32_t world,

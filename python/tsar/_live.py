@@ -32,7 +32,9 @@ class LiveEvent(NamedTuple):
 
     kind: str  # "swapped" (it serves now as `version`) or "refused" (`error` says why)
     path: str
-    version: int  # the version serving after the event
+    # "swapped": the new file's version, serving now. "refused": None, since the
+    # refused file never got a version (the one serving is still live.version).
+    version: Optional[int]
     error: str  # "" for "swapped"
     load_ms: float  # open + verify + make + bind + warm_up of the new file
     warm_up_ms: float  # of which warm_up (the model's own cost)
@@ -54,6 +56,15 @@ class LiveModule:
     ``on_event(LiveEvent)`` is called on the watching thread after each swap
     or refusal; what it raises is ignored. ``load_into_kwargs`` go to every
     :func:`tsar.load_into` (``entry``, ``strict``, ``rank``, ``world``...).
+
+    On the watching thread, anything ``make``, ``warm_up`` or loading raises,
+    ``SystemExit``, ``KeyboardInterrupt`` and every other BaseException
+    included, refuses the file (``last_error`` names the exception), and
+    anything ``on_event`` raises is ignored: the watcher never dies of them.
+    On the caller's thread (:meth:`check`), an Exception refuses the file
+    too, while a BaseException that is not an Exception (Ctrl-C) propagates
+    and refuses nothing, as does one raised by ``on_event`` (after the swap or
+    refusal is recorded).
 
     The first version is loaded in the constructor, which raises what
     opening, ``make``, binding or ``warm_up`` raised: there is nothing to serve.
@@ -86,6 +97,11 @@ class LiveModule:
         self._poll, self._inotify, self._on_event = float(poll_interval), bool(inotify), on_event
         self._kwargs = load_into_kwargs
         self._check_lock = threading.Lock()  # one load at a time (watcher or check())
+        # Guards _closed and _loading together: close() waits for the watcher
+        # only when it is not loading, and a watcher loads only when not closed.
+        self._state_lock = threading.Lock()
+        self._loading = False
+        self._closed = False
         self._stats = collections.Counter()
         self._last_error = ""
         self._last_load_ms = self._last_warm_up_ms = self._last_make_ms = 0.0
@@ -94,7 +110,6 @@ class LiveModule:
         module, load_ms, warm_ms, make_ms = self._load()  # raises: nothing to serve
         self._serving: Tuple[torch.nn.Module, int, Any] = (module, 1, ident)
         self._last_load_ms, self._last_warm_up_ms, self._last_make_ms = load_ms, warm_ms, make_ms
-        self._closed = False
         self._watch = None
         self._thread = None
         self._start()
@@ -128,12 +143,14 @@ class LiveModule:
 
     def stats(self) -> dict:
         """Counters: version, swaps, refusals, checks (looks at the path), and the
-        last load's milliseconds (load_ms, of which warm_up_ms and make_ms)."""
+        last load's milliseconds (load_ms, of which warm_up_ms and make_ms);
+        ``watching``: whether a watching thread is alive."""
+        t = self._thread
         return {"version": self.version, "swaps": self._stats["swaps"],
                 "refusals": self._stats["refusals"], "checks": self._stats["checks"],
                 "load_ms": self._last_load_ms, "warm_up_ms": self._last_warm_up_ms,
                 "make_ms": self._last_make_ms,
-                "last_error": self._last_error, "watching": self._thread is not None}
+                "last_error": self._last_error, "watching": t is not None and t.is_alive()}
 
     # -- watching ----------------------------------------------------------------
     def check(self) -> bool:
@@ -144,13 +161,19 @@ class LiveModule:
         return self._check()
 
     def close(self) -> None:
-        """Stops watching (joins the thread). The module serving stays usable by
-        whoever holds it; get() keeps returning it."""
-        self._closed = True
+        """Stops watching, promptly. The module serving stays usable by whoever
+        holds it; get() keeps returning it. An idle watching thread is joined;
+        one in the middle of a load (a full verify of a large file, a slow
+        ``make`` or ``warm_up``) is not waited for: it ends when that load
+        does, and the version it loaded is dropped, never served, and no
+        event is sent for it."""
+        with self._state_lock:
+            self._closed = True
+            loading = self._loading
         if self._watch is not None:
             self._watch.wake()
         t = self._thread
-        if t is not None and t is not threading.current_thread():
+        if t is not None and t is not threading.current_thread() and not loading:
             t.join()
         self._thread = None
 
@@ -174,6 +197,8 @@ class LiveModule:
 
     def _after_fork(self):
         self._check_lock = threading.Lock()  # the parent's may have been held by its watcher
+        self._state_lock = threading.Lock()
+        self._loading = False
         self._watch = self._thread = None
         if not self._closed:
             self._start()
@@ -187,7 +212,7 @@ class LiveModule:
                 break
             try:
                 self._check()
-            except Exception:  # noqa: BLE001 (the thread must live; _check reports)
+            except BaseException:  # noqa: BLE001 (the thread must live; _check reports)
                 pass
 
     def _load(self):
@@ -214,19 +239,38 @@ class LiveModule:
         return module, (t2 - t0) * 1e3, (t2 - t1) * 1e3, make_ms
 
     def _check(self) -> bool:
+        watcher = threading.current_thread() is self._thread
         with self._check_lock:
             self._stats["checks"] += 1
             ident = _tsar.identity(self._path)
             if ident is None or ident == self._serving[2] or ident == self._refused:
                 return False
+            with self._state_lock:
+                if self._closed and watcher:
+                    return False
+                self._loading = True
             try:
                 module, load_ms, warm_ms, make_ms = self._load()
-            except Exception as e:  # noqa: BLE001 (any failure refuses the file)
+            except BaseException as e:  # noqa: BLE001 (any failure refuses the file)
+                with self._state_lock:
+                    self._loading = False
+                    closed = self._closed
+                if not isinstance(e, Exception) and not watcher:
+                    raise  # Ctrl-C in check() on the caller's thread: not the file's fault
+                if closed:
+                    return False  # closed while it loaded: nothing more is reported
                 self._refused = ident
-                self._last_error = str(e) or repr(e)
+                if isinstance(e, Exception):
+                    self._last_error = str(e) or repr(e)
+                else:  # SystemExit, KeyboardInterrupt... on the watcher: refuse, live on
+                    self._last_error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 self._stats["refusals"] += 1
                 self._event("refused", self._last_error, 0.0, 0.0, 0.0)
                 return False
+            with self._state_lock:
+                self._loading = False
+                if self._closed:
+                    return False  # closed while it loaded: dropped, never served
             # A file replaced while it loaded is looked at again next time.
             version = self._serving[1] + 1
             self._serving = (module, version, ident)
@@ -240,7 +284,12 @@ class LiveModule:
     def _event(self, kind, error, load_ms, warm_ms, make_ms):
         if self._on_event is None:
             return
+        version = self.version if kind == "swapped" else None  # a refused file has none
         try:
-            self._on_event(LiveEvent(kind, self._path, self.version, error, load_ms, warm_ms, make_ms))
+            self._on_event(LiveEvent(kind, self._path, version, error, load_ms, warm_ms, make_ms))
         except Exception:  # noqa: BLE001 (what on_event raises is ignored)
             pass
+        except BaseException:  # noqa: BLE001
+            if threading.current_thread() is not self._thread:
+                raise  # check() on the caller's thread: Ctrl-C goes through
+            # On the watcher: ignored too, or the thread would die of it.
