@@ -99,7 +99,9 @@ def follow_model(args):
         net(torch.zeros(1, arch["inputs"]))  # every weight page resident before it serves
 
     def on_event(e):
-        sys.stderr.write(f"[worker {os.getpid()}] {e.kind} {e.path}: version {e.version} "
+        what = (f"version {e.version}" if e.version is not None
+                else "(refused, still serving the last version)")
+        sys.stderr.write(f"[worker {os.getpid()}] {e.kind} {e.path}: {what} "
                          f"{e.error or f'in {e.load_ms:.1f} ms'}\n")
 
     live = tsar.LiveModule(args.archive, lambda: mlp.build(arch, empty=True), warm_up=warm_up,
