@@ -314,7 +314,12 @@ bool IsSafeRelativePath(const std::string& s) {
 }  // namespace
 
 Imported ImportSafetensors(const std::string& path, const ImportOptions& options) {
-  const Parsed p = ParseFile(MappedInput::Open(path));
+  return ImportSafetensorsMapped(MappedInput::Open(path), options);
+}
+
+Imported ImportSafetensorsMapped(const std::shared_ptr<const MappedInput>& input,
+                                 const ImportOptions& options) {
+  const Parsed p = ParseFile(input);
   Imported out;
   out.kind = InputKind::kSafetensors;
   out.entries.push_back({options.default_entry, {}});

@@ -4,8 +4,6 @@
 #include "writer/import_transformers.h"
 
 #include <dirent.h>
-#include <limits.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +18,7 @@
 #include "loader/open_file.h"
 #include "tsar/error.h"
 #include "writer/detect.h"
+#include "writer/safe_open.h"
 
 namespace tsar::importer {
 namespace {
@@ -86,29 +85,9 @@ std::vector<Listed> List(const std::string& dir) {
   return out;
 }
 
-// Where `path` leads when that is inside directory `real_dir` (a real path),
-// else "" with `*target` set to where it leads: a symbolic link out of the
-// directory would let a hostile directory ship the packing host's files
-// (README, "Hostile input"). Links that stay inside, as those of a directory
-// copied with its links, are followed.
-std::string InsideReal(const std::string& path, const std::string& real_dir, std::string* target) {
-  char buf[PATH_MAX];
-  if (realpath(path.c_str(), buf) == nullptr) {
-    *target = std::strerror(errno);
-    return "";
-  }
-  const std::string real = buf;
-  if (real.size() > real_dir.size() && real.compare(0, real_dir.size(), real_dir) == 0 &&
-      (real_dir == "/" || real[real_dir.size()] == '/'))
-    return real;
-  *target = real;
-  return "";
-}
-
-// The whole of regular file `path`, which must still have `size` bytes.
-std::string ReadWhole(const std::string& path, uint64_t size) {
-  struct stat st;
-  const int fd = OpenRegularFile(path, &st, ErrorCode::kBadInput);
+// The whole of the regular file open at `fd` (named `path` in messages),
+// which must still have `size` bytes; closes `fd`.
+std::string ReadWhole(int fd, const struct stat& st, const std::string& path, uint64_t size) {
   if (static_cast<uint64_t>(st.st_size) != size) {
     close(fd);
     throw Error(ErrorCode::kBadInput, path, std::nullopt,
@@ -134,10 +113,9 @@ std::string ReadWhole(const std::string& path, uint64_t size) {
   return bytes;
 }
 
-// Attaches `l` (of `dir`, named `name` in the archive) or records why not.
-// `real_top`: the real path of the input directory.
-void Consider(const std::string& dir, const Listed& l, const std::string& name,
-              const std::string& real_top, Imported* out) {
+// Attaches `l` (named `name` in the archive and below `top`) or records why
+// not.
+void Consider(const InputDir& top, const Listed& l, const std::string& name, Imported* out) {
   if (l.type == Listed::Type::kUnreadable) {
     out->skipped.push_back(Quote(name) + ": not attached: cannot stat: " + l.error);
     return;
@@ -151,15 +129,20 @@ void Consider(const std::string& dir, const Listed& l, const std::string& name,
     out->skipped.push_back(Quote(name) + ": not attached: " + why);
     return;
   }
-  std::string target;
-  const std::string real = InsideReal(dir + "/" + l.name, real_top, &target);
-  if (real.empty()) {
+  // Opened below the directory, component by component (safe_open.h): a
+  // symbolic link that leaves it is never read (unless --follow-symlinks).
+  struct stat st;
+  int fd = -1;
+  try {
+    fd = top.OpenFile(name, &st);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kBadInput) throw;
     out->skipped.push_back(Quote(name) + ": not attached: a symbolic link that leaves the "
-                           "directory (to " + Quote(target) + ")");
+                           "directory, or not a regular file (" + e.what() + ")");
     return;
   }
   out->metadata.push_back({"", std::string(format::kAttachedFilePrefix) + name,
-                           Bytes{ReadWhole(real, l.size)}});
+                           Bytes{ReadWhole(fd, st, top.Path(name), l.size)}});
 }
 
 }  // namespace
@@ -203,9 +186,21 @@ Imported ImportTransformers(const std::string& path, const ImportOptions& option
                                     : "no config.json"));
   }
   const std::string weights_path = dir + "/" + weights;
-  Imported out = weights == "model.safetensors"
-                     ? ImportSafetensors(weights_path, options)
-                     : ImportSafetensorsIndex(weights_path, options);
+  // Every file is opened below the directory (safe_open.h): the weights, the
+  // index (whose shards ImportSafetensorsIndex opens the same way) and the
+  // attached files; a symbolic link that leaves it is refused (the weights)
+  // or not attached (a configuration or tokenizer file).
+  const InputDir top(dir, path, options.follow_symlinks);
+  Imported out;
+  if (weights == "model.safetensors") {
+    struct stat wst;
+    const int fd = top.OpenFile(weights, &wst);
+    out = ImportSafetensorsMapped(
+        MappedInput::Open(fd, static_cast<uint64_t>(wst.st_size), weights_path), options);
+  } else {
+    top.Stat(weights);  // throws for a link out of the directory
+    out = ImportSafetensorsIndex(weights_path, options);
+  }
   out.kind = InputKind::kTransformers;
   // The prefix is the attached files' (§4.7.1): a safetensors __metadata__
   // key with it would pass for one, or clash with one.
@@ -221,12 +216,6 @@ Imported ImportTransformers(const std::string& path, const ImportOptions& option
   }
   out.metadata = std::move(kept);
   const bool sharded = weights != "model.safetensors";
-  char real_buf[PATH_MAX];
-  if (realpath(dir.c_str(), real_buf) == nullptr) {
-    throw Error(ErrorCode::kIo, dir, std::nullopt,
-                std::string("cannot resolve the directory: ") + std::strerror(errno));
-  }
-  const std::string real_top = real_buf;
   for (const Listed& l : List(dir)) {
     if (l.name == weights || (sharded && IsShardName(l.name))) continue;
     if (!l.name.empty() && l.name[0] == '.') continue;  // .git, .cache (huggingface_hub)
@@ -244,11 +233,11 @@ Imported ImportTransformers(const std::string& path, const ImportOptions& option
           out.skipped.push_back(Quote(l.name + "/" + t.name + "/") + ": not read");
           continue;
         }
-        Consider(sub, t, l.name + "/" + t.name, real_top, &out);
+        Consider(top, t, l.name + "/" + t.name, &out);
       }
       continue;
     }
-    Consider(dir, l, l.name, real_top, &out);
+    Consider(top, l, l.name, &out);
   }
   return out;
 }

@@ -141,6 +141,11 @@ class MappedInput {
 // it with true when a write failed). Cheap when no input was ever truncated.
 void CheckInputsUnchanged(bool check_sizes = false);
 
+// ImportSafetensors over a file opened already (below an input directory:
+// InputDir, writer/safe_open.h).
+Imported ImportSafetensorsMapped(const std::shared_ptr<const MappedInput>& input,
+                                 const ImportOptions& options);
+
 Imported ImportTorchSave(const std::string& path, const ImportOptions& options);
 // The same, for a torch.save zip whose central directory `zip` (over
 // `input`) was read already.

@@ -558,3 +558,31 @@ def test_close_returns_promptly_during_a_slow_load(tmp_path):
     thread.join(10)
     assert not thread.is_alive()
     assert live.version == 1 and which(live.get()) == 1 and events == []
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "model.safetensors.index.json"])
+def test_a_transformers_directory_whose_weights_link_out_is_refused(cli, tmp_path, weights):
+    """The transformers importer reads several files: the same rule. Its weights
+    file (or index) linked out of the directory is refused; its attached files
+    linked out are never read (not attached, with a note)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    write_safetensors(outside / "model.safetensors", {"w": ("F32", [len(SECRET)], f32(SECRET))})
+    (outside / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}))
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"architectures": ["X"], "model_type": "llama"}))
+    if weights == "model.safetensors":
+        os.symlink(outside / "model.safetensors", src / weights)
+    else:  # the index links out; its shard is inside
+        write_safetensors(src / "model-00001-of-00001.safetensors",
+                          {"w": ("F32", [3], f32([0.0, 0.0, 0.0]))})
+        os.symlink(outside / weights, src / weights)
+    # (long paths are shortened in messages: the link's name and its target by their start)
+    refused(cli, src, tmp_path, 3, f"tsar: {src}: ", "is a symbolic link to",
+            f'which leaves the input directory "{src}"')
+    # --follow-symlinks packs it (a Hugging Face cache snapshot links its files to ../../blobs).
+    run_cli(cli, "pack", src, "-o", tmp_path / "followed.tsar", "-q", "--follow-symlinks")
+    with tsar.open(tmp_path / "followed.tsar") as a:
+        assert a["w"].tolist() == (SECRET if weights == "model.safetensors" else [0.0, 0.0, 0.0])
