@@ -28,8 +28,9 @@ PYBIND11_MODULE(_tsar_pack, m) {
          const std::string& dtype, const std::vector<std::string>& only,
          const std::vector<std::string>& exclude, const std::string& strip_prefix,
          const std::string& architecture, const std::string& base, uint32_t tp,
-         const std::vector<std::pair<std::string, int64_t>>& shard) {
+         const std::vector<std::pair<std::string, int64_t>>& shard, bool follow_symlinks) {
         PackFilesOptions o;
+        o.follow_symlinks = follow_symlinks;
         o.pack.tp = tp;
         o.pack.shard = shard;
         o.pack.base = base;
@@ -59,6 +60,7 @@ PYBIND11_MODULE(_tsar_pack, m) {
       py::arg("sources"), py::arg("dst"), py::arg("entry"), py::arg("strict"), py::arg("alignment"),
       py::arg("metadata"), py::arg("dtype"), py::arg("only"), py::arg("exclude"),
       py::arg("strip_prefix"), py::arg("architecture"), py::arg("base") = std::string(),
-      py::arg("tp") = 0, py::arg("shard") = std::vector<std::pair<std::string, int64_t>>());
+      py::arg("tp") = 0, py::arg("shard") = std::vector<std::pair<std::string, int64_t>>(),
+      py::arg("follow_symlinks") = false);
 
 }

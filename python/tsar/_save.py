@@ -212,6 +212,7 @@ def pack(
     base=None,
     tp: Optional[int] = None,
     shard=None,
+    follow_symlinks: bool = False,
 ) -> PackSummary:
     """What ``tsar pack`` does: imports files and writes one archive at ``dst``.
 
@@ -240,7 +241,9 @@ def pack(
     the TorchScript input's architecture is written without its weights) and
     ``base`` (``--base``: write a layer over this archive; see :func:`save`),
     ``tp`` and ``shard`` (``--tp``, ``--shard``: lay the archive out for
-    tensor-parallel ranks; see :func:`save`).
+    tensor-parallel ranks; see :func:`save`), ``follow_symlinks``
+    (``--follow-symlinks``: inside a directory input, follow symbolic links
+    that leave it; by default they are refused, naming the link).
     A .tsar input is repacked: without ``base`` a layer comes out standalone.
 
     Raises tsar.Error: BAD_INPUT naming the input file (and offset where known),
@@ -260,6 +263,6 @@ def pack(
         _metadata_items(metadata),
         _dtype_name(dtype), [str(x) for x in only], [str(x) for x in exclude], str(strip_prefix),
         "" if arch is None else os.fspath(arch), "" if base is None else os.fspath(base),
-        world, plan,
+        world, plan, bool(follow_symlinks),
     )
     return PackSummary(tensors, entries, nbytes, notes)

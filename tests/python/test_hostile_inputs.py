@@ -92,6 +92,8 @@ def test_a_relative_link_out_of_the_directory_is_refused(cli, td, tmp_path):
     # --follow-symlinks is the way to say "follow them": the outside bytes are packed.
     run_cli(cli, "pack", td, "-o", tmp_path / "followed.tsar", "-q", "--follow-symlinks")
     assert tsar.open(tmp_path / "followed.tsar")["w"].tolist() == SECRET
+    tsar.pack(td, tmp_path / "followed_py.tsar", follow_symlinks=True)  # and from Python
+    assert tsar.open(tmp_path / "followed_py.tsar")["w"].tolist() == SECRET
 
 
 def test_a_nested_level_whose_folder_links_elsewhere_is_refused(cli, td, tmp_path):
