@@ -70,7 +70,7 @@ constexpr int64_t kWhole = -1;
 // torch.chunk gives it.
 int64_t ChunkSize(int64_t n, const BindOptions& o) {
   const int64_t c = n / o.world + (n % o.world != 0);  // ceil, without n + world overflowing
-  if (c == 0 || o.rank > (n - 1) / c) return 0;         // rank * c would pass n (or overflow)
+  if (c == 0 || o.rank > (n - 1) / c) return 0;        // rank * c would pass n (or overflow)
   return std::min(c, n - o.rank * c);
 }
 
@@ -194,15 +194,15 @@ std::vector<bool> ResolveTies(const std::vector<BindSlot>& slots,
 // Refuses (kBindMismatch) a bind that would leave a tensor of the module on
 // the meta device: a slot neither bound nor tied, or a `loose` tensor (one no
 // archive holds: a non-persistent buffer) on meta.
-void CheckNothingStaysMeta(const std::vector<BindSlot>& slots,
-                           const std::vector<SlotState>& state, const std::vector<bool>& bound,
-                           const std::vector<BindSlot>& loose, const std::string& path,
-                           const std::string& entry_name) {
+void CheckNothingStaysMeta(const std::vector<BindSlot>& slots, const std::vector<SlotState>& state,
+                           const std::vector<bool>& bound, const std::vector<BindSlot>& loose,
+                           const std::string& path, const std::string& entry_name) {
   std::vector<std::string> unbound, buffers;
   for (size_t i = 0; i < slots.size(); ++i) {
     if (!bound[i] && slots[i].tensor->device_type() == c10::DeviceType::Meta) {
-      unbound.push_back(slots[i].name +
-                        (state[i] == SlotState::kMismatched ? " (mismatched)" : " (not in the archive)"));
+      unbound.push_back(slots[i].name + (state[i] == SlotState::kMismatched
+                                             ? " (mismatched)"
+                                             : " (not in the archive)"));
     }
   }
   std::unordered_set<const c10::TensorImpl*> bound_impls;
@@ -216,8 +216,10 @@ void CheckNothingStaysMeta(const std::vector<BindSlot>& slots,
       buffers.push_back(s.name);
   }
   if (unbound.empty() && buffers.empty()) return;
-  std::string msg = "bind: the module would keep tensors on the meta device, which the archive's "
-                    "entry " + format::Quote(entry_name) + " does not bind: ";
+  std::string msg =
+      "bind: the module would keep tensors on the meta device, which the archive's "
+      "entry " +
+      format::Quote(entry_name) + " does not bind: ";
   if (!buffers.empty()) {
     msg += List(buffers) +
            " (non-persistent buffers, which no archive holds: state_dict() leaves them out, and "
@@ -256,7 +258,8 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   if (options.world < 0) {
     throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
                 "bind: world: expected 0 or 1 (no tensor parallelism) or the number of ranks, "
-                "found " + std::to_string(options.world) + ". Nothing was changed");
+                "found " +
+                    std::to_string(options.world) + ". Nothing was changed");
   }
   if (options.world <= 1 && options.rank != 0) {
     throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
@@ -290,8 +293,7 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     const c10::DeviceType device = slots[i].tensor->device_type();
     if (device != c10::DeviceType::CPU && device != c10::DeviceType::Meta) {
       throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
-                  "bind: " + format::Quote(name) + " is on " +
-                      slots[i].tensor->device().str() +
+                  "bind: " + format::Quote(name) + " is on " + slots[i].tensor->device().str() +
                       ": tsar binds modules on cpu or meta (built with torch.device(\"meta\")); "
                       "move the module to cpu or meta first. Nothing was changed");
     }
@@ -312,7 +314,7 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
     if (prefixed) {
       t = next < end && index.tensors()[next].name == key ? next : index.FindTensor(entry, key);
     }
-    if (t == format::kNone) continue;  // missing, unless tied (ResolveTies)
+    if (t == format::kNone) continue;                  // missing, unless tied (ResolveTies)
     if (slots[i].tensor->layout() != c10::kStrided) {  // set_ would fail midway
       std::ostringstream layout;
       layout << slots[i].tensor->layout();
@@ -406,7 +408,8 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
       which.push_back(i);
       sources.push_back(tp && targets[i].defined() ? targets[i] : impl.Make(match[i]));
     }
-    const std::vector<at::Tensor> on_device = CopyToDevice(sources, options.device, options.staging);
+    const std::vector<at::Tensor> on_device =
+        CopyToDevice(sources, options.device, options.staging);
     for (size_t k = 0; k < which.size(); ++k) {
       c10::TensorImpl* t = slots[which[k]].tensor;
       MetaToCpu(t);  // a meta TensorImpl takes a device tensor's data as a dense one does

@@ -125,7 +125,8 @@ PipelineOptions StagingFor(const PipelineOptions& asked, unsigned cores) {
   constexpr unsigned kMostFillThreads = 16;
   constexpr int kStreams = 4;
   PipelineOptions o = asked;
-  if (o.fill_threads == 0) o.fill_threads = static_cast<int>(std::clamp(cores, 1u, kMostFillThreads));
+  if (o.fill_threads == 0)
+    o.fill_threads = static_cast<int>(std::clamp(cores, 1u, kMostFillThreads));
   if (o.streams == 0) o.streams = kStreams;
   return o;
 }
@@ -143,15 +144,16 @@ PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engi
   // memory than asked (one granule at the least).
   constexpr uint64_t kGranule = uint64_t{64} << 10;
   const uint64_t granules = std::max<uint64_t>(1, options.pinned_bytes / kGranule);
-  const uint64_t per = std::max<uint64_t>(1, granules / std::min<uint64_t>(granules, options.buffers));
+  const uint64_t per =
+      std::max<uint64_t>(1, granules / std::min<uint64_t>(granules, options.buffers));
   const uint64_t each = per * kGranule;
   PipelineStats stats;
   uint64_t total = 0;
   for (const CopyRange& r : ranges) total += r.n;
   if (total == 0) return stats;
   // No more buffers than the bytes need.
-  const int buffers = static_cast<int>(std::min<uint64_t>(
-      {uint64_t(options.buffers), granules / per, (total + each - 1) / each}));
+  const int buffers = static_cast<int>(
+      std::min<uint64_t>({uint64_t(options.buffers), granules / per, (total + each - 1) / each}));
   std::vector<uint8_t*> pinned(buffers);
   for (int b = 0; b < buffers; ++b) {
     pinned[b] = static_cast<uint8_t*>(engine.AllocatePinned(b, each));
@@ -163,9 +165,9 @@ PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engi
   FillPool pool(threads);
   stats.fill_threads = threads;
   std::vector<bool> in_flight(buffers, false);
-  int b = 0;            // the buffer being filled
-  uint64_t used = 0;    // bytes of it filled
-  uint64_t fills = 0;   // buffers sent so far: picks the stream
+  int b = 0;                       // the buffer being filled
+  uint64_t used = 0;               // bytes of it filled
+  uint64_t fills = 0;              // buffers sent so far: picks the stream
   std::vector<CopyRange> pending;  // the transfers of the buffer being filled
   const auto send = [&] {
     pool.Run(pieces, fill);

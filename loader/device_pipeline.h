@@ -72,11 +72,11 @@ struct CopyRange {
 };
 
 struct PipelineStats {
-  uint64_t bytes = 0;          // copied to the device
-  uint64_t pinned_bytes = 0;   // staging memory allocated
-  uint64_t transfers = 0;      // CopyAsync calls
-  uint64_t buffer_waits = 0;   // times the host waited for a buffer to come free
-  int fill_threads = 0;        // host threads that filled the buffers
+  uint64_t bytes = 0;         // copied to the device
+  uint64_t pinned_bytes = 0;  // staging memory allocated
+  uint64_t transfers = 0;     // CopyAsync calls
+  uint64_t buffer_waits = 0;  // times the host waited for a buffer to come free
+  int fill_threads = 0;       // host threads that filled the buffers
 };
 
 // Copies every range through the staging buffers; returns when every byte is

@@ -28,7 +28,7 @@ using format::Quote;
 // transformers (≥ 4.5x) writes chat templates beyond the default one here.
 constexpr const char* kChatTemplatesDir = "additional_chat_templates";
 constexpr const char* kAttachedSuffixes[] = {".json", ".txt", ".model", ".jinja", ".tiktoken"};
-constexpr const char* kWeightSuffixes[] = {".safetensors", ".bin", ".pt",   ".pth",  ".ckpt",
+constexpr const char* kWeightSuffixes[] = {".safetensors", ".bin",     ".pt",   ".pth",  ".ckpt",
                                            ".h5",          ".msgpack", ".gguf", ".onnx", ".pkl"};
 
 bool EndsWith(const std::string& s, const char* suffix) {
@@ -137,8 +137,10 @@ void Consider(const InputDir& top, const Listed& l, const std::string& name, Imp
     fd = top.OpenFile(name, &st);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kBadInput) throw;
-    out->skipped.push_back(Quote(name) + ": not attached: a symbolic link that leaves the "
-                           "directory, or not a regular file (" + e.what() + ")");
+    out->skipped.push_back(Quote(name) +
+                           ": not attached: a symbolic link that leaves the "
+                           "directory, or not a regular file (" +
+                           e.what() + ")");
     return;
   }
   out->metadata.push_back({"", std::string(format::kAttachedFilePrefix) + name,
@@ -178,12 +180,12 @@ Imported ImportTransformers(const std::string& path, const ImportOptions& option
   if (stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) dir = DirOf(dir);  // DIR/config.json
   const std::string weights = TransformersWeights(dir);
   if (weights.empty()) {
-    throw Error(ErrorCode::kBadInput, path, std::nullopt,
-                "expected a directory that transformers' save_pretrained wrote, with config.json "
-                "and model.safetensors or model.safetensors.index.json, found " +
-                    std::string(stat((dir + "/config.json").c_str(), &st) == 0
-                                    ? "no safetensors weights"
-                                    : "no config.json"));
+    throw Error(
+        ErrorCode::kBadInput, path, std::nullopt,
+        "expected a directory that transformers' save_pretrained wrote, with config.json "
+        "and model.safetensors or model.safetensors.index.json, found " +
+            std::string(stat((dir + "/config.json").c_str(), &st) == 0 ? "no safetensors weights"
+                                                                       : "no config.json"));
   }
   const std::string weights_path = dir + "/" + weights;
   // Every file is opened below the directory (safe_open.h): the weights, the

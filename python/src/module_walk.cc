@@ -72,8 +72,8 @@ bool Plain(PyObject* module, PyObject* cache, PyObject* plain) {
 // Appends dict's tensors (None skipped) to `out`, those named in `skip` to
 // `skipped` where they are on meta; false where the dict is not a plain dict
 // of str -> Tensor.
-bool Tensors(PyObject* dict, PyObject* skip, const std::string& prefix,
-             std::vector<BindSlot>* out, std::vector<BindSlot>* skipped = nullptr) {
+bool Tensors(PyObject* dict, PyObject* skip, const std::string& prefix, std::vector<BindSlot>* out,
+             std::vector<BindSlot>* skipped = nullptr) {
   if (!PyDict_CheckExact(dict)) return false;
   Py_ssize_t pos = 0;
   PyObject *key, *value;

@@ -9,10 +9,10 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
-#include <stdexcept>
 #include <map>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
 namespace tsar {
@@ -88,34 +88,34 @@ TEST(DevicePipeline, EveryByteArrivesOnceThroughBoundedBuffersOnEveryStream) {
   for (int buffers : {1, 2, 4}) {
     for (int streams : {1, 2, 3}) {
       for (uint64_t pinned : {uint64_t{64} << 10, uint64_t{256} << 10, uint64_t{8} << 20}) {
-       for (int threads : {1, 3}) {
-        std::vector<std::vector<uint8_t>> device(sizes.size());
-        for (size_t i = 0; i < sizes.size(); ++i) device[i].assign(sizes[i], 0);
-        MockEngine engine(&device);
-        std::atomic<uint64_t> read{0};
-        PipelineOptions o;
-        o.buffers = buffers;
-        o.streams = streams;
-        o.pinned_bytes = pinned;
-        o.fill_threads = threads;
-        const PipelineStats s = RunPipeline(ranges, engine, o, [&](void* dst, const uint8_t* src,
-                                                                    uint64_t n) {
-          std::copy(src, src + n, static_cast<uint8_t*>(dst));
-          read += n;
-        });
-        const std::string where = std::to_string(buffers) + " buffers, " +
-                                  std::to_string(streams) + " streams, " + std::to_string(pinned) +
-                                  " pinned, " + std::to_string(threads) + " fill threads";
-        EXPECT_EQ(device, host) << where;
-        EXPECT_EQ(read.load(), total) << where << ": each byte is read from the mapping once";
-        EXPECT_EQ(s.fill_threads, threads);
-        EXPECT_EQ(s.bytes, total);
-        EXPECT_LE(s.pinned_bytes, pinned) << where << ": the staging memory is bounded";
-        if (pinned < total / 4) {
-          EXPECT_EQ(engine.streams_used(), static_cast<size_t>(streams)) << where;
-          EXPECT_GT(s.buffer_waits, 0u) << where;
+        for (int threads : {1, 3}) {
+          std::vector<std::vector<uint8_t>> device(sizes.size());
+          for (size_t i = 0; i < sizes.size(); ++i) device[i].assign(sizes[i], 0);
+          MockEngine engine(&device);
+          std::atomic<uint64_t> read{0};
+          PipelineOptions o;
+          o.buffers = buffers;
+          o.streams = streams;
+          o.pinned_bytes = pinned;
+          o.fill_threads = threads;
+          const PipelineStats s =
+              RunPipeline(ranges, engine, o, [&](void* dst, const uint8_t* src, uint64_t n) {
+                std::copy(src, src + n, static_cast<uint8_t*>(dst));
+                read += n;
+              });
+          const std::string where =
+              std::to_string(buffers) + " buffers, " + std::to_string(streams) + " streams, " +
+              std::to_string(pinned) + " pinned, " + std::to_string(threads) + " fill threads";
+          EXPECT_EQ(device, host) << where;
+          EXPECT_EQ(read.load(), total) << where << ": each byte is read from the mapping once";
+          EXPECT_EQ(s.fill_threads, threads);
+          EXPECT_EQ(s.bytes, total);
+          EXPECT_LE(s.pinned_bytes, pinned) << where << ": the staging memory is bounded";
+          if (pinned < total / 4) {
+            EXPECT_EQ(engine.streams_used(), static_cast<size_t>(streams)) << where;
+            EXPECT_GT(s.buffer_waits, 0u) << where;
+          }
         }
-       }
       }
     }
   }
