@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# check-wheel.sh PYTHON SOURCE_DIR: `pip wheel SOURCE_DIR` with PYTHON's pip
+# check-wheel.sh PYTHON SOURCE_DIR [BUILD_DIR]: `pip wheel SOURCE_DIR` with PYTHON's pip
 # (build isolation on, as a user runs it), then installs the wheel into a fresh
 # virtual environment that has the same torch (PYTHON's site-packages linked in,
 # not reinstalled) and checks there: tsar.__version__, a save and a zero-copy
@@ -10,11 +10,20 @@ set -euo pipefail
 python=$(command -v "${1:?usage: check-wheel.sh PYTHON SOURCE_DIR}")
 python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python")
 src=$(cd "${2:?usage: check-wheel.sh PYTHON SOURCE_DIR}" && pwd)
+# BUILD_DIR: scikit-build-core's build folder, kept between runs (ctest gives
+# one inside the CMake build tree, so reruns and CI's clones reuse ccache's
+# objects: the same paths relative to the checkout). Without it pip builds in
+# a temporary folder, as for a user: nothing is written into SOURCE_DIR.
+wheel_build=()
+if [ -n "${3:-}" ]; then
+  mkdir -p "$3"
+  wheel_build=(--config-settings="build-dir=$(cd "$3" && pwd)/{wheel_tag}")
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 start=$(date +%s)
-"$python" -m pip wheel -q --no-deps -w "$tmp/dist" "$src"
+"$python" -m pip wheel -q --no-deps "${wheel_build[@]}" -w "$tmp/dist" "$src"
 wheel=$(ls "$tmp"/dist/tsar-*.whl)
 echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB) in $(( $(date +%s) - start )) s"
 

@@ -105,6 +105,7 @@ endif()
 # torch: import, save, bind, the tsar command and tsar-torch, the version check.
 if(TARGET tsar_python)
   add_test(NAME python.wheel
-    COMMAND ${PROJECT_SOURCE_DIR}/scripts/check-wheel.sh ${TSAR_PYTHON} ${PROJECT_SOURCE_DIR})
+    COMMAND ${PROJECT_SOURCE_DIR}/scripts/check-wheel.sh ${TSAR_PYTHON} ${PROJECT_SOURCE_DIR}
+            ${CMAKE_BINARY_DIR}/wheel-build)
   set_tests_properties(python.wheel PROPERTIES TIMEOUT 1200)
 endif()
