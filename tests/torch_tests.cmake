@@ -97,7 +97,7 @@ if(TARGET tsar_python AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/python)
   add_test(NAME python.pytest
     COMMAND ${TSAR_PYTHON} -m pytest ${CMAKE_CURRENT_SOURCE_DIR}/python -q -p no:cacheprovider
     WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-  set_tests_properties(python.pytest PROPERTIES TIMEOUT 900 ENVIRONMENT
+  set_tests_properties(python.pytest PROPERTIES TIMEOUT 1500 ENVIRONMENT
     "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TSAR_CLI=$<TARGET_FILE:tsar_cli>;TSAR_SAMPLES=${PROJECT_SOURCE_DIR}/samples")
 endif()
 
