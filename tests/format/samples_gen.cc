@@ -33,13 +33,7 @@
 namespace tsar::testing {
 namespace {
 
-using namespace samples;  // Draft, the helpers, the invalid catalogue
-using format::DeviceType;
-using format::IndexBuilder;
-using format::MetadataSpec;
-using format::MetaType;
-using format::Role;
-using format::TensorSpec;
+using namespace samples;  // Draft, the helpers (and their using-declarations), the invalid catalogue
 
 // valid/tensor_parallel (format 1.4, §4.12): an archive laid out for 2
 // ranks, alignment 128. "q.weight" [4, 3] is split along dim 0 and "o.weight"

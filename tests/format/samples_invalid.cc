@@ -5,13 +5,6 @@
 
 namespace tsar::testing::samples {
 
-using format::DeviceType;
-using format::IndexBuilder;
-using format::MetadataSpec;
-using format::MetaType;
-using format::Role;
-using format::TensorSpec;
-
 std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::string& shared,
                                       const std::string& meta, const std::string& sparse,
                                       const std::string& aligned, const std::string& empty_views,

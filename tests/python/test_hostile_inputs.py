@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import tsar
-from tsar_testutil import evict_from_page_cache, run_cli, write_safetensors
+from tsar_testutil import evict_from_page_cache, run_cli, wait_for, write_safetensors
 
 
 # -- TensorDict directories and safetensors indexes, made by hand ----------------
@@ -447,15 +447,6 @@ def publish(path, k):
 
 def which(module):
     return int(module(torch.ones(1, DIM))[0, 0].item() / DIM)
-
-
-def wait_for(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 @pytest.mark.parametrize("where, exc", [("make", SystemExit(3)), ("warm_up", KeyboardInterrupt()),

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tsar
+from tsar_testutil import wait_for
 
 DIM = 64
 
@@ -26,15 +27,6 @@ def version_state(k):
 def publish(path, k, tmp):
     """tsar.save to a temporary name, then rename over `path` (what tsar.save does)."""
     tsar.save(version_state(k), path)
-
-
-def wait_for(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 def which(module, x=torch.ones(1, DIM)):

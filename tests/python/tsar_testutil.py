@@ -2,6 +2,7 @@
 pytest puts this folder on sys.path)."""
 import json
 import os
+import time
 import struct
 import subprocess
 import sys
@@ -189,3 +190,13 @@ def write_safetensors(path, tensors, metadata=None):
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+
+
+def wait_for(cond, timeout=10.0):
+    """Polls cond() every 10 ms until it is true or `timeout` seconds pass; its last value."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
