@@ -179,7 +179,7 @@ def load_into(
 
     Returns a :class:`BindReport`. Not thread-safe for one module.
     """
-    rank, world = _rank_world(rank, world)
+    _check_rank_world(rank, world)
     target = _device(device)
     archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
     # The walk and the report make one tuple per tensor and no reference
@@ -214,15 +214,14 @@ def _invalid(message: str) -> Error:
 _INT64_MAX = 2**63 - 1
 
 
-def _rank_world(rank, world):
+def _check_rank_world(rank, world) -> None:
     """rank and world checked as load_into takes them (the C++ bind checks
-    them against each other): ints of int64 range, world not negative."""
+    them against each other): ints of int64 range."""
     for name, v in (("rank", rank), ("world", world)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise _invalid(f"{name}: expected an int, found {type(v).__name__} {v!r}")
         if not -_INT64_MAX <= v <= _INT64_MAX:
             raise _invalid(f"{name}: expected an int64, found {v}")
-    return rank, world
 
 
 def _device(device) -> str:

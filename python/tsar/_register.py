@@ -33,8 +33,8 @@ _lock = threading.Lock()
 
 class Registration:
     """The archive's mapping registered with CUDA; unregistered when the
-    Archive that made it is closed or collected (the mapping outlives it: the
-    registration holds a view of it)."""
+    Archive that made it is closed or collected (weakref.finalize runs before
+    the Archive's attributes are released, so its mapping is still there)."""
 
     def __init__(self, archive):
         a = archive._a()
