@@ -36,6 +36,12 @@ if(TSAR_PYTHON AND NOT Torch_DIR)
   endif()
 endif()
 
+# Older TorchConfigs (2.6's Caffe2/public/cuda.cmake) run find_package(Python)
+# themselves: without this they would settle on whatever python3 is on PATH,
+# and the Python extension would then be built for that interpreter.
+if(TSAR_PYTHON AND NOT Python_EXECUTABLE)
+  set(Python_EXECUTABLE "${TSAR_PYTHON}")
+endif()
 find_package(Torch REQUIRED)
 # LibTorch's headers need C++20 from torch 2.14 on (std::strong_ordering,
 # starts_with, requires). torch 2.15's TorchConfig.cmake makes every consumer

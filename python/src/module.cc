@@ -4,7 +4,6 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <chrono>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -12,7 +11,6 @@
 #include <vector>
 
 #include "loader/bind_common.h"
-#include "loader/path_watch.h"
 #include "loader/scalar_type.h"
 #include "python/src/common.h"
 #include "python/src/module_walk.h"
@@ -268,37 +266,6 @@ PYBIND11_MODULE(_tsar, m) {
         return py::make_tuple(names, tensors, walked->training);
       },
       py::arg("module"), py::arg("plain_cache"), py::arg("plain"));
-
-  // tsar.LiveModule's watcher (python/tsar/_live.py): waits without the GIL.
-  py::class_<PathWatch>(m, "PathWatch")
-      .def(py::init<const std::string&, bool>(), py::arg("path"), py::arg("inotify"))
-      .def_property_readonly("inotify", &PathWatch::inotify)
-      // "event", "timeout" or "wake"; timeout_ms < 0 waits for an event or wake().
-      .def(
-          "wait",
-          [](PathWatch& w, int64_t timeout_ms) {
-            PathWatch::Woke r;
-            {
-              py::gil_scoped_release unlocked;
-              r = w.Wait(std::chrono::milliseconds(timeout_ms));
-            }
-            return r == PathWatch::Woke::kEvent ? "event"
-                   : r == PathWatch::Woke::kWake ? "wake"
-                                                 : "timeout";
-          },
-          py::arg("timeout_ms"))
-      .def("wake", &PathWatch::Wake);
-  // (dev, ino, size, mtime_ns) of the file at path (links followed), or None.
-  m.def("identity", [](const std::string& path) -> py::object {
-    std::optional<FileIdentity> id;
-    {
-      py::gil_scoped_release unlocked;
-      id = IdentityOf(path);
-    }
-    if (!id) return py::none();
-    return py::make_tuple(static_cast<uint64_t>(id->dev), static_cast<uint64_t>(id->ino), id->size,
-                          id->mtime_ns);
-  });
 
   m.def("install_fault_handler", &InstallFaultHandler);
 }

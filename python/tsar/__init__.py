@@ -21,26 +21,21 @@ The file format: spec/FORMAT.md in the tsar repository.
 """
 import torch  # noqa: F401  (must come before the extension: it registers torch.Tensor)
 
-from ._build_info import __version__, torch_version as _built_against
-
-# The extension links this torch's LibTorch by name: against another build it
-# would fail with undefined symbols, or worse, run with a different ABI.
-if torch.__version__ != _built_against:
-    # pip refuses a local version ("2.15.0+cu132") from the package index: name
-    # the public one, and where the local build comes from.
-    _public, _, _local = _built_against.partition("+")
-    raise ImportError(
-        f"tsar {__version__} was built against torch {_built_against}, but this environment "
-        f"has torch {torch.__version__} ({torch.__file__}): rebuild tsar in this "
-        f"environment (pip install --force-reinstall --no-deps <tsar source folder>), or "
-        f"install torch=={_public}"
-        + (f" (tsar was built against its {_local} build: pip install torch=={_public} "
-           f"--index-url https://download.pytorch.org/whl/{_local})" if _local else "")
-    )
-
+from ._build_info import __version__
+from . import _backend
 from ._errors import Error, ErrorCode
 from ._archive import Archive, open
 from ._bind import BindReport, install_fault_handler, load, load_into
+
+
+def backend() -> str:
+    """Which path this process runs, and why: ``"accelerator (...)"``, tsar's
+    C++ loader built for exactly this torch, or ``"portable (...)"``, the path
+    that works with any torch 2.x but leaves GPU loads, writing archives,
+    read-ahead and sparse tensors to the accelerator (they raise tsar.Error,
+    UNSUPPORTED, naming it). ``pip install --force-reinstall --no-deps <tsar
+    source>`` builds the accelerator for the torch installed."""
+    return _backend.describe()
 
 # Imported on first use: a worker that only opens and binds does not pay for
 # the writer's, the hot-swap module's and TensorInfo's definitions (4 ms of
@@ -68,6 +63,7 @@ def __dir__():
 __all__ = [
     "__version__",
     "Archive",
+    "backend",
     "empty_parameters",
     "BindReport",
     "Error",

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _tsar
+from . import _backend
 from ._errors import Error, ErrorCode
 
 if TYPE_CHECKING:
@@ -305,12 +305,10 @@ def open(path, *, mode: str = "shared", prefetch: str = "none", verify: str = "i
     """
     import os
 
-    return Archive(
-        _tsar.open(
-            os.fspath(path),
-            _choice("mode", mode, _MODES),
-            _choice("prefetch", prefetch, _PREFETCH),
-            _choice("verify", verify, _VERIFY),
-            [os.fspath(d) for d in base_dirs],
-        )
-    )
+    args = (os.fspath(path), _choice("mode", mode, _MODES), _choice("prefetch", prefetch, _PREFETCH),
+            _choice("verify", verify, _VERIFY), [os.fspath(d) for d in base_dirs])
+    if _backend.accelerator is not None:
+        return Archive(_backend.accelerator.open(*args))
+    from . import _portable
+
+    return Archive(_portable.open_file(*args))

@@ -7,7 +7,7 @@ from typing import Dict, List, NamedTuple, Optional, Union
 
 import torch
 
-from . import _tsar
+from . import _backend
 from ._archive import Archive, open as _open
 from ._errors import Error, ErrorCode
 
@@ -193,10 +193,16 @@ def load_into(
                    str(module_prefix), int(rank), int(world), target, bool(read_ahead))
         # The module tree walked in C++; None for a module that needs its own
         # state_dict() (hooks, an overridden _save_to_state_dict...).
-        report = _tsar.bind_module(archive._a(), module, _PLAIN, _plain, options)
+        accelerator = _backend.accelerator
+        report = (accelerator.bind_module(archive._a(), module, _PLAIN, _plain, options)
+                  if accelerator is not None else None)
         if report is None:
             items, training, loose = _state_items(module)
-            report = _tsar.bind(archive._a(), items, training, options, loose)
+            if accelerator is not None:
+                report = accelerator.bind(archive._a(), items, training, options, loose)
+            else:
+                from . import _portable_bind
+                report = _portable_bind.bind(archive._a(), items, training, options, loose)
             del items, loose
         bound, missing, unexpected, mismatched, tied = report
         if target:
@@ -261,4 +267,8 @@ def install_fault_handler() -> None:
     prints ``tsar: write to read-only archive <path>: storage #i used by tensor
     "<name>"...`` before the process dies. Chains to any previous handler
     (Python's faulthandler included) for other faults."""
-    _tsar.install_fault_handler()
+    if _backend.accelerator is not None:
+        _backend.accelerator.install_fault_handler()
+    from . import _tsar_portable
+
+    _tsar_portable.install_fault_handler()

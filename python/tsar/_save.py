@@ -8,7 +8,7 @@ from typing import List, NamedTuple, Optional, Sequence
 
 import torch
 
-from . import _tsar
+from . import _backend
 
 _ROLE_TENSOR, _ROLE_PARAMETER, _ROLE_BUFFER = 0, 1, 2
 _INT64 = (-(2**63), 2**63 - 1)
@@ -185,8 +185,19 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[
     entries, entry_meta = _entries(obj, entry)
     meta = entry_meta + [("", k, v) for k, v in _metadata_items(metadata)]
     world, plan = _shard_plan(tp, shard)
-    _tsar.save(os.fspath(path), entries, meta, _alignment(alignment, world), _dtype_name(dtype),
-               "" if base is None else os.fspath(base), True, world, plan)
+    _accelerator(path, "tsar.save").save(
+        os.fspath(path), entries, meta, _alignment(alignment, world), _dtype_name(dtype),
+        "" if base is None else os.fspath(base), True, world, plan)
+
+
+def _accelerator(path, what):
+    """tsar._tsar, or tsar.Error (UNSUPPORTED) on the portable path: the
+    writer takes tensors through LibTorch."""
+    if _backend.accelerator is None:
+        from ._portable import unsupported
+
+        raise unsupported(os.fspath(path), what + " (writing an archive)")
+    return _backend.accelerator
 
 
 class PackSummary(NamedTuple):
@@ -256,6 +267,7 @@ def pack(
     else:
         sources = [("", os.fspath(s)) for s in src]
     world, plan = _shard_plan(tp, shard)
+    _accelerator(dst, "tsar.pack")
     from . import _tsar_pack  # HDF5 and the zip reader load here, not at `import tsar`
 
     tensors, entries, nbytes, notes = _tsar_pack.pack(

@@ -1,0 +1,217 @@
+// tsar._tsar_portable: the part of tsar's Python binding that links no
+// LibTorch, so that one build of it serves every torch (issue 43). It opens
+// and validates an archive (tsar::ArchiveFile: the mapping, the index, the
+// metadata, checksums, layers) and hands out each storage's bytes as a
+// buffer; python/tsar/_portable.py makes the tensors from them with torch's
+// own Python API (torch.frombuffer + as_strided) and binds modules. The
+// accelerator, tsar._tsar (python/src/module.cc), does the same in C++ against
+// one torch build; tsar/__init__.py picks it when it matches the torch
+// imported. Also here, because they need no torch either: LiveModule's file
+// watch and identity.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "format/spec.h"
+#include "loader/archive_core.h"
+#include "loader/path_watch.h"
+#include "python/src/common.h"
+#include "tsar/archive_file.h"
+
+namespace py = pybind11;
+
+namespace tsar {
+namespace {
+
+// One storage's bytes as a Python buffer (what torch.frombuffer takes): it
+// holds a copy of the ArchiveFile, so the mapping lives while any tensor made
+// from it does (torch.frombuffer keeps the exporting object alive).
+//
+// Exported writable, as the accelerator's tensors are: in "shared" mode the
+// pages are PROT_READ and a write kills the process (SIGSEGV; see
+// tsar.Archive), in the other modes they are private memory. torch has no
+// read-only tensors; marking the buffer read-only would only make
+// torch.frombuffer warn on every storage.
+struct StorageBytes {
+  ArchiveFile file;
+  const void* data;
+  uint64_t nbytes;
+};
+
+py::object ToPython(const MetadataValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return py::str(*s);
+  if (const auto* i = std::get_if<int64_t>(&v)) return py::int_(*i);
+  if (const auto* d = std::get_if<double>(&v)) return py::float_(*d);
+  return py::bytes(std::get<Bytes>(v).data);
+}
+
+// As the accelerator's Info, with the dtype as its torch name ("bfloat16"):
+// torch's dtype objects are looked up in Python.
+py::tuple Info(const TensorInfo& i) {
+  return py::make_tuple(i.name, i.entry, std::string(DTypeName(i.dtype)),
+                        py::tuple(py::cast(i.sizes)), py::tuple(py::cast(i.strides)),
+                        i.storage_offset, i.storage, RoleName(i.role), i.requires_grad,
+                        i.shard_dim);
+}
+
+const char* ModeName(MapMode m) {
+  switch (m) {
+    case MapMode::kCopyOnWrite:
+      return "copy_on_write";
+    case MapMode::kRead:
+      return "read";
+    case MapMode::kShared:
+      break;
+  }
+  return "shared";
+}
+
+}  // namespace
+}  // namespace tsar
+
+PYBIND11_MODULE(_tsar_portable, m) {
+  using namespace tsar;
+  m.doc() = "tsar's torch-independent core; use the tsar package, not this module.";
+  python::RegisterErrorTranslator();
+
+  py::class_<StorageBytes>(m, "StorageBytes", py::buffer_protocol())
+      .def_property_readonly("nbytes", [](const StorageBytes& s) { return s.nbytes; })
+      .def_buffer([](StorageBytes& s) {
+        return py::buffer_info(const_cast<void*>(s.data), 1, py::format_descriptor<uint8_t>::format(),
+                               1, {static_cast<py::ssize_t>(s.nbytes)}, {1}, /*readonly=*/false);
+      });
+
+  py::class_<ArchiveFile>(m, "ArchiveFile")
+      .def_property_readonly("path", &ArchiveFile::path)
+      .def_property_readonly("mode", [](const ArchiveFile& a) { return ModeName(a.mode()); })
+      .def_property_readonly(
+          "format_version",
+          [](const ArchiveFile& a) { return py::make_tuple(a.format_major(), a.format_minor()); })
+      .def_property_readonly("alignment", &ArchiveFile::alignment)
+      .def_property_readonly("layers", &ArchiveFile::layers)
+      .def_property_readonly("file_size", &ArchiveFile::file_size)
+      .def_property_readonly("data_ptr",
+                             [](const ArchiveFile& a) { return reinterpret_cast<uintptr_t>(a.data()); })
+      .def_property_readonly("mapped_size", &ArchiveFile::mapped_size)
+      .def_property_readonly("tp_world", &ArchiveFile::tp_world)
+      .def("entries", &ArchiveFile::entries)
+      .def("names", &ArchiveFile::names, py::arg("entry"))
+      .def("contains", &ArchiveFile::contains, py::arg("name"), py::arg("entry"))
+      .def("info", [](const ArchiveFile& a, const std::string& name,
+                      const std::string& entry) { return Info(a.info(name, entry)); })
+      .def("infos",
+           [](const ArchiveFile& a) {
+             py::list out;
+             for (const auto& i : a.infos()) out.append(Info(i));
+             return out;
+           })
+      // The tensors of `entry` in file order, what state_dict() returns: an
+      // Info tuple each, or (name, None) for a sparse tensor (spec §4.6),
+      // which the portable path does not make.
+      .def(
+          "entry_infos",
+          [](const ArchiveFile& a, const std::string& entry) {
+            const ArchiveCore& core = *a.core();
+            const uint32_t e = core.Entry(entry);
+            py::list out;
+            for (const auto& name : a.names(entry)) {
+              const uint32_t t = core.index.FindTensor(e, name);
+              if (t == format::kNone) {
+                out.append(py::make_tuple(name, py::none()));
+              } else {
+                out.append(Info(a.info(name, entry)));
+              }
+            }
+            return out;
+          },
+          py::arg("entry"))
+      // The entry load_into binds when none is named: the only one, else
+      // "model", else the only one holding parameters or buffers (as the
+      // accelerator's bind; NOT_FOUND listing them otherwise).
+      .def(
+          "bind_entry",
+          [](const ArchiveFile& a, const std::string& entry) {
+            return std::string(a.core()->index.entries()[a.core()->BindEntry(entry)].name);
+          },
+          py::arg("entry"))
+      .def("storage_count", [](const ArchiveFile& a) { return a.storages().size(); })
+      // Storage i's bytes as its tensors' records describe them
+      // (ArchiveFile::storage_values: a tensor-parallel storage in C order).
+      .def(
+          "storage_bytes",
+          [](const ArchiveFile& a, uint32_t i) {
+            const auto storages = a.storages();
+            if (i >= storages.size())
+              throw Error(ErrorCode::kNotFound, a.path(), std::nullopt,
+                          "storage " + std::to_string(i) + ": the archive has " +
+                              std::to_string(storages.size()));
+            return StorageBytes{a, a.storage_values(i), storages[i].nbytes};
+          },
+          py::arg("index"))
+      .def(
+          "metadata_items",
+          [](const ArchiveFile& a, const std::string& entry) {
+            py::list out;
+            for (const auto& [k, v] : a.metadata_items(entry))
+              out.append(py::make_tuple(k, ToPython(v)));
+            return out;
+          },
+          py::arg("entry"))
+      .def("verify", &ArchiveFile::verify, py::call_guard<py::gil_scoped_release>())
+      .def("damaged", &ArchiveFile::damaged, py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "open",
+      [](const std::string& path, int mode, int prefetch, int verify,
+         const std::vector<std::string>& base_dirs) {
+        OpenOptions o;
+        o.mode = static_cast<MapMode>(mode);
+        o.prefetch = static_cast<Prefetch>(prefetch);
+        o.verify = static_cast<VerifyMode>(verify);
+        o.base_dirs = base_dirs;
+        py::gil_scoped_release unlocked;
+        return ArchiveFile::open(path, o);
+      },
+      py::arg("path"), py::arg("mode"), py::arg("prefetch"), py::arg("verify"),
+      py::arg("base_dirs") = std::vector<std::string>());
+
+  // tsar.LiveModule's watcher (python/tsar/_live.py): waits without the GIL.
+  py::class_<PathWatch>(m, "PathWatch")
+      .def(py::init<const std::string&, bool>(), py::arg("path"), py::arg("inotify"))
+      .def_property_readonly("inotify", &PathWatch::inotify)
+      // "event", "timeout" or "wake"; timeout_ms < 0 waits for an event or wake().
+      .def(
+          "wait",
+          [](PathWatch& w, int64_t timeout_ms) {
+            PathWatch::Woke r;
+            {
+              py::gil_scoped_release unlocked;
+              r = w.Wait(std::chrono::milliseconds(timeout_ms));
+            }
+            return r == PathWatch::Woke::kEvent ? "event"
+                   : r == PathWatch::Woke::kWake ? "wake"
+                                                 : "timeout";
+          },
+          py::arg("timeout_ms"))
+      .def("wake", &PathWatch::Wake);
+  // (dev, ino, size, mtime_ns) of the file at path (links followed), or None.
+  m.def("identity", [](const std::string& path) -> py::object {
+    std::optional<FileIdentity> id;
+    {
+      py::gil_scoped_release unlocked;
+      id = IdentityOf(path);
+    }
+    if (!id) return py::none();
+    return py::make_tuple(static_cast<uint64_t>(id->dev), static_cast<uint64_t>(id->ino), id->size,
+                          id->mtime_ns);
+  });
+
+  // The fault handler knows the mappings of the module that made them: each
+  // extension has its own (tsar._tsar's for the accelerator's archives).
+  m.def("install_fault_handler", &InstallFaultHandler);
+}
