@@ -43,10 +43,10 @@ def _dtype(name: str, path: str) -> torch.dtype:
 
 
 def unsupported(path: str, what: str) -> Error:
-    from . import backend
+    from . import _backend
 
     return Error(f"{path}: {what} needs tsar's accelerator, and this process runs the portable "
-                 f"path ({backend()})", ErrorCode.UNSUPPORTED, path)
+                 f"path ({_backend.describe()}): {_backend.advice()}", ErrorCode.UNSUPPORTED, path)
 
 
 class PortableArchive:

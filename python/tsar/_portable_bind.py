@@ -13,6 +13,11 @@ from ._errors import Error, ErrorCode
 from ._portable import PortableArchive, _chunk, _chunk_size, _dtype, unsupported
 
 
+def _error(path, message, code):
+    """tsar.Error as the accelerator's: "PATH: message"."""
+    return Error(f"{path}: {message}", code, path)
+
+
 def _list(names, most=20):
     out = ", ".join(names[:most])
     return out + (f", ... ({len(names) - most} more)" if len(names) > most else "")
@@ -72,20 +77,20 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
         raise unsupported(path, "load_into(read_ahead=True)")
     entry_name = archive._file.bind_entry(entry)
     if training and archive.mode == "shared" and not allow_training:
-        raise Error("bind: the module is in training mode, whose layers (BatchNorm running stats) "
+        raise _error(path, "bind: the module is in training mode, whose layers (BatchNorm running stats) "
                     "write their buffers, and this archive is mapped read-only: call module.eval() "
                     "before binding, or open the archive copy-on-write (C++ MapMode::kCopyOnWrite, "
-                    "Python mode=\"copy_on_write\")", ErrorCode.INVALID_ARGUMENT, path)
+                    "Python mode=\"copy_on_write\")", ErrorCode.INVALID_ARGUMENT)
     if world < 0:
-        raise Error(f"bind: world: expected 0 or 1 (no tensor parallelism) or the number of ranks, "
-                    f"found {world}. Nothing was changed", ErrorCode.INVALID_ARGUMENT, path)
+        raise _error(path, f"bind: world: expected 0 or 1 (no tensor parallelism) or the number of ranks, "
+                    f"found {world}. Nothing was changed", ErrorCode.INVALID_ARGUMENT)
     if world <= 1 and rank != 0:
-        raise Error(f"bind: rank: expected 0 without tensor parallelism (world {world}), found "
+        raise _error(path, f"bind: rank: expected 0 without tensor parallelism (world {world}), found "
                     f"{rank}; pass world= the number of ranks. Nothing was changed",
-                    ErrorCode.INVALID_ARGUMENT, path)
+                    ErrorCode.INVALID_ARGUMENT)
     if world > 1 and not 0 <= rank < world:
-        raise Error(f"bind: rank: expected 0 to {world - 1} for world {world}, found {rank}",
-                    ErrorCode.INVALID_ARGUMENT, path)
+        raise _error(path, f"bind: rank: expected 0 to {world - 1} for world {world}, found {rank}",
+                    ErrorCode.INVALID_ARGUMENT)
     tp = world > 1 or archive.tp_world != 0
     infos, by_name = archive.table(entry_name)
 
@@ -97,18 +102,18 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
     for i, (name, t) in enumerate(items):
         dev = t.device.type
         if dev not in ("cpu", "meta"):
-            raise Error(f"bind: {_quote(name)} is on {t.device}: tsar binds modules on cpu or meta "
+            raise _error(path, f"bind: {_quote(name)} is on {t.device}: tsar binds modules on cpu or meta "
                         "(built with torch.device(\"meta\")); move the module to cpu or meta first. "
-                        "Nothing was changed", ErrorCode.INVALID_ARGUMENT, path)
+                        "Nothing was changed", ErrorCode.INVALID_ARGUMENT)
         if not name.startswith(module_prefix):
             continue
         info = by_name.get(archive_prefix + name[len(module_prefix):])
         if info is None:
             continue
         if t.layout != torch.strided:
-            raise Error(f"bind: {_quote(name)} is a {t.layout} tensor: tsar binds strided (dense) "
+            raise _error(path, f"bind: {_quote(name)} is a {t.layout} tensor: tsar binds strided (dense) "
                         "tensors, whose storage can be the archive's; make it dense first "
-                        "(to_dense()). Nothing was changed", ErrorCode.INVALID_ARGUMENT, path)
+                        "(to_dense()). Nothing was changed", ErrorCode.INVALID_ARGUMENT)
         used.add(info[0])
         if info[1] is None:  # a sparse tensor of the archive
             raise unsupported(path, f"binding sparse tensor {info[0]!r}")
@@ -169,7 +174,7 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
             msg += " not in module: " + _list(unexpected) + ";"
         if mismatched:
             msg += " mismatched: " + _list(mismatched) + ";"
-        raise Error(msg[:-1], ErrorCode.BIND_MISMATCH, path)
+        raise _error(path, msg[:-1], ErrorCode.BIND_MISMATCH)
     _check_nothing_stays_meta(items, state, bound, loose, path, entry_name)
 
     names = []
@@ -211,5 +216,5 @@ def _check_nothing_stays_meta(items, state, bound, loose, path, entry_name):
             msg += "; "
     if unbound:
         msg += _list(unbound)
-    raise Error(msg + ". A module on meta is bound completely or not at all. Nothing was changed",
-                ErrorCode.BIND_MISMATCH, path)
+    raise _error(path, msg + ". A module on meta is bound completely or not at all. Nothing was "
+                 "changed", ErrorCode.BIND_MISMATCH)

@@ -147,25 +147,29 @@ def test_checkpoints_beside_one_state_dict_still_export_whole(cli, tmp_path):
     assert isinstance(back, collections.OrderedDict) and list(back) == list(sd)
 
 
-def test_import_beside_another_torch_names_a_version_pip_can_install():
+def test_import_beside_another_torch_runs_the_portable_path_and_says_how_to_get_the_accelerator(
+        tmp_path):
     code = ("import torch\n"
             "built = torch.__version__\n"
             "torch.__version__ = '1.0.0'\n"
-            "try:\n"
-            "    import tsar\n"
-            "except ImportError as e:\n"
-            "    print(built)\n"
-            "    print(e)\n")
+            "import tsar\n"
+            "print(built)\n"
+            "print(tsar.backend())\n"
+            f"try:\n    tsar.save({{'w': torch.ones(2)}}, {str(tmp_path / 'x.tsar')!r})\n"
+            "except tsar.Error as e:\n"
+            "    print(e.code, e)\n")
     r = run_python(code)
     assert r.returncode == 0, r.stderr
-    built, msg = r.stdout.split("\n", 1)
+    built, backend, msg = r.stdout.split("\n", 2)
     public, _, local = built.partition("+")
-    assert f"was built against torch {built}, but this environment has torch 1.0.0" in msg
-    assert f"install torch=={public}" in msg
+    assert backend == f"portable (torch 1.0.0: its accelerator was built for torch {built})"
+    assert msg.startswith("UNSUPPORTED ") and "tsar.save (writing an archive) needs tsar's accelerator" in msg
+    assert f"install torch=={public}" in msg and "pip install --force-reinstall --no-deps" in msg
     if local:
         assert f"torch=={built}" not in msg, msg
         assert (f"(tsar was built against its {local} build: pip install torch=={public} "
                 f"--index-url https://download.pytorch.org/whl/{local})") in msg, msg
+    assert not (tmp_path / "x.tsar").exists()
 
 
 def test_error_codes_print_their_names_and_stay_ints(tmp_path):

@@ -15,9 +15,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # torch 2.x adds the float8 formats of FP8 checkpoints and the wide unsigned ints
 # (codes 14-18), then the fnuz float8 variants, the MX scale float8_e8m0fnu and
 # the packed FP4 pair float4_e2m1fn_x2 (codes 19-22, format 1.3).
-NEW_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64,
-              torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu,
-              torch.float4_e2m1fn_x2]
+# The dtypes newer than torch 2.1's, those this torch has (float8_e8m0fnu
+# came with 2.7, float4_e2m1fn_x2 with 2.8).
+NEW_DTYPES = [d for d in (getattr(torch, n, None) for n in (
+    "float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64", "float8_e4m3fnuz",
+    "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2")) if d is not None]
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16,
           torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
           torch.complex32] + NEW_DTYPES

@@ -1,0 +1,284 @@
+"""The portable path (tsar/_portable.py, tsar._tsar_portable), which links no
+LibTorch and so runs beside any torch. Archives are written by the `tsar`
+command (which needs no torch either), so that this file also runs in an
+environment whose torch is not the one tsar was built against (CI runs it in
+the oldest supported torch with the package built here). Where the
+accelerator serves this torch too, every result is compared with its."""
+import gc
+import os
+import zipfile
+
+import pytest
+import torch
+
+import tsar
+from tsar import _backend
+from tsar_testutil import DTYPES, make_tensor, run_cli, run_python, same_tensor
+
+
+@pytest.fixture
+def portable(monkeypatch):
+    """This process on the portable path (as beside another torch)."""
+    monkeypatch.setattr(_backend, "accelerator", None)
+    monkeypatch.setattr(_backend, "why_portable", "TSAR_PORTABLE is set")
+
+
+ACCELERATOR = _backend.accelerator
+
+
+def pack(cli, tmp_path, obj, name="m"):
+    torch.save(obj, tmp_path / f"{name}.pt")
+    run_cli(cli, "pack", "-q", tmp_path / f"{name}.pt", "-o", tmp_path / f"{name}.tsar")
+    return tmp_path / f"{name}.tsar"
+
+
+class Net(torch.nn.Module):
+    def __init__(self, tie=True):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.lin = torch.nn.Linear(4, 3)
+        self.norm = torch.nn.BatchNorm1d(3)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        if tie:
+            self.head.weight = self.emb.weight
+        self.register_buffer("scale", torch.tensor(2.0))
+        self.register_buffer("rope", torch.arange(4.0), persistent=False)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        return self.head(h) * self.scale, self.norm(self.lin(h)) + self.rope[:3]
+
+
+def net(seed=0, tie=True, meta=False):
+    torch.manual_seed(seed)
+    if meta:
+        with torch.device("meta"):
+            return Net(tie).eval()
+    return Net(tie).eval()
+
+
+def saved_net(cli, tmp_path, tie=True):
+    """A Net's state_dict packed as save_pretrained does it: a tied weight stored once."""
+    m = net(tie=tie)
+    sd = m.state_dict()
+    if tie:
+        del sd["head.weight"]
+    return m, pack(cli, tmp_path, sd)
+
+
+def test_backend_says_which_path_runs(portable):
+    assert tsar.backend() == f"portable (torch {torch.__version__}: TSAR_PORTABLE is set)"
+
+
+def test_tsar_portable_in_the_environment_chooses_it():
+    r = run_python("import os\nos.environ['TSAR_PORTABLE'] = '1'\nimport tsar\nprint(tsar.backend())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"portable (torch {torch.__version__}: TSAR_PORTABLE is set)"
+
+
+def test_the_portable_extension_links_no_libtorch():
+    from tsar import _tsar_portable
+
+    maps = open(f"/proc/{os.getpid()}/maps").read()
+    libs = [line.split()[-1] for line in maps.splitlines() if _tsar_portable.__file__ in line]
+    assert libs, "the module is not mapped"
+    import subprocess
+
+    needed = subprocess.run(["ldd", _tsar_portable.__file__], capture_output=True, text=True).stdout
+    assert "libtorch" not in needed and "libc10" not in needed, needed
+
+
+def test_every_dtype_comes_back_bit_exact_with_its_strides(portable, cli, tmp_path):
+    sd = {f"t{i}": make_tensor(d, (3, 5), i) for i, d in enumerate(DTYPES)}
+    sd["empty"] = torch.empty(0, 4)
+    sd["scalar"] = torch.tensor(3.5, dtype=torch.float64)
+    sd["transposed"] = torch.arange(12.0).reshape(3, 4).t()
+    with tsar.open(pack(cli, tmp_path, sd)) as a:
+        assert a.mode == "shared" and a.keys() == list(sd)
+        got = a.state_dict()
+        for k, v in sd.items():
+            assert same_tensor(got[k], v) == "", k
+            assert same_tensor(a[k], v) == "", k
+
+
+def test_views_and_ties_share_one_storage_and_each_storage_is_its_own(portable, cli, tmp_path):
+    base = torch.arange(64.0)
+    sd = {"base": base, "half": base[32:], "tied": base, "other": torch.ones(3)}
+    with tsar.open(pack(cli, tmp_path, sd)) as a:
+        got = a.state_dict()
+    assert got["half"].untyped_storage().data_ptr() == got["base"].untyped_storage().data_ptr()
+    assert got["half"].storage_offset() == 32 and torch.equal(got["half"], base[32:])
+    assert got["tied"].data_ptr() == got["base"].data_ptr()
+    # One torch storage per archive storage, not the whole file: torch.save and
+    # safetensors see the tensors that shared memory when saved, and no others.
+    assert got["other"].untyped_storage().data_ptr() != got["base"].untyped_storage().data_ptr()
+    assert got["other"].untyped_storage().nbytes() < 4096
+    back = tmp_path / "back.pt"
+    torch.save(got, back)  # the original's storages, not the mapped file's pages
+
+    def storages(path):
+        with zipfile.ZipFile(path) as z:
+            return sorted(i.file_size for i in z.infolist() if "/data/" in i.filename
+                          and not i.filename.endswith("serialization_id"))
+
+    assert storages(back) == storages(tmp_path / "m.pt") == [12, 256]
+
+
+def test_tensors_outlive_the_archive_and_copy_on_write_is_writable(portable, cli, tmp_path):
+    path = pack(cli, tmp_path, {"w": torch.arange(6.0)})
+    a = tsar.open(path)
+    w = a["w"]
+    a.close()
+    del a
+    gc.collect()
+    assert torch.equal(w, torch.arange(6.0))
+    with tsar.open(path, mode="copy_on_write") as a:
+        w = a["w"]
+        w.add_(1)
+        assert torch.equal(a["w"], torch.arange(6.0) + 1)  # one storage, private pages
+    with tsar.open(path) as a:
+        assert torch.equal(a["w"], torch.arange(6.0))  # the file never changed
+
+
+def test_load_into_binds_in_place_on_cpu_and_meta_with_the_tie(portable, cli, tmp_path):
+    m, path = saved_net(cli, tmp_path)
+    ids = torch.tensor([1, 2, 3])
+    for meta in (False, True):
+        fresh = net(seed=1, meta=meta)
+        if meta:  # the non-persistent buffer no archive holds, given its value
+            fresh.rope = torch.arange(4.0)
+        params = {n: p for n, p in fresh.named_parameters(remove_duplicate=False)}
+        archive = tsar.open(path)
+        report = tsar.load_into(fresh, archive)
+        assert report.tied == ["head.weight"] and report.missing == [] and report.mismatched == []
+        assert sorted(report.bound) == sorted(set(m.state_dict()) - {"head.weight"})
+        for n, p in fresh.named_parameters(remove_duplicate=False):
+            assert p is params[n] and p.device.type == "cpu", n
+        assert fresh.head.weight is fresh.emb.weight
+        assert all(p.requires_grad for p in fresh.parameters())
+        for got, want in zip(fresh(ids), m(ids)):
+            assert torch.equal(got, want)
+        assert fresh.lin.weight.data_ptr() == archive["lin.weight"].data_ptr()  # zero copy
+        archive.close()
+
+
+def test_meta_is_never_left_behind(portable, cli, tmp_path):
+    _, path = saved_net(cli, tmp_path)
+    fresh = net(meta=True)
+    with pytest.raises(tsar.Error) as e:
+        tsar.load_into(fresh, path, strict=False)
+    assert e.value.code == tsar.ErrorCode.BIND_MISMATCH
+    assert "'rope'" not in str(e.value) and "rope (non-persistent buffers" in str(e.value)
+    assert fresh.lin.weight.is_meta  # nothing changed
+
+
+def reports(path, make, **kw):
+    """load_into's BindReport, or the tsar.Error's (code, message), for a fresh module."""
+    try:
+        return tuple(tsar.load_into(make(), path, **kw))
+    except tsar.Error as e:
+        return (e.code, str(e))
+
+
+CASES = {
+    "strict": {},
+    "loose": {"strict": False},
+    "prefixes": {"strict": False, "module_prefix": "lin.", "archive_prefix": "lin."},
+    "training": {"allow_training": False},
+    "bad_rank": {"rank": 1},
+}
+
+
+@pytest.mark.skipif(ACCELERATOR is None, reason="the accelerator does not serve this torch")
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("module", ["same", "untied", "other_shape", "other_dtype", "tied_twins"])
+def test_reports_and_errors_equal_the_accelerators(cli, tmp_path, monkeypatch, case, module):
+    m = net(tie=module != "tied_twins")
+    sd = m.state_dict()
+    if module == "tied_twins":  # tied in the module, two different values in the archive
+        sd["head.weight"] = sd["head.weight"] + 1
+    path = pack(cli, tmp_path, sd)
+
+    def make():
+        if module == "untied":
+            f = net(tie=False)
+        elif module == "other_shape":
+            f = net()
+            f.lin = torch.nn.Linear(4, 5)
+        elif module == "other_dtype":
+            f = net().to(torch.float64)
+        else:
+            f = net()
+        return f.train() if case == "training" else f.eval()
+
+    want = reports(path, make, **CASES[case])
+    monkeypatch.setattr(_backend, "accelerator", None)
+    got = reports(path, make, **CASES[case])
+    assert got == want
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_ranks_slices_equal_torch_chunk(portable, cli, tmp_path, world):
+    torch.manual_seed(0)
+    full = torch.nn.Linear(12, 6)
+    path = pack(cli, tmp_path, full.state_dict())
+    for rank in range(world):
+        part = torch.nn.Linear(12, 6).eval()
+        part.weight = torch.nn.Parameter(torch.empty(torch.chunk(full.weight, world, 0)[rank].shape))
+        report = tsar.load_into(part, path, rank=rank, world=world)
+        assert report.mismatched == []
+        assert torch.equal(part.weight, torch.chunk(full.weight, world, 0)[rank])
+        assert torch.equal(part.bias, full.bias)  # whole: replicated
+        with tsar.open(path) as a:
+            assert torch.equal(a.shard("weight", rank, world, 0),
+                               torch.chunk(full.weight, world, 0)[rank])
+
+
+def test_what_needs_the_accelerator_says_so(portable, cli, tmp_path):
+    path = pack(cli, tmp_path, {"w": torch.ones(2)})
+    with pytest.raises(tsar.Error) as e:
+        tsar.save({"w": torch.ones(2)}, tmp_path / "x.tsar")
+    assert e.value.code == tsar.ErrorCode.UNSUPPORTED
+    assert "tsar.save (writing an archive) needs tsar's accelerator" in str(e.value)
+    assert "unset TSAR_PORTABLE" in str(e.value)
+    assert not (tmp_path / "x.tsar").exists()
+    with tsar.open(path) as a:
+        with pytest.raises(tsar.Error, match="onto a GPU needs tsar's accelerator"):
+            a.state_dict(device="cuda:0")
+    with pytest.raises(tsar.Error, match=r"read_ahead=True\) needs"):
+        tsar.load_into(torch.nn.Module(), path, strict=False, read_ahead=True)
+
+
+def test_integrity_and_metadata_as_on_the_accelerator(portable, cli, tmp_path):
+    path = pack(cli, tmp_path, {"w": torch.arange(1000.0), "v": torch.ones(3)})
+    with tsar.open(path, verify="full") as a:
+        a.verify()
+        assert a.damaged() == []
+        info = a.info("w")
+        assert info.dtype == torch.float32 and info.shape == (1000,)
+    data = bytearray(path.read_bytes())
+    with tsar.open(path) as a:
+        at = a["w"].data_ptr() - a._a().data_ptr
+    data[at + 8] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with tsar.open(path) as a:
+        assert a.damaged() == ["model/w"] or a.damaged() == ["w"] or "w" in a.damaged()[0]
+        with pytest.raises(tsar.Error) as e:
+            a.verify()
+        assert e.value.code == tsar.ErrorCode.CHECKSUM_MISMATCH
+
+
+def test_live_module_swaps_on_the_portable_path(portable, cli, tmp_path):
+    target = tmp_path / "live.tsar"
+    os.replace(pack(cli, tmp_path, {"weight": torch.ones(2, 2), "bias": torch.zeros(2)}, "v1"),
+               target)
+    live = tsar.LiveModule(target, lambda: torch.nn.Linear(2, 2).eval(), poll_interval=0,
+                           inotify=False)
+    try:
+        assert torch.equal(live.get().weight, torch.ones(2, 2))
+        os.replace(pack(cli, tmp_path, {"weight": torch.full((2, 2), 3.0), "bias": torch.zeros(2)},
+                        "v2"), target)
+        live.check()
+        assert live.version == 2 and torch.equal(live.get().weight, torch.full((2, 2), 3.0))
+    finally:
+        live.close()
