@@ -15,7 +15,11 @@
 # (libtorch_python.so, for the Python extension), TSAR_TORCH_HAS_CUDA and
 # TSAR_TORCH_RPATH_LINK (the folders of trap 2).
 
-set(TSAR_TORCH_MIN_VERSION 2.1)
+# 2.7: the first torch whose PyPI wheel uses the C++11 std::string ABI, as
+# Debian's C++ libraries and tsar's own torch-free objects do (up to 2.6 its
+# TorchConfig passes -D_GLIBCXX_USE_CXX11_ABI=0 to every consumer, and linking
+# fails on std::__cxx11::basic_string). CI tests 2.7 and the newest.
+set(TSAR_TORCH_MIN_VERSION 2.7)
 
 if(TSAR_PYTHON AND NOT Torch_DIR)
   # -I: a pip build-isolation overlay (PYTHONPATH) must not hide the torch the
@@ -58,10 +62,11 @@ if(NOT TSAR_TORCH_VERSION)
   set(TSAR_TORCH_VERSION "${TORCH_VERSION}")
 endif()
 if(TSAR_TORCH_VERSION VERSION_LESS TSAR_TORCH_MIN_VERSION)
-  message(FATAL_ERROR "tsar: LibTorch ${TSAR_TORCH_VERSION} found (${Torch_DIR}); tsar needs "
-    "${TSAR_TORCH_MIN_VERSION} or newer (float8 and unsigned dtypes, meta-device binds). "
-    "Debian's libtorch-dev 1.13 is no longer a target: use scripts/setup.sh's .venv, or "
-    "-DTSAR_WITH_TORCH=OFF for the Torch-free reader and CLI.")
+  message(FATAL_ERROR "tsar: LibTorch ${TSAR_TORCH_VERSION} found (${Torch_DIR}); tsar's C++ "
+    "side needs ${TSAR_TORCH_MIN_VERSION} or newer (PyPI's torch up to 2.6 uses the pre-C++11 "
+    "std::string ABI, which C++ libraries built the usual way cannot link with). Use a newer "
+    "torch (scripts/setup.sh's .venv), or -DTSAR_WITH_TORCH=OFF for the Torch-free reader and "
+    "CLI; a tsar package built beside another torch runs its portable path beside this one.")
 endif()
 
 get_filename_component(TSAR_TORCH_LIBDIR "${TORCH_LIBRARY}" DIRECTORY)

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# make-venv.sh DIR: a virtual environment from Debian's python3 with the
-# packages of scripts/requirements.txt (torch, the test tools, the peers the
-# benchmark compares with) and scripts/requirements-peers.txt (the streaming
-# peers of bench/peers), made once and remade only when either file changes
+# make-venv.sh DIR [REQUIREMENTS...]: a virtual environment from Debian's
+# python3 with the packages of the requirements files, by default
+# scripts/requirements.txt (torch, the test tools, the peers the benchmark
+# compares with) and scripts/requirements-peers.txt (the streaming peers of
+# bench/peers); made once and remade only when a file changes
 # (DIR/.tsar-requirements holds the copy it was made from).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.venv}
-reqs=(scripts/requirements.txt scripts/requirements-peers.txt)
+shift || true
+reqs=("$@")
+[ ${#reqs[@]} -gt 0 ] || reqs=(scripts/requirements.txt scripts/requirements-peers.txt)
 if [ -x "$venv/bin/python" ] && cat "${reqs[@]}" | cmp -s - "$venv/.tsar-requirements"; then
   exit 0
 fi
@@ -15,6 +18,6 @@ start=$(date +%s)
 echo "setup: making $venv (torch, the test tools and the benchmark's peers, ${reqs[*]}; a few GB)"
 /usr/bin/python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q -r "${reqs[0]}" -r "${reqs[1]}"
+"$venv/bin/python" -m pip install -q $(printf -- '-r %s ' "${reqs[@]}")
 cat "${reqs[@]}" > "$venv/.tsar-requirements"
 echo "setup: $venv ready in $(( $(date +%s) - start )) s ($(du -sh "$venv" | cut -f1))"

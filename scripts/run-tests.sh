@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run-tests.sh: set-up (scripts/setup.sh), then every test: the main suite
-# (ctest in build/), the build without LibTorch (build-notorch/), then
-# everything again under ASan + UBSan with clang, with the libFuzzer targets
-# run for a bounded time (build-fuzz/).
+# (ctest in build/), the build without LibTorch (build-notorch/), the oldest
+# supported torch (scripts/test-oldest-torch.sh: build-oldest/ and the portable
+# path), then everything again under ASan + UBSan with clang, with the
+# libFuzzer targets run for a bounded time (build-fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # ccache keys relative to the checkout (paths under it rewritten, the build
@@ -12,6 +13,7 @@ export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHAS
 scripts/setup.sh build
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 scripts/test-without-torch.sh build-notorch build/cli/tsar
+scripts/test-oldest-torch.sh
 
 # Sanitizers and fuzzing: everything again with clang, ASan + UBSan and
 # libFuzzer coverage (LibTorch-linked tests included), then each fuzzer for

@@ -52,7 +52,8 @@ def advice() -> str:
         return ""
     if why_portable == "TSAR_PORTABLE is set":
         return "unset TSAR_PORTABLE to use the accelerator"
-    rebuild = "rebuild tsar in this environment (pip install --force-reinstall --no-deps <tsar source folder>)"
+    rebuild = ("rebuild tsar in this environment (pip install --force-reinstall --no-deps "
+               "<tsar source folder>)")
     if not built_against or not why_portable.startswith("its accelerator was built"):
         return rebuild
     # pip refuses a local version ("2.15.0+cu132") from the package index: name

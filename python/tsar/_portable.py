@@ -26,19 +26,19 @@ import torch
 from . import _tsar_portable
 from ._errors import Error, ErrorCode
 
-_DTYPES: Dict[str, torch.dtype] = {}
+# The format's dtypes this torch has, by name (the format's names are torch's:
+# "bfloat16", "float8_e4m3fn"): what entry_table puts in each row.
+_DTYPES: Dict[str, torch.dtype] = {
+    n: getattr(torch, n) for n in _tsar_portable.dtype_names()
+    if isinstance(getattr(torch, n, None), torch.dtype)}
 
 
 def _dtype(name: str, path: str) -> torch.dtype:
-    """torch's dtype named ``name`` (the format's names are torch's:
-    "bfloat16", "float8_e4m3fn"); UNSUPPORTED where this torch lacks it."""
+    """torch's dtype named ``name``; UNSUPPORTED where this torch lacks it."""
     d = _DTYPES.get(name)
     if d is None:
-        d = getattr(torch, name, None)
-        if not isinstance(d, torch.dtype):
-            raise Error(f"{path}: dtype {name} is not supported by this torch ({torch.__version__})",
-                        ErrorCode.UNSUPPORTED, path)
-        _DTYPES[name] = d
+        raise Error(f"{path}: dtype {name} is not supported by this torch ({torch.__version__})",
+                    ErrorCode.UNSUPPORTED, path)
     return d
 
 
@@ -56,8 +56,9 @@ class PortableArchive:
 
     def __init__(self, file):
         self._file = file
-        self._bytes: Dict[int, torch.Tensor] = {}  # storage -> uint8 tensor over its bytes
-        self._typed: Dict[Tuple[int, torch.dtype], torch.Tensor] = {}
+        # storage -> a 1-d tensor over all its bytes (the dtype of its first view)
+        self._first: Dict[int, torch.Tensor] = {}
+        self._typed: Dict[Tuple[int, torch.dtype], torch.Tensor] = {}  # its other dtypes
         self._tables: Dict[str, Tuple[List[tuple], Dict[str, tuple]]] = {}
 
     # -- what the file says ------------------------------------------------------
@@ -99,61 +100,72 @@ class PortableArchive:
         return (i[0], i[1], _dtype(i[2], self.path)) + tuple(i[3:])
 
     # -- tensors -----------------------------------------------------------------
+    # A row of an entry's table (python/src/portable.cc, entry_table): (name,
+    # dtype, sizes, strides, storage_offset, storage, requires_grad, shard_dim),
+    # or (name, None) for a sparse tensor.
     def table(self, entry: str):
-        """(infos in file order, {name: info}) of ``entry``: one call into the
+        """(rows in file order, {name: row}) of ``entry``: one call into the
         extension per entry, kept while the archive is open."""
         t = self._tables.get(entry)
         if t is None:
-            infos = self._file.entry_infos(entry)
-            t = (infos, {i[0]: i for i in infos})
+            rows = self._file.entry_table(entry, _DTYPES)
+            t = (rows, {r[0]: r for r in rows})
             self._tables[entry] = t
         return t
 
-    def _storage(self, index: int, dtype: torch.dtype) -> torch.Tensor:
-        """Storage ``index`` as a 1-d tensor of ``dtype`` over all its bytes."""
-        typed = self._typed.get((index, dtype))
-        if typed is not None:
-            return typed
-        raw = self._bytes.get(index)
-        if raw is None:
-            b = self._file.storage_bytes(index)
-            # frombuffer refuses an empty buffer; an empty storage holds no view's bytes.
-            raw = torch.frombuffer(b, dtype=torch.uint8) if b.nbytes else torch.empty(0, dtype=torch.uint8)
-            self._bytes[index] = raw
+    def _flat(self, storage: int, dtype: torch.dtype) -> torch.Tensor:
+        """Storage ``storage`` as a 1-d tensor of ``dtype``: one torch storage
+        per archive storage, whatever the dtypes its tensors view it as."""
+        first = self._first.get(storage)
+        if first is None:
+            b = self._file.storage_bytes(storage)
+            n, item = b.nbytes, torch.empty((), dtype=dtype).element_size()
+            if n == 0:  # frombuffer refuses an empty buffer; no view reads it
+                first = torch.empty(0, dtype=dtype)
+            elif n % item == 0:
+                first = torch.frombuffer(b, dtype=dtype)
+            else:  # bytes shared by tensors of several dtypes: whole elements below
+                first = torch.frombuffer(b, dtype=torch.uint8)
+            self._first[storage] = first
+            if first.dtype == dtype:
+                return first
+        raw = first.view(torch.uint8)
         item = torch.empty((), dtype=dtype).element_size()
-        # A storage whose size is no multiple of the element size (bytes shared
-        # by tensors of several dtypes): its whole elements.
         whole = raw.numel() - raw.numel() % item
-        typed = (raw[:whole] if whole != raw.numel() else raw).view(dtype)
-        self._typed[(index, dtype)] = typed
-        return typed
+        flat = (raw[:whole] if whole != raw.numel() else raw).view(dtype)
+        self._typed[(storage, dtype)] = flat
+        return flat
 
-    def view(self, info) -> torch.Tensor:
-        """The view of the mapping that tensor ``info`` is (no requires_grad)."""
-        _, _, dtype_name, sizes, strides, offset, storage, _, _, _ = info
-        return self._storage(storage, _dtype(dtype_name, self.path)).as_strided(sizes, strides, offset)
+    def view(self, row) -> torch.Tensor:
+        """The view of the mapping that tensor ``row`` is (no requires_grad)."""
+        name, dtype, sizes, strides, offset, storage = row[:6]
+        if dtype is None:
+            raise unsupported(self.path, f"sparse tensor {name!r}")
+        if type(dtype) is str:
+            _dtype(dtype, self.path)  # raises UNSUPPORTED
+        flat = self._first.get(storage)
+        if flat is None or flat.dtype is not dtype:
+            flat = self._typed.get((storage, dtype))
+            if flat is None:
+                flat = self._flat(storage, dtype)
+        return flat.as_strided(sizes, strides, offset)
 
-    def make(self, info) -> torch.Tensor:
-        t = self.view(info)
-        if info[8]:  # requires_grad, as saved
+    def make(self, row) -> torch.Tensor:
+        t = self.view(row)
+        if row[6]:  # requires_grad, as saved
             t.requires_grad_(True)
         return t
 
-    def _visible(self, info, entry):
-        if info[1] is None:  # (name, None): a sparse tensor
-            raise unsupported(self.path, f"sparse tensor {info[0]!r} of entry {entry!r}")
-        return info
-
     def tensor(self, name, entry):
-        infos, by_name = self.table(entry)
-        info = by_name.get(name)
-        if info is None:
+        rows, by_name = self.table(entry)
+        row = by_name.get(name)
+        if row is None:
             self._file.info(name, entry)  # raises NOT_FOUND naming the entry
-        return self.make(self._visible(info, entry))
+        return self.make(row)
 
     def state_dict(self, entry):
-        infos, _ = self.table(entry)
-        return [(i[0], self.make(self._visible(i, entry))) for i in infos]
+        rows, _ = self.table(entry)
+        return [(r[0], self.make(r)) for r in rows]
 
     def shard(self, name, rank, world, dim, entry):
         info = self.info(name, entry)

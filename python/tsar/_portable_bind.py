@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ._errors import Error, ErrorCode
-from ._portable import PortableArchive, _chunk, _chunk_size, _dtype, unsupported
+from ._portable import PortableArchive, _chunk, _chunk_size, unsupported
 
 
 def _error(path, message, code):
@@ -34,7 +34,7 @@ def _quote(s):
 def _rank_shape(mine, info, rank, world):
     """(None or the dim to split along, "" or why not): which part of the
     archive tensor ``info`` a rank's slot of shape ``mine`` takes."""
-    full, shard_dim = tuple(info[3]), info[9]
+    full, shard_dim = info[2], info[7]
     if world <= 1:
         return None, "" if mine == full else f"shape {_shape(mine)} vs archive {_shape(full)}"
     if shard_dim >= 0:
@@ -48,10 +48,11 @@ def _rank_shape(mine, info, rank, world):
         return None, ""
     if len(mine) == len(full):
         differing = [k for k in range(len(full)) if mine[k] != full[k]]
-        if len(differing) == 1 and mine[differing[0]] == _chunk_size(full[differing[0]], rank, world):
-            return differing[0], ""
-    return None, (f"shape {_shape(mine)} vs archive {_shape(full)} (neither whole nor rank {rank}'s "
-                  f"slice of {world} along one dim)")
+        d = differing[0] if len(differing) == 1 else None
+        if d is not None and mine[d] == _chunk_size(full[d], rank, world):
+            return d, ""
+    return None, (f"shape {_shape(mine)} vs archive {_shape(full)} (neither whole nor rank "
+                  f"{rank}'s slice of {world} along one dim)")
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -77,95 +78,114 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
         raise unsupported(path, "load_into(read_ahead=True)")
     entry_name = archive._file.bind_entry(entry)
     if training and archive.mode == "shared" and not allow_training:
-        raise _error(path, "bind: the module is in training mode, whose layers (BatchNorm running stats) "
-                    "write their buffers, and this archive is mapped read-only: call module.eval() "
-                    "before binding, or open the archive copy-on-write (C++ MapMode::kCopyOnWrite, "
-                    "Python mode=\"copy_on_write\")", ErrorCode.INVALID_ARGUMENT)
+        raise _error(path, "bind: the module is in training mode, whose layers (BatchNorm running "
+                     "stats) write their buffers, and this archive is mapped read-only: call "
+                     "module.eval() before binding, or open the archive copy-on-write (C++ "
+                     "MapMode::kCopyOnWrite, Python mode=\"copy_on_write\")",
+                     ErrorCode.INVALID_ARGUMENT)
     if world < 0:
-        raise _error(path, f"bind: world: expected 0 or 1 (no tensor parallelism) or the number of ranks, "
-                    f"found {world}. Nothing was changed", ErrorCode.INVALID_ARGUMENT)
+        raise _error(path, "bind: world: expected 0 or 1 (no tensor parallelism) or the number of "
+                     f"ranks, found {world}. Nothing was changed", ErrorCode.INVALID_ARGUMENT)
     if world <= 1 and rank != 0:
-        raise _error(path, f"bind: rank: expected 0 without tensor parallelism (world {world}), found "
-                    f"{rank}; pass world= the number of ranks. Nothing was changed",
-                    ErrorCode.INVALID_ARGUMENT)
+        raise _error(path, f"bind: rank: expected 0 without tensor parallelism (world {world}), "
+                     f"found {rank}; pass world= the number of ranks. Nothing was changed",
+                     ErrorCode.INVALID_ARGUMENT)
     if world > 1 and not 0 <= rank < world:
         raise _error(path, f"bind: rank: expected 0 to {world - 1} for world {world}, found {rank}",
-                    ErrorCode.INVALID_ARGUMENT)
+                     ErrorCode.INVALID_ARGUMENT)
     tp = world > 1 or archive.tp_world != 0
-    infos, by_name = archive.table(entry_name)
+    rows, by_name = archive.table(entry_name)
+    get = by_name.get
+    renamed = bool(module_prefix or archive_prefix)
+    strided = torch.strided
 
+    # The match: a row (or None) per slot, and why a matched one mismatches.
+    # The loop does per tensor only what a check needs; the rest runs for the
+    # few slots that are odd.
     n = len(items)
-    views = [None] * n  # what each matched slot takes
-    state = ["missing"] * n
+    match = [None] * n
+    splits = {}  # slot -> the dim its rank's slice is cut along (tensor parallelism)
     why_of = []
-    used = set()
+    first_of = {}  # id(tensor) -> its first slot
+    twins = []  # later slots of a tensor already seen (ties)
+    used = set()  # archive names some slot asked for
     for i, (name, t) in enumerate(items):
-        dev = t.device.type
-        if dev not in ("cpu", "meta"):
-            raise _error(path, f"bind: {_quote(name)} is on {t.device}: tsar binds modules on cpu or meta "
-                        "(built with torch.device(\"meta\")); move the module to cpu or meta first. "
-                        "Nothing was changed", ErrorCode.INVALID_ARGUMENT)
-        if not name.startswith(module_prefix):
-            continue
-        info = by_name.get(archive_prefix + name[len(module_prefix):])
-        if info is None:
-            continue
-        if t.layout != torch.strided:
-            raise _error(path, f"bind: {_quote(name)} is a {t.layout} tensor: tsar binds strided (dense) "
-                        "tensors, whose storage can be the archive's; make it dense first "
-                        "(to_dense()). Nothing was changed", ErrorCode.INVALID_ARGUMENT)
-        used.add(info[0])
-        if info[1] is None:  # a sparse tensor of the archive
-            raise unsupported(path, f"binding sparse tensor {info[0]!r}")
-        why = []
-        want = _dtype(info[2], path)
-        if t.dtype != want:
-            why.append(f"dtype {str(t.dtype)[6:]} vs archive {info[2]}")
-        mine = tuple(t.shape)
-        split = None
-        if tp:
-            split, w = _rank_shape(mine, info, rank, world)
-            if w:
-                why.append(w)
-        elif mine != tuple(info[3]):
-            why.append(f"shape {_shape(mine)} vs archive {_shape(info[3])}")
-        if why:
-            state[i] = "mismatched"
-            why_of.append((i, ", ".join(why)))
-            continue
-        state[i] = "matched"
-        view = archive.view(info)
-        if split is not None:
-            view = _chunk(view, world, split, rank)
-        views[i] = view
-
-    # Ties: one tensor object under several names.
-    groups = {}
-    for i, (_, t) in enumerate(items):
-        groups.setdefault(id(t), []).append(i)
-    bound = [False] * n
-    for members in groups.values():
-        first = None
-        for i in members:
-            if state[i] != "matched":
+        if first_of.setdefault(id(t), i) != i:
+            twins.append(i)
+        if not (t.is_cpu or t.is_meta):
+            raise _error(path, f"bind: {_quote(name)} is on {t.device}: tsar binds modules on cpu "
+                         "or meta (built with torch.device(\"meta\")); move the module to cpu or "
+                         "meta first. Nothing was changed", ErrorCode.INVALID_ARGUMENT)
+        if renamed:
+            if not name.startswith(module_prefix):
                 continue
-            if first is None:
-                first = i
-            elif views[i] is not views[first] and not _same_values(views[first], views[i]):
-                state[i] = "mismatched"
-                views[i] = None
-                why_of.append((i, f"the same tensor as {_quote(items[first][0])} in the module, but "
-                                  "the archive holds other values for it (tied in the module, not "
-                                  "in the archive)"))
-        for i in members:
-            bound[i] = first is not None
-            if bound[i] and state[i] == "missing":
-                state[i] = "tied"
+            row = get(archive_prefix + name[len(module_prefix):])
+        else:
+            row = get(name)
+        if row is None:
+            continue
+        used.add(row[0])
+        if t.layout is not strided:
+            raise _error(path, f"bind: {_quote(name)} is a {t.layout} tensor: tsar binds strided "
+                         "(dense) tensors, whose storage can be the archive's; make it dense first "
+                         "(to_dense()). Nothing was changed", ErrorCode.INVALID_ARGUMENT)
+        if row[1] is None:  # a sparse tensor of the archive
+            raise unsupported(path, f"binding sparse tensor {row[0]!r}")
+        match[i] = row
+        if tp:
+            split, w = _rank_shape(tuple(t.shape), row, rank, world)
+            if split is not None:
+                splits[i] = split
+            why = [w] if w else []
+        elif t.shape == row[2] and t.dtype is row[1]:
+            continue
+        else:
+            why = ([] if t.shape == row[2]
+                   else [f"shape {_shape(t.shape)} vs archive {_shape(row[2])}"])
+        if t.dtype is not row[1]:
+            theirs = str(row[1]).replace("torch.", "")
+            why.insert(0, f"dtype {str(t.dtype)[6:]} vs archive {theirs}")
+        if why:
+            match[i] = None
+            why_of.append((i, ", ".join(why)))
+    mismatched_slots = {i for i, _ in why_of}
 
-    missing = [items[i][0] for i in range(n) if state[i] == "missing"]
-    tied = [items[i][0] for i in range(n) if state[i] == "tied"]
+    def view(i):
+        v = archive.view(match[i])
+        return _chunk(v, world, splits[i], rank) if i in splits else v
+
+    # Ties: one tensor object under several names (rare: checked only for them).
+    bound = None  # per slot, whether its tensor is bound by some name; None: all matched are
+    tied = []
+    if twins:
+        groups = {}
+        for i in twins:
+            groups.setdefault(first_of[id(items[i][1])], [first_of[id(items[i][1])]]).append(i)
+        bound = [m is not None for m in match]
+        for members in groups.values():
+            first = None
+            for i in members:
+                if match[i] is None:
+                    continue
+                if first is None:
+                    first = i
+                elif match[i] is not match[first] and not _same_values(view(first), view(i)):
+                    match[i] = None
+                    mismatched_slots.add(i)
+                    why_of.append((i, f"the same tensor as {_quote(items[first][0])} in the "
+                                      "module, but the archive holds other values for it (tied "
+                                      "in the module, not in the archive)"))
+            for i in members:
+                bound[i] = first is not None
+                if bound[i] and match[i] is None and i not in mismatched_slots:
+                    tied.append(i)
+        tied.sort()
+    tied_set = set(tied)
+    missing = [items[i][0] for i in range(n)
+               if match[i] is None and i not in mismatched_slots and i not in tied_set]
+    tied = [items[i][0] for i in tied]
     mismatched = [items[i][0] + ": " + why for i, why in sorted(why_of)]
-    unexpected = [i[0] for i in infos if i[0] not in used]
+    unexpected = [r[0] for r in rows if r[0] not in used]
     if strict and (missing or unexpected or mismatched):
         msg = f"bind: module and entry {_quote(entry_name)} do not match:"
         if missing:
@@ -175,31 +195,39 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
         if mismatched:
             msg += " mismatched: " + _list(mismatched) + ";"
         raise _error(path, msg[:-1], ErrorCode.BIND_MISMATCH)
-    _check_nothing_stays_meta(items, state, bound, loose, path, entry_name)
+    if bound is None:
+        bound = [m is not None for m in match]
+    _check_nothing_stays_meta(items, mismatched_slots, bound, loose, path, entry_name)
 
+    # Every check passed: each matched tensor takes its view, in place.
     names = []
     done = set()  # ids of tensors already bound (a tie binds once)
+    swap = torch._C._swap_tensor_impl
+    make_subclass = torch.Tensor._make_subclass
     with torch.no_grad():
-        for i, (name, t) in enumerate(items):
-            view = views[i]
-            if view is None:
+        for i in range(n):
+            if match[i] is None:
                 continue
+            name, t = items[i]
             names.append(name)
-            if id(t) in done:
-                continue
-            done.add(id(t))
+            if twins:
+                if id(t) in done:
+                    continue
+                done.add(id(t))
             if t.is_meta:
-                # set_data refuses to give a meta tensor CPU data: the object
-                # takes the view's TensorImpl instead (its class, dict and
-                # requires_grad kept), so it is still the module's object.
-                torch.utils.swap_tensors(t, torch.Tensor._make_subclass(type(t), view, t.requires_grad))
+                # set_data refuses CPU data for a meta tensor: the object takes
+                # the TensorImpl of a CPU tensor of its own class and
+                # requires_grad instead, keeping its __dict__, so it is still
+                # the module's object (torch.utils.swap_tensors, without moving
+                # the attributes).
+                swap(t, make_subclass(type(t), view(i), t.requires_grad))
             else:
-                t.data = view
+                t.data = view(i)
     return names, missing, unexpected, mismatched, tied
 
 
-def _check_nothing_stays_meta(items, state, bound, loose, path, entry_name):
-    unbound = [name + (" (mismatched)" if state[i] == "mismatched" else " (not in the archive)")
+def _check_nothing_stays_meta(items, mismatched, bound, loose, path, entry_name):
+    unbound = [name + (" (mismatched)" if i in mismatched else " (not in the archive)")
                for i, (name, t) in enumerate(items) if not bound[i] and t.is_meta]
     bound_ids = {id(items[i][1]) for i in range(len(items)) if bound[i]} if loose else set()
     buffers = [name for name, t in loose if t.is_meta and id(t) not in bound_ids]

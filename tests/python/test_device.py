@@ -17,7 +17,7 @@ def _source():
     torch.manual_seed(0)
     sd = {f"t_{str(d).split('.')[-1]}": torch.randn(4, 8).to(d) if d.is_floating_point
           else torch.randint(0, 100, (4, 8)).to(d) for d in DTYPES
-          if d not in (torch.float4_e2m1fn_x2, torch.complex32, torch.complex64, torch.complex128,
+          if d not in (getattr(torch, "float4_e2m1fn_x2", None), torch.complex32, torch.complex64, torch.complex128,
                        torch.bool, torch.uint16, torch.uint32, torch.uint64)}
     sd["emb"] = torch.randn(16, 8)
     sd["head"] = sd["emb"]
