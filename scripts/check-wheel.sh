@@ -88,6 +88,8 @@ with torch.device("meta"):
 tsar.load_into(fresh, "m.tsar")
 x = torch.randn(3, 8)
 assert torch.equal(fresh(x), m(x))
+tsar.save(m, "portable.tsar")  # the portable writer: the same bytes
+assert open("portable.tsar", "rb").read() == open("m.tsar", "rb").read()
 print("wheel: beside another torch,", tsar.backend())
 EOF
 echo "check-wheel: ok"

@@ -15,7 +15,7 @@ if [ -x "$venv/bin/python" ] && cat "${reqs[@]}" | cmp -s - "$venv/.tsar-require
   exit 0
 fi
 start=$(date +%s)
-echo "setup: making $venv (torch, the test tools and the benchmark's peers, ${reqs[*]}; a few GB)"
+echo "setup: making $venv (torch and the test tools of ${reqs[*]}; a few GB)"
 /usr/bin/python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q $(printf -- '-r %s ' "${reqs[@]}")

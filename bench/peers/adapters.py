@@ -578,8 +578,28 @@ class TensorizerCuda(Tensorizer):
     device, needs_cuda = "cuda:0", True
 
 
+class TsarPortable(Tsar):
+    """tsar's portable path (tsar/_portable.py: no LibTorch, any torch of the
+    range): what a process runs when its torch is not the one the package's
+    accelerator was built for."""
+    name = "tsar (portable)"
+    calls = ("tsar.load_into(module, path)  # the portable path (TSAR_PORTABLE=1, or another "
+             "torch): frombuffer + as_strided in Python")
+
+    def bind(self, path, module):
+        import tsar
+        from tsar import _backend
+
+        accelerator, _backend.accelerator = _backend.accelerator, None
+        try:
+            tsar.load_into(module, path)
+        finally:
+            _backend.accelerator = accelerator
+        return module
+
+
 ADAPTERS: List[Adapter] = [
-    Tsar(), TorchLoadMmap(), SafetensorsLoadFile(), SafetensorsSafeOpen(), TensorDictMemmap(),
+    Tsar(), TsarPortable(), TorchLoadMmap(), SafetensorsLoadFile(), SafetensorsSafeOpen(), TensorDictMemmap(),
     TensorDictArchive(), FromPretrained(), TsarTransformers(), FastSafetensors(), FastSafetensorsBuffered(), RunaiStreamer(),
     RunaiStreamerBuffered(), Tensorizer(), FastSafetensorsGds(), RunaiStreamerCuda(), TensorizerCuda(),
 ]

@@ -59,6 +59,25 @@ MetadataValue FromPython(const py::handle& v, const std::string& key) {
                   std::string(py::str(py::type::of(v).attr("__name__"))));
 }
 
+py::object MetadataToPython(const MetadataValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return py::str(*s);
+  if (const auto* i = std::get_if<int64_t>(&v)) return py::int_(*i);
+  if (const auto* d = std::get_if<double>(&v)) return py::float_(*d);
+  return py::bytes(std::get<Bytes>(v).data);
+}
+
+const char* MapModeName(MapMode mode) {
+  switch (mode) {
+    case MapMode::kCopyOnWrite:
+      return "copy_on_write";
+    case MapMode::kRead:
+      return "read";
+    case MapMode::kShared:
+      break;
+  }
+  return "shared";
+}
+
 std::optional<DType> FloatingDtype(const std::string& name) {
   if (name.empty()) return std::nullopt;
   const std::optional<DType> d = DTypeFromName(name);

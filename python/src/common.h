@@ -21,6 +21,12 @@ void RegisterErrorTranslator();
 // last line, for callers of the private modules.
 MetadataValue FromPython(const pybind11::handle& v, const std::string& key);
 
+// A metadata value as Python's str, int, float or bytes.
+pybind11::object MetadataToPython(const MetadataValue& v);
+
+// "shared", "copy_on_write" or "read": tsar.Archive.mode.
+const char* MapModeName(MapMode mode);
+
 // "" = as they are; else a floating dtype name ("float16"), as PackOptions::dtype.
 std::optional<DType> FloatingDtype(const std::string& name);
 

@@ -23,13 +23,6 @@ namespace py = pybind11;
 namespace tsar {
 namespace {
 
-py::object ToPython(const MetadataValue& v) {
-  if (const auto* s = std::get_if<std::string>(&v)) return py::str(*s);
-  if (const auto* i = std::get_if<int64_t>(&v)) return py::int_(*i);
-  if (const auto* d = std::get_if<double>(&v)) return py::float_(*d);
-  return py::bytes(std::get<Bytes>(v).data);
-}
-
 // load_into's options after the module: one tuple (entry, strict,
 // allow_training, archive_prefix, module_prefix, rank, world, device,
 // read_ahead), as
@@ -74,17 +67,6 @@ py::tuple Info(const TensorInfo& i) {
                         RoleName(i.role), i.requires_grad, i.shard_dim);
 }
 
-const char* ModeName(MapMode m) {
-  switch (m) {
-    case MapMode::kCopyOnWrite:
-      return "copy_on_write";
-    case MapMode::kRead:
-      return "read";
-    case MapMode::kShared:
-      break;
-  }
-  return "shared";
-}
 
 }  // namespace
 }  // namespace tsar
@@ -100,7 +82,8 @@ PYBIND11_MODULE(_tsar, m) {
 
   py::class_<Archive>(m, "Archive")
       .def_property_readonly("path", &Archive::path)
-      .def_property_readonly("mode", [](const Archive& a) { return ModeName(a.mode()); })
+      .def_property_readonly("mode",
+                             [](const Archive& a) { return python::MapModeName(a.mode()); })
       .def_property_readonly(
           "format_version",
           [](const Archive& a) { return py::make_tuple(a.format_major(), a.format_minor()); })
@@ -155,7 +138,7 @@ PYBIND11_MODULE(_tsar, m) {
           [](const Archive& a, const std::string& entry) {
             py::list out;
             for (const auto& [k, v] : a.metadata_items(entry))
-              out.append(py::make_tuple(k, ToPython(v)));
+              out.append(py::make_tuple(k, python::MetadataToPython(v)));
             return out;
           },
           py::arg("entry"))

@@ -13,6 +13,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +24,9 @@
 #include "loader/path_watch.h"
 #include "python/src/common.h"
 #include "tsar/archive_file.h"
+#include "tsar/pack_options.h"
+#include "writer/archive_writer.h"
+#include "writer/tensor_ref.h"
 
 namespace py = pybind11;
 
@@ -43,13 +48,6 @@ struct StorageBytes {
   uint64_t nbytes;
 };
 
-py::object ToPython(const MetadataValue& v) {
-  if (const auto* s = std::get_if<std::string>(&v)) return py::str(*s);
-  if (const auto* i = std::get_if<int64_t>(&v)) return py::int_(*i);
-  if (const auto* d = std::get_if<double>(&v)) return py::float_(*d);
-  return py::bytes(std::get<Bytes>(v).data);
-}
-
 // As the accelerator's Info, with the dtype as its torch name ("bfloat16"):
 // torch's dtype objects are looked up in Python.
 py::tuple Info(const TensorInfo& i) {
@@ -57,18 +55,6 @@ py::tuple Info(const TensorInfo& i) {
                         py::tuple(py::cast(i.sizes)), py::tuple(py::cast(i.strides)),
                         i.storage_offset, i.storage, RoleName(i.role), i.requires_grad,
                         i.shard_dim);
-}
-
-const char* ModeName(MapMode m) {
-  switch (m) {
-    case MapMode::kCopyOnWrite:
-      return "copy_on_write";
-    case MapMode::kRead:
-      return "read";
-    case MapMode::kShared:
-      break;
-  }
-  return "shared";
 }
 
 }  // namespace
@@ -82,21 +68,23 @@ PYBIND11_MODULE(_tsar_portable, m) {
   py::class_<StorageBytes>(m, "StorageBytes", py::buffer_protocol())
       .def_property_readonly("nbytes", [](const StorageBytes& s) { return s.nbytes; })
       .def_buffer([](StorageBytes& s) {
-        return py::buffer_info(const_cast<void*>(s.data), 1, py::format_descriptor<uint8_t>::format(),
-                               1, {static_cast<py::ssize_t>(s.nbytes)}, {1}, /*readonly=*/false);
+        return py::buffer_info(const_cast<void*>(s.data), 1,
+                               py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(s.nbytes)}, {1}, /*readonly=*/false);
       });
 
   py::class_<ArchiveFile>(m, "ArchiveFile")
       .def_property_readonly("path", &ArchiveFile::path)
-      .def_property_readonly("mode", [](const ArchiveFile& a) { return ModeName(a.mode()); })
+      .def_property_readonly(
+          "mode", [](const ArchiveFile& a) { return python::MapModeName(a.mode()); })
       .def_property_readonly(
           "format_version",
           [](const ArchiveFile& a) { return py::make_tuple(a.format_major(), a.format_minor()); })
       .def_property_readonly("alignment", &ArchiveFile::alignment)
       .def_property_readonly("layers", &ArchiveFile::layers)
       .def_property_readonly("file_size", &ArchiveFile::file_size)
-      .def_property_readonly("data_ptr",
-                             [](const ArchiveFile& a) { return reinterpret_cast<uintptr_t>(a.data()); })
+      .def_property_readonly(
+          "data_ptr", [](const ArchiveFile& a) { return reinterpret_cast<uintptr_t>(a.data()); })
       .def_property_readonly("mapped_size", &ArchiveFile::mapped_size)
       .def_property_readonly("tp_world", &ArchiveFile::tp_world)
       .def("entries", &ArchiveFile::entries)
@@ -139,9 +127,11 @@ PYBIND11_MODULE(_tsar_portable, m) {
                 PyTuple_SET_ITEM(sizes.ptr(), d, PyLong_FromLongLong(index.sizes(r)[d]));
                 PyTuple_SET_ITEM(strides.ptr(), d, PyLong_FromLongLong(index.strides(r)[d]));
               }
+              py::object dt =
+                  dtype ? py::reinterpret_borrow<py::object>(dtype) : py::object(dtype_name);
               out.append(py::make_tuple(
-                  py_name, dtype ? py::reinterpret_borrow<py::object>(dtype) : py::object(dtype_name),
-                  sizes, strides, r.storage_offset, r.storage, static_cast<bool>(r.requires_grad),
+                  py_name, dt, sizes, strides, r.storage_offset, r.storage,
+                  static_cast<bool>(r.requires_grad),
                   r.shard_dim == format::kNone ? int64_t{-1} : int64_t{r.shard_dim}));
             });
             return out;
@@ -176,7 +166,7 @@ PYBIND11_MODULE(_tsar_portable, m) {
           [](const ArchiveFile& a, const std::string& entry) {
             py::list out;
             for (const auto& [k, v] : a.metadata_items(entry))
-              out.append(py::make_tuple(k, ToPython(v)));
+              out.append(py::make_tuple(k, python::MetadataToPython(v)));
             return out;
           },
           py::arg("entry"))
@@ -204,6 +194,69 @@ PYBIND11_MODULE(_tsar_portable, m) {
       },
       py::arg("path"), py::arg("mode"), py::arg("prefetch"), py::arg("verify"),
       py::arg("base_dirs") = std::vector<std::string>());
+
+  // tsar.save on the portable path (python/tsar/_portable_save.py): the
+  // accelerator's writer (writer::ArchiveWriter, the same bytes for the same
+  // tensors) fed from Python. entries: [(entry, [(name, role, dtype name,
+  // sizes, strides, storage_offset, requires_grad, storage)])], storage being
+  // (key, host address, nbytes, device type, device index): tensors with one
+  // key share a storage, and the caller keeps the bytes alive and unchanged
+  // until this returns. metadata: [(entry, key, value)].
+  m.def(
+      "save",
+      [](const std::string& path, const py::list& entries, const py::list& metadata,
+         uint32_t alignment, const std::string& dtype, const std::string& base, bool durable,
+         uint32_t tp, const std::vector<std::pair<std::string, int64_t>>& shard) {
+        PackOptions o;
+        o.tp = tp;
+        o.shard = shard;
+        o.alignment = alignment;
+        o.durable = durable;
+        o.base = base;
+        o.dtype = python::FloatingDtype(dtype);
+        writer::ArchiveWriter w(path, o);
+        std::map<int64_t, std::shared_ptr<const writer::Storage>> storages;
+        for (const auto& e : entries) {
+          const auto entry = e.cast<py::tuple>();
+          w.add_entry(entry[0].cast<std::string>());
+          for (const auto& item : entry[1].cast<py::list>()) {
+            const auto t = item.cast<py::tuple>();
+            const auto st = t[7].cast<py::tuple>();
+            std::shared_ptr<const writer::Storage>& slot = storages[st[0].cast<int64_t>()];
+            if (!slot) {
+              auto s = std::make_shared<writer::Storage>();
+              s->data = reinterpret_cast<const uint8_t*>(st[1].cast<uintptr_t>());
+              s->nbytes = st[2].cast<uint64_t>();
+              s->device_type = static_cast<format::DeviceType>(st[3].cast<int>());
+              s->device_index = st[4].cast<uint16_t>();
+              slot = std::move(s);
+            }
+            const auto name = t[0].cast<std::string>();
+            const std::optional<DType> d = DTypeFromName(t[2].cast<std::string>());
+            if (!d)
+              throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
+                          "tensor " + name + ": dtype " + t[2].cast<std::string>() +
+                              " has no tsar code");
+            writer::TensorRef r;
+            r.storage = slot;
+            r.dtype = *d;
+            r.sizes = t[3].cast<std::vector<int64_t>>();
+            r.strides = t[4].cast<std::vector<int64_t>>();
+            r.storage_offset = t[5].cast<uint64_t>();
+            r.requires_grad = t[6].cast<bool>();
+            w.add(name, std::move(r), static_cast<Role>(t[1].cast<int>()));
+          }
+        }
+        for (const auto& item : metadata) {
+          const auto t = item.cast<py::tuple>();
+          const auto key = t[1].cast<std::string>();
+          w.add_metadata(key, python::FromPython(t[2], key), t[0].cast<std::string>());
+        }
+        py::gil_scoped_release unlocked;
+        w.finish();
+      },
+      py::arg("path"), py::arg("entries"), py::arg("metadata"), py::arg("alignment"),
+      py::arg("dtype"), py::arg("base"), py::arg("durable"), py::arg("tp"), py::arg("shard"));
 
   // tsar.LiveModule's watcher (python/tsar/_live.py): waits without the GIL.
   py::class_<PathWatch>(m, "PathWatch")

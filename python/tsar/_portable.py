@@ -11,9 +11,10 @@ takes the new data's device).
 
 tsar/__init__.py uses this path when the accelerator (``tsar._tsar``, built
 against one torch) does not match the torch imported, or when the environment
-variable TSAR_PORTABLE=1 asks for it. What it does not do raises tsar.Error
-(UNSUPPORTED) saying so: writing archives, loading onto a GPU, read-ahead and
-sparse tensors need the accelerator. A tensor-parallel rank's slice of a
+variable TSAR_PORTABLE=1 asks for it. ``tsar.save`` works too
+(tsar/_portable_save.py: the same writer, the same bytes). What it does not do
+raises tsar.Error (UNSUPPORTED) saying so: ``tsar.pack``, loading onto a GPU,
+read-ahead and sparse tensors need the accelerator. A tensor-parallel rank's slice of a
 sharded tensor is a view of the whole tensor in C order (a copy the archive
 makes once), not of the rank's own run of the file.
 """

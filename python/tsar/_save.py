@@ -185,18 +185,23 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[
     entries, entry_meta = _entries(obj, entry)
     meta = entry_meta + [("", k, v) for k, v in _metadata_items(metadata)]
     world, plan = _shard_plan(tp, shard)
-    _accelerator(path, "tsar.save").save(
-        os.fspath(path), entries, meta, _alignment(alignment, world), _dtype_name(dtype),
-        "" if base is None else os.fspath(base), True, world, plan)
+    args = (os.fspath(path), entries, meta, _alignment(alignment, world), _dtype_name(dtype),
+            "" if base is None else os.fspath(base), True, world, plan)
+    if _backend.accelerator is not None:
+        _backend.accelerator.save(*args)
+    else:  # the same writer, fed from Python
+        from . import _portable_save
+
+        _portable_save.save(*args)
 
 
 def _accelerator(path, what):
-    """tsar._tsar, or tsar.Error (UNSUPPORTED) on the portable path: the
-    writer takes tensors through LibTorch."""
+    """tsar._tsar, or tsar.Error (UNSUPPORTED) on the portable path: tsar.pack's
+    readers (tsar._tsar_pack) link LibTorch."""
     if _backend.accelerator is None:
         from ._portable import unsupported
 
-        raise unsupported(os.fspath(path), what + " (writing an archive)")
+        raise unsupported(os.fspath(path), what)
     return _backend.accelerator
 
 

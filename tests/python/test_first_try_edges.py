@@ -155,7 +155,9 @@ def test_import_beside_another_torch_runs_the_portable_path_and_says_how_to_get_
             "import tsar\n"
             "print(built)\n"
             "print(tsar.backend())\n"
-            f"try:\n    tsar.save({{'w': torch.ones(2)}}, {str(tmp_path / 'x.tsar')!r})\n"
+            f"tsar.save({{'w': torch.ones(2)}}, {str(tmp_path / 'x.tsar')!r})\n"
+            f"assert torch.equal(tsar.load({str(tmp_path / 'x.tsar')!r})['w'], torch.ones(2))\n"
+            f"try:\n    tsar.pack({str(tmp_path / 'x.tsar')!r}, {str(tmp_path / 'y.tsar')!r})\n"
             "except tsar.Error as e:\n"
             "    print(e.code, e)\n")
     r = run_python(code)
@@ -163,13 +165,13 @@ def test_import_beside_another_torch_runs_the_portable_path_and_says_how_to_get_
     built, backend, msg = r.stdout.split("\n", 2)
     public, _, local = built.partition("+")
     assert backend == f"portable (torch 1.0.0: its accelerator was built for torch {built})"
-    assert msg.startswith("UNSUPPORTED ") and "tsar.save (writing an archive) needs tsar's accelerator" in msg
+    assert msg.startswith("UNSUPPORTED ") and "tsar.pack needs tsar's accelerator" in msg
     assert f"install torch=={public}" in msg and "pip install --force-reinstall --no-deps" in msg
     if local:
         assert f"torch=={built}" not in msg, msg
         assert (f"(tsar was built against its {local} build: pip install torch=={public} "
                 f"--index-url https://download.pytorch.org/whl/{local})") in msg, msg
-    assert not (tmp_path / "x.tsar").exists()
+    assert not (tmp_path / "y.tsar").exists()
 
 
 def test_error_codes_print_their_names_and_stay_ints(tmp_path):
