@@ -139,9 +139,9 @@ class PortableArchive:
 
     def view(self, row) -> torch.Tensor:
         """The view of the mapping that tensor ``row`` is (no requires_grad)."""
+        if row[1] is None:
+            raise unsupported(self.path, f"sparse tensor {row[0]!r}")
         name, dtype, sizes, strides, offset, storage = row[:6]
-        if dtype is None:
-            raise unsupported(self.path, f"sparse tensor {name!r}")
         if type(dtype) is str:
             _dtype(dtype, self.path)  # raises UNSUPPORTED
         flat = self._first.get(storage)
@@ -169,20 +169,44 @@ class PortableArchive:
         return [(r[0], self.make(r)) for r in rows]
 
     def shard(self, name, rank, world, dim, entry):
+        """torch.chunk(full, world, dim)[rank], with the accelerator's checks
+        and messages (loader/shards.cc): a view of the whole tensor (for a
+        sharded one, of its C-order copy)."""
         info = self.info(name, entry)
+        qualified = f"{info[1]}/{info[0]}"
+
+        def fail(why):
+            return Error(f'{self.path}: shard of "{qualified}": {why}', ErrorCode.INVALID_ARGUMENT,
+                         self.path)
+
+        if world < 1:
+            raise fail(f"world: expected at least 1, found {world}")
+        if not 0 <= rank < world:
+            raise fail(f"rank: expected 0 to {world - 1}, found {rank}")
+        ndim = len(info[3])
         if dim is None:
+            if info[9] < 0:
+                raise fail("dim: the archive stores this tensor whole, so say which dimension to "
+                           "split")
             dim = info[9]
-            if dim < 0:
-                raise Error(f"{self.path}: shard: {name!r} is stored whole: name the dim to split",
-                            ErrorCode.INVALID_ARGUMENT, self.path)
-        t = self.tensor(name, entry)
-        if not (isinstance(world, int) and world >= 1 and 0 <= rank < world):
-            raise Error(f"{self.path}: shard: expected 0 <= rank < world, found rank {rank}, "
-                        f"world {world}", ErrorCode.INVALID_ARGUMENT, self.path)
-        if not -t.dim() <= dim < t.dim():
-            raise Error(f"{self.path}: shard: dim {dim} of a {t.dim()}-d tensor",
-                        ErrorCode.INVALID_ARGUMENT, self.path)
-        return _chunk(t, world, dim % t.dim(), rank)
+        if ndim == 0:
+            raise fail("a scalar (0 dimensions) has no dimension to split")
+        if not -ndim <= dim < ndim:
+            raise fail(f"dim: expected -{ndim} to {ndim - 1}, found {dim}")
+        dim %= ndim
+        size = info[3][dim]
+        start = length = 0
+        if size > 0:
+            split = -(-size // world)
+            chunks = -(-size // split)
+            if rank >= chunks:
+                raise fail(f"rank {rank}: size {size} of dim {dim} gives only {chunks} chunks of "
+                           f"{world}")
+            start, length = rank * split, min(split, size - rank * split)
+        out = self.view(self.table(entry)[1][name]).narrow(dim, start, length)
+        if info[8]:
+            out.requires_grad_(True)
+        return out
 
     def to_device(self, *args):
         raise unsupported(self.path, "state_dict(device=) onto a GPU")
