@@ -31,9 +31,9 @@ from ._bind import BindReport, install_fault_handler, load, load_into
 def backend() -> str:
     """Which path this process runs, and why: ``"accelerator (...)"``, tsar's
     C++ loader built for exactly this torch, or ``"portable (...)"``, the path
-    that works with any torch 2.x but leaves GPU loads, writing archives,
-    read-ahead and sparse tensors to the accelerator (they raise tsar.Error,
-    UNSUPPORTED, naming it). ``pip install --force-reinstall --no-deps <tsar
+    that links no LibTorch and works with any torch of the supported range but
+    leaves ``tsar.pack``, GPU loads, read-ahead and sparse tensors to the
+    accelerator (they raise tsar.Error, UNSUPPORTED, naming it). ``pip install --force-reinstall --no-deps <tsar
     source>`` builds the accelerator for the torch installed."""
     return _backend.describe()
 

@@ -267,8 +267,9 @@ def install_fault_handler() -> None:
     prints ``tsar: write to read-only archive <path>: storage #i used by tensor
     "<name>"...`` before the process dies. Chains to any previous handler
     (Python's faulthandler included) for other faults."""
-    if _backend.accelerator is not None:
+    if _backend.accelerator is not None:  # it knows the mappings of the path that made them
         _backend.accelerator.install_fault_handler()
-    from . import _tsar_portable
+    else:
+        from . import _tsar_portable
 
-    _tsar_portable.install_fault_handler()
+        _tsar_portable.install_fault_handler()

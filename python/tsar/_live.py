@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-from . import _tsar_portable as _watch
+from . import _tsar_portable as _files  # identity() and PathWatch: no LibTorch
 from ._archive import open as _open
 from ._bind import load_into
 
@@ -106,7 +106,7 @@ class LiveModule:
         self._last_error = ""
         self._last_load_ms = self._last_warm_up_ms = self._last_make_ms = 0.0
         self._refused = None  # identity of the last refused file: not retried until it changes
-        ident = _watch.identity(self._path)
+        ident = _files.identity(self._path)
         module, load_ms, warm_ms, make_ms = self._load()  # raises: nothing to serve
         self._serving: Tuple[torch.nn.Module, int, Any] = (module, 1, ident)
         self._last_load_ms, self._last_warm_up_ms, self._last_make_ms = load_ms, warm_ms, make_ms
@@ -191,7 +191,7 @@ class LiveModule:
     def _start(self):
         if not self._inotify and self._poll == 0:
             return  # only check() looks
-        self._watch = _watch.PathWatch(self._path, self._inotify)
+        self._watch = _files.PathWatch(self._path, self._inotify)
         self._thread = threading.Thread(target=self._run, name=f"tsar-live {self._path}", daemon=True)
         self._thread.start()
 
@@ -242,7 +242,7 @@ class LiveModule:
         watcher = threading.current_thread() is self._thread
         with self._check_lock:
             self._stats["checks"] += 1
-            ident = _watch.identity(self._path)
+            ident = _files.identity(self._path)
             if ident is None or ident == self._serving[2] or ident == self._refused:
                 return False
             with self._state_lock:

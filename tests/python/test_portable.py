@@ -6,6 +6,7 @@ the oldest supported torch with the package built here). Where the
 accelerator serves this torch too, every result is compared with its."""
 import gc
 import os
+import signal
 import zipfile
 
 import pytest
@@ -330,3 +331,18 @@ def test_save_writes_the_accelerators_bytes(tmp_path, monkeypatch, what):
     monkeypatch.setattr(_backend, "accelerator", None)
     tsar.save(obj, tmp_path / "port.tsar", **kw)
     assert (tmp_path / "acc.tsar").read_bytes() == (tmp_path / "port.tsar").read_bytes()
+
+
+def test_the_fault_handler_names_what_was_written_on_the_portable_path(cli, tmp_path):
+    path = pack(cli, tmp_path, {"bias": torch.zeros(3), "weights": torch.zeros(64 * 1024)})
+    code = ("import os, sys\n"
+            "os.environ['TSAR_PORTABLE'] = '1'\n"
+            "import tsar\n"
+            "tsar.install_fault_handler()\n"
+            "w = tsar.open(sys.argv[1])['weights']\n"
+            "w.add_(1)\n"
+            "print('survived', flush=True)\n")
+    r = run_python(code, path)
+    assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("tsar: write to read-only archive ")]
+    assert len(lines) == 1 and str(path) in lines[0] and '"weights"' in lines[0], r.stderr
