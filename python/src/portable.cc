@@ -102,37 +102,49 @@ PYBIND11_MODULE(_tsar_portable, m) {
       // read, one tuple each: (name, dtype, sizes, strides, storage_offset,
       // storage, requires_grad, shard_dim), dtype being dtypes[its name] (the
       // torch dtype objects, passed in by the caller), or the name where
-      // dtypes lacks it; (name, None) for a sparse tensor (spec §4.6), which
-      // the portable path does not make. Built without a Python call per
-      // tensor: this is most of what binding 100,000 tensors reads.
+      // dtypes lacks it. A sparse tensor (spec §4.6) is (name, None, layout
+      // code, sizes, coalesced, [its components' tuples]). Built without a
+      // Python call per tensor: this is most of what binding 100,000 tensors
+      // reads.
       .def(
           "entry_table",
           [](const ArchiveFile& a, const std::string& entry, const py::dict& dtypes) {
             const ArchiveCore& core = *a.core();
             const format::Index& index = core.index;
-            py::list out;
-            core.ForEachVisible(core.Entry(entry), [&](std::string_view name, uint32_t t,
-                                                        uint32_t /*sparse*/) {
-              py::str py_name(name.data(), name.size());
-              if (t == format::kNone) {
-                out.append(py::make_tuple(py_name, py::none()));
-                return;
-              }
+            const auto ints = [](const int64_t* v, uint32_t n) {
+              py::tuple out(n);
+              for (uint32_t d = 0; d < n; ++d)
+                PyTuple_SET_ITEM(out.ptr(), d, PyLong_FromLongLong(v[d]));
+              return out;
+            };
+            const auto row = [&](uint32_t t) {
               const format::TensorRecord& r = index.tensors()[t];
               const std::string_view dn = DTypeName(r.dtype);
               py::str dtype_name(dn.data(), dn.size());
               PyObject* dtype = PyDict_GetItem(dtypes.ptr(), dtype_name.ptr());  // borrowed
-              py::tuple sizes(r.ndim), strides(r.ndim);
-              for (uint32_t d = 0; d < r.ndim; ++d) {
-                PyTuple_SET_ITEM(sizes.ptr(), d, PyLong_FromLongLong(index.sizes(r)[d]));
-                PyTuple_SET_ITEM(strides.ptr(), d, PyLong_FromLongLong(index.strides(r)[d]));
-              }
               py::object dt =
                   dtype ? py::reinterpret_borrow<py::object>(dtype) : py::object(dtype_name);
-              out.append(py::make_tuple(
-                  py_name, dt, sizes, strides, r.storage_offset, r.storage,
+              return py::make_tuple(
+                  py::str(r.name.data(), r.name.size()), dt, ints(index.sizes(r), r.ndim),
+                  ints(index.strides(r), r.ndim), r.storage_offset, r.storage,
                   static_cast<bool>(r.requires_grad),
-                  r.shard_dim == format::kNone ? int64_t{-1} : int64_t{r.shard_dim}));
+                  r.shard_dim == format::kNone ? int64_t{-1} : int64_t{r.shard_dim});
+            };
+            py::list out;
+            core.ForEachVisible(core.Entry(entry), [&](std::string_view name, uint32_t t,
+                                                        uint32_t sparse) {
+              if (t != format::kNone) {
+                out.append(row(t));
+                return;
+              }
+              const format::SparseRecord& sp = index.sparse()[sparse];
+              py::list components;
+              for (uint32_t k = 0; k < sp.component_count; ++k)
+                components.append(row(sp.first_component + k));
+              out.append(py::make_tuple(py::str(name.data(), name.size()), py::none(),
+                                        static_cast<int>(sp.layout),
+                                        ints(index.dims().data() + sp.dims_index, sp.ndim),
+                                        sp.coalesced, components));
             });
             return out;
           },

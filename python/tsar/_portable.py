@@ -14,7 +14,7 @@ against one torch) does not match the torch imported, or when the environment
 variable TSAR_PORTABLE=1 asks for it. ``tsar.save`` works too
 (tsar/_portable_save.py: the same writer, the same bytes). What it does not do
 raises tsar.Error (UNSUPPORTED) saying so: ``tsar.pack``, loading onto a GPU,
-read-ahead and sparse tensors need the accelerator. A tensor-parallel rank's slice of a
+read-ahead, and saving or binding sparse tensors need the accelerator. A tensor-parallel rank's slice of a
 sharded tensor is a view of the whole tensor in C order (a copy the archive
 makes once), not of the rank's own run of the file.
 """
@@ -140,7 +140,7 @@ class PortableArchive:
     def view(self, row) -> torch.Tensor:
         """The view of the mapping that tensor ``row`` is (no requires_grad)."""
         if row[1] is None:
-            raise unsupported(self.path, f"sparse tensor {row[0]!r}")
+            return self._sparse(row)
         name, dtype, sizes, strides, offset, storage = row[:6]
         if type(dtype) is str:
             _dtype(dtype, self.path)  # raises UNSUPPORTED
@@ -151,17 +151,50 @@ class PortableArchive:
                 flat = self._flat(storage, dtype)
         return flat.as_strided(sizes, strides, offset)
 
+    def _sparse(self, row) -> torch.Tensor:
+        """A sparse tensor (spec §4.6) over views of its components, its index
+        values checked by torch (INVALID_VALUE where they are out of range),
+        as the accelerator's (loader/sparse.cc)."""
+        name, _, layout, sizes, coalesced, components = row
+        c = [self.view(r) for r in components]
+        values = c[-1]
+
+        def fail(why):
+            return Error(f'{self.path}: sparse tensor "{name}": {why}', ErrorCode.INVALID_VALUE,
+                         self.path)
+
+        if layout == _COO:
+            if (len(c) != 2 or c[0].dtype != torch.int64 or c[0].dim() != 2 or values.dim() < 1
+                    or c[0].shape[1] != values.shape[0]
+                    or c[0].shape[0] + values.dim() - 1 != len(sizes)):
+                raise fail("expected int64 indices [sparse_dim, nnz] and values [nnz, dense "
+                           "sizes...] matching the sizes")
+        elif (len(c) != 3 or len(sizes) < 2 or c[0].dim() != 1 or c[1].dim() != 1
+              or c[0].dtype != c[1].dtype or c[0].dtype not in (torch.int64, torch.int32)
+              or values.dim() != 1 or c[1].shape[0] != values.shape[0]):
+            raise fail("expected compressed and plain int32/int64 indices and 1-d values of equal "
+                       "length")
+        try:
+            if layout == _COO:
+                t = torch.sparse_coo_tensor(c[0], values, sizes, check_invariants=True)
+                return t._coalesced_(True) if coalesced else t
+            make = torch.sparse_csr_tensor if layout == _CSR else torch.sparse_csc_tensor
+            return make(c[0], c[1], values, sizes, check_invariants=True)
+        except RuntimeError as e:
+            raise fail(str(e).split("\n")[0]) from None
+
     def make(self, row) -> torch.Tensor:
         t = self.view(row)
-        if row[6]:  # requires_grad, as saved
+        if row[1] is not None and row[6]:  # requires_grad, as saved
             t.requires_grad_(True)
         return t
 
     def tensor(self, name, entry):
         rows, by_name = self.table(entry)
         row = by_name.get(name)
-        if row is None:
-            self._file.info(name, entry)  # raises NOT_FOUND naming the entry
+        if row is None:  # a sparse tensor's component ("adj.indices"), or NOT_FOUND raised
+            i = self._file.info(name, entry)
+            row = (i[0], _DTYPES.get(i[2], i[2])) + tuple(i[3:7]) + (i[8], i[9])
         return self.make(row)
 
     def state_dict(self, entry):
@@ -210,6 +243,9 @@ class PortableArchive:
 
     def to_device(self, *args):
         raise unsupported(self.path, "state_dict(device=) onto a GPU")
+
+
+_COO, _CSR = 1, 2  # format::SparseLayout (3: CSC)
 
 
 def _chunk_size(n: int, rank: int, world: int) -> int:

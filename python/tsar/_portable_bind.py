@@ -122,15 +122,13 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
             row = get(archive_prefix + name[len(module_prefix):])
         else:
             row = get(name)
-        if row is None:
+        if row is None or row[1] is None:  # a sparse tensor is no record to bind (as C++)
             continue
         used.add(row[0])
         if t.layout is not strided:
             raise _error(path, f"bind: {_quote(name)} is a {t.layout} tensor: tsar binds strided "
                          "(dense) tensors, whose storage can be the archive's; make it dense first "
                          "(to_dense()). Nothing was changed", ErrorCode.INVALID_ARGUMENT)
-        if row[1] is None:  # a sparse tensor of the archive
-            raise unsupported(path, f"binding sparse tensor {row[0]!r}")
         match[i] = row
         if tp:
             split, w = _rank_shape(tuple(t.shape), row, rank, world)
@@ -185,7 +183,7 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
                if match[i] is None and i not in mismatched_slots and i not in tied_set]
     tied = [items[i][0] for i in tied]
     mismatched = [items[i][0] + ": " + why for i, why in sorted(why_of)]
-    unexpected = [r[0] for r in rows if r[0] not in used]
+    unexpected = [r[0] for r in rows if r[0] not in used and r[1] is not None]
     if strict and (missing or unexpected or mismatched):
         msg = f"bind: module and entry {_quote(entry_name)} do not match:"
         if missing:

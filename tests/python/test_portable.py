@@ -346,3 +346,20 @@ def test_the_fault_handler_names_what_was_written_on_the_portable_path(cli, tmp_
     assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stdout, r.stderr)
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("tsar: write to read-only archive ")]
     assert len(lines) == 1 and str(path) in lines[0] and '"weights"' in lines[0], r.stderr
+
+
+def test_sparse_tensors_come_back_as_the_accelerators(portable, samples):
+    path = os.path.join(samples, "valid", "sparse.tsar")
+    with tsar.open(path) as a:
+        got = a.state_dict()
+        assert list(got) == ["bias", "adj", "m"]
+        assert got["adj"].layout == torch.sparse_coo and got["m"].layout == torch.sparse_csr
+        assert got["adj"]._values().data_ptr() == a.tensor("adj.values").data_ptr()  # zero copy
+    if ACCELERATOR is not None:
+        _backend.accelerator = ACCELERATOR  # (the fixture puts it back after the test)
+        with tsar.open(path) as a:
+            want = a.state_dict()
+        for k in want:
+            assert want[k].layout == got[k].layout, k
+            assert torch.equal(want[k].to_dense(), got[k].to_dense()), k
+        assert got["adj"].is_coalesced() == want["adj"].is_coalesced()
