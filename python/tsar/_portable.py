@@ -53,7 +53,9 @@ def unsupported(path: str, what: str) -> Error:
 class PortableArchive:
     """What tsar.Archive asks of its implementation (the accelerator's
     ``_tsar.Archive``), over ``_tsar_portable.ArchiveFile``. Thread-safe for
-    reading: the caches only ever gain an entry equal to any other thread's."""
+    reading: the caches only gain entries, the first one made for a storage
+    wins (dict.setdefault under the GIL), so its tensors share one storage
+    whichever thread made them."""
 
     def __init__(self, file):
         self._file = file
@@ -127,15 +129,16 @@ class PortableArchive:
                 first = torch.frombuffer(b, dtype=dtype)
             else:  # bytes shared by tensors of several dtypes: whole elements below
                 first = torch.frombuffer(b, dtype=torch.uint8)
-            self._first[storage] = first
+            # setdefault: two threads making the same storage at once use the
+            # first one's, so its tensors still share one torch storage.
+            first = self._first.setdefault(storage, first)
             if first.dtype == dtype:
                 return first
         raw = first.view(torch.uint8)
         item = torch.empty((), dtype=dtype).element_size()
         whole = raw.numel() - raw.numel() % item
         flat = (raw[:whole] if whole != raw.numel() else raw).view(dtype)
-        self._typed[(storage, dtype)] = flat
-        return flat
+        return self._typed.setdefault((storage, dtype), flat)
 
     def view(self, row) -> torch.Tensor:
         """The view of the mapping that tensor ``row`` is (no requires_grad)."""

@@ -363,3 +363,24 @@ def test_sparse_tensors_come_back_as_the_accelerators(portable, samples):
             assert want[k].layout == got[k].layout, k
             assert torch.equal(want[k].to_dense(), got[k].to_dense()), k
         assert got["adj"].is_coalesced() == want["adj"].is_coalesced()
+
+
+def test_threads_reading_at_once_share_one_storage_per_archive_storage(portable, cli, tmp_path):
+    import threading
+
+    sd = {f"w{i}": torch.full((4,), float(i)) for i in range(200)}
+    a = tsar.open(pack(cli, tmp_path, sd))
+    results, start = [], threading.Barrier(8)
+
+    def read():
+        start.wait()
+        results.append(a.state_dict())
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, want in sd.items():
+        ids = {r[name].untyped_storage()._cdata for r in results}
+        assert len(ids) == 1 and all(torch.equal(r[name], want) for r in results), name
