@@ -21,15 +21,17 @@ add_dependencies(tsar_tests tsar_test_worker tsar_worker)
 add_library(tsar_refuse_mmap MODULE loader/refuse_mmap_shim.c)
 target_link_libraries(tsar_refuse_mmap PRIVATE dl)
 add_dependencies(tsar_tests tsar_refuse_mmap)
-target_compile_definitions(tsar_tests PRIVATE
-  TSAR_FIXTURES_DIR="${TSAR_FIXTURES_DIR}"
-  TSAR_TEST_WORKER="$<TARGET_FILE:tsar_test_worker>"
-  TSAR_SAMPLE_WORKER="$<TARGET_FILE:tsar_worker>"
-  TSAR_REFUSE_MMAP="$<TARGET_FILE:tsar_refuse_mmap>"
-  TSAR_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
-  TSAR_IMPORT_FIXTURES_DIR="${CMAKE_BINARY_DIR}/import_fixtures"
-  TSAR_CLI="$<TARGET_FILE:tsar_cli>"
-  TSAR_PYTHON_EXE="${TSAR_PYTHON}")
+# The paths these tests use, in tsar_test_paths.txt beside the test programs
+# (tests/CMakeLists.txt writes it; tests/test_env.h reads it).
+set(TSAR_TEST_PATHS_TORCH
+"TSAR_FIXTURES_DIR=${TSAR_FIXTURES_DIR}
+TSAR_TEST_WORKER=$<TARGET_FILE:tsar_test_worker>
+TSAR_SAMPLE_WORKER=$<TARGET_FILE:tsar_worker>
+TSAR_REFUSE_MMAP=$<TARGET_FILE:tsar_refuse_mmap>
+TSAR_IMPORT_FIXTURES_DIR=${CMAKE_BINARY_DIR}/import_fixtures
+TSAR_CLI=$<TARGET_FILE:tsar_cli>
+TSAR_PYTHON_EXE=${TSAR_PYTHON}
+")
 
 add_test(NAME fixtures.models
   COMMAND ${TSAR_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/make_fixtures.py ${TSAR_FIXTURES_DIR})
@@ -43,7 +45,6 @@ gtest_discover_tests(tsar_tests DISCOVERY_TIMEOUT 60
 add_executable(tsar_device_tests loader/device_test.cc)
 target_link_libraries(tsar_device_tests PRIVATE tsar_lib tsar_format GTest::gtest_main)
 target_include_directories(tsar_device_tests PRIVATE ${PROJECT_SOURCE_DIR})
-target_compile_definitions(tsar_device_tests PRIVATE TSAR_FIXTURES_DIR="")  # none used
 gtest_discover_tests(tsar_device_tests DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300)
 
 # A GoogleTest suite on fixtures a Python script makes at test time into

@@ -18,6 +18,7 @@
 #include "format/reader.h"
 #include "tests/format/samples_gen.h"
 #include "tests/format/test_util.h"
+#include "tests/test_env.h"
 #include "tsar/archive_file.h"
 
 namespace tsar::testing {

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_env.h"
 #include "tsar/error.h"
 
 namespace tsar::testing {
