@@ -78,6 +78,29 @@ const char* MapModeName(MapMode mode) {
   return "shared";
 }
 
+OpenOptions MakeOpenOptions(int mode, int prefetch, int verify,
+                            std::vector<std::string> base_dirs) {
+  OpenOptions o;
+  o.mode = static_cast<MapMode>(mode);
+  o.prefetch = static_cast<Prefetch>(prefetch);
+  o.verify = static_cast<VerifyMode>(verify);
+  o.base_dirs = std::move(base_dirs);
+  return o;
+}
+
+PackOptions MakePackOptions(uint32_t alignment, const std::string& dtype, std::string base,
+                            bool durable, uint32_t tp,
+                            std::vector<std::pair<std::string, int64_t>> shard) {
+  PackOptions o;
+  o.tp = tp;
+  o.shard = std::move(shard);
+  o.alignment = alignment;
+  o.durable = durable;
+  o.base = std::move(base);
+  o.dtype = FloatingDtype(dtype);
+  return o;
+}
+
 std::optional<DType> FloatingDtype(const std::string& name) {
   if (name.empty()) return std::nullopt;
   const std::optional<DType> d = DTypeFromName(name);

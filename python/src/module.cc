@@ -61,13 +61,6 @@ py::object Dtype(DType d) {
   return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t)));
 }
 
-py::tuple Info(const TensorInfo& i) {
-  return py::make_tuple(i.name, i.entry, Dtype(i.dtype), py::tuple(py::cast(i.sizes)),
-                        py::tuple(py::cast(i.strides)), i.storage_offset, i.storage,
-                        RoleName(i.role), i.requires_grad, i.shard_dim);
-}
-
-
 }  // namespace
 }  // namespace tsar
 
@@ -80,24 +73,9 @@ PYBIND11_MODULE(_tsar, m) {
 
   python::RegisterErrorTranslator();
 
-  py::class_<Archive>(m, "Archive")
-      .def_property_readonly("path", &Archive::path)
-      .def_property_readonly("mode",
-                             [](const Archive& a) { return python::MapModeName(a.mode()); })
-      .def_property_readonly(
-          "format_version",
-          [](const Archive& a) { return py::make_tuple(a.format_major(), a.format_minor()); })
-      .def_property_readonly("alignment", &Archive::alignment)
-      .def_property_readonly("layers", &Archive::layers)
-      .def_property_readonly("file_size", &Archive::file_size)
-      .def_property_readonly("data_ptr",
-                             [](const Archive& a) { return reinterpret_cast<uintptr_t>(a.data()); })
-      .def_property_readonly("mapped_size", &Archive::mapped_size)
-      .def("entries", &Archive::entries)
-      .def("names", &Archive::names, py::arg("entry"))
-      .def("contains", &Archive::contains, py::arg("name"), py::arg("entry"))
-      .def("tensor", &Archive::tensor, py::arg("name"), py::arg("entry"))
-      .def_property_readonly("tp_world", &Archive::tp_world)
+  py::class_<Archive> archive(m, "Archive");
+  python::DefArchiveFileMembers(archive, Dtype);
+  archive.def("tensor", &Archive::tensor, py::arg("name"), py::arg("entry"))
       .def(
           "to_device",
           [](const Archive& a, const std::string& device, const std::string& entry,
@@ -132,36 +110,13 @@ PYBIND11_MODULE(_tsar, m) {
             for (auto& item : a.state_dict(entry)) out.emplace_back(item.key(), item.value());
             return out;
           },
-          py::arg("entry"))
-      .def(
-          "metadata_items",
-          [](const Archive& a, const std::string& entry) {
-            py::list out;
-            for (const auto& [k, v] : a.metadata_items(entry))
-              out.append(py::make_tuple(k, python::MetadataToPython(v)));
-            return out;
-          },
-          py::arg("entry"))
-      .def("info", [](const Archive& a, const std::string& name,
-                      const std::string& entry) { return Info(a.info(name, entry)); })
-      .def("infos",
-           [](const Archive& a) {
-             py::list out;
-             for (const auto& i : a.infos()) out.append(Info(i));
-             return out;
-           })
-      .def("verify", &Archive::verify, py::call_guard<py::gil_scoped_release>())
-      .def("damaged", &Archive::damaged, py::call_guard<py::gil_scoped_release>());
+          py::arg("entry"));
 
   m.def(
       "open",
       [](const std::string& path, int mode, int prefetch, int verify,
          const std::vector<std::string>& base_dirs) {
-        OpenOptions o;
-        o.mode = static_cast<MapMode>(mode);
-        o.prefetch = static_cast<Prefetch>(prefetch);
-        o.verify = static_cast<VerifyMode>(verify);
-        o.base_dirs = base_dirs;
+        const OpenOptions o = python::MakeOpenOptions(mode, prefetch, verify, base_dirs);
         py::gil_scoped_release unlocked;
         return Archive::open(path, o);
       },
@@ -177,24 +132,13 @@ PYBIND11_MODULE(_tsar, m) {
          const py::list& metadata, uint32_t alignment, const std::string& dtype,
          const std::string& base, bool durable, uint32_t tp,
          const std::vector<std::pair<std::string, int64_t>>& shard) {
-        PackOptions o;
-        o.tp = tp;
-        o.shard = shard;
-        o.alignment = alignment;
-        o.durable = durable;
-        o.base = base;
-        o.dtype = python::FloatingDtype(dtype);
-        Writer w(path, o);
+        Writer w(path, python::MakePackOptions(alignment, dtype, base, durable, tp, shard));
         for (const auto& [entry, tensors] : entries) {
           w.add_entry(entry);
           for (const auto& [name, tensor, role] : tensors)
             w.add(name, tensor, static_cast<Role>(role));
         }
-        for (const auto& item : metadata) {
-          const auto t = item.cast<py::tuple>();
-          const auto key = t[1].cast<std::string>();
-          w.add_metadata(key, python::FromPython(t[2], key), t[0].cast<std::string>());
-        }
+        python::AddMetadata(w, metadata);
         py::gil_scoped_release unlocked;
         w.finish();
       },

@@ -48,15 +48,6 @@ struct StorageBytes {
   uint64_t nbytes;
 };
 
-// As the accelerator's Info, with the dtype as its torch name ("bfloat16"):
-// torch's dtype objects are looked up in Python.
-py::tuple Info(const TensorInfo& i) {
-  return py::make_tuple(i.name, i.entry, std::string(DTypeName(i.dtype)),
-                        py::tuple(py::cast(i.sizes)), py::tuple(py::cast(i.strides)),
-                        i.storage_offset, i.storage, RoleName(i.role), i.requires_grad,
-                        i.shard_dim);
-}
-
 }  // namespace
 }  // namespace tsar
 
@@ -73,31 +64,11 @@ PYBIND11_MODULE(_tsar_portable, m) {
                                {static_cast<py::ssize_t>(s.nbytes)}, {1}, /*readonly=*/false);
       });
 
-  py::class_<ArchiveFile>(m, "ArchiveFile")
-      .def_property_readonly("path", &ArchiveFile::path)
-      .def_property_readonly(
-          "mode", [](const ArchiveFile& a) { return python::MapModeName(a.mode()); })
-      .def_property_readonly(
-          "format_version",
-          [](const ArchiveFile& a) { return py::make_tuple(a.format_major(), a.format_minor()); })
-      .def_property_readonly("alignment", &ArchiveFile::alignment)
-      .def_property_readonly("layers", &ArchiveFile::layers)
-      .def_property_readonly("file_size", &ArchiveFile::file_size)
-      .def_property_readonly(
-          "data_ptr", [](const ArchiveFile& a) { return reinterpret_cast<uintptr_t>(a.data()); })
-      .def_property_readonly("mapped_size", &ArchiveFile::mapped_size)
-      .def_property_readonly("tp_world", &ArchiveFile::tp_world)
-      .def("entries", &ArchiveFile::entries)
-      .def("names", &ArchiveFile::names, py::arg("entry"))
-      .def("contains", &ArchiveFile::contains, py::arg("name"), py::arg("entry"))
-      .def("info", [](const ArchiveFile& a, const std::string& name,
-                      const std::string& entry) { return Info(a.info(name, entry)); })
-      .def("infos",
-           [](const ArchiveFile& a) {
-             py::list out;
-             for (const auto& i : a.infos()) out.append(Info(i));
-             return out;
-           })
+  py::class_<ArchiveFile> file(m, "ArchiveFile");
+  // TensorInfo's dtype as its torch name ("bfloat16"): torch's dtype objects
+  // are looked up in Python (tsar/_portable.py).
+  python::DefArchiveFileMembers(file, [](DType d) { return std::string(DTypeName(d)); });
+  file
       // The tensors of `entry` in file order, what state_dict() and bind
       // read, one tuple each: (name, dtype, sizes, strides, storage_offset,
       // storage, requires_grad, shard_dim), dtype being dtypes[its name] (the
@@ -172,18 +143,7 @@ PYBIND11_MODULE(_tsar_portable, m) {
                               std::to_string(storages.size()) + " storages");
             return StorageBytes{a, a.storage_values(i), storages[i].nbytes};
           },
-          py::arg("index"))
-      .def(
-          "metadata_items",
-          [](const ArchiveFile& a, const std::string& entry) {
-            py::list out;
-            for (const auto& [k, v] : a.metadata_items(entry))
-              out.append(py::make_tuple(k, python::MetadataToPython(v)));
-            return out;
-          },
-          py::arg("entry"))
-      .def("verify", &ArchiveFile::verify, py::call_guard<py::gil_scoped_release>())
-      .def("damaged", &ArchiveFile::damaged, py::call_guard<py::gil_scoped_release>());
+          py::arg("index"));
 
   // The format's dtype names (torch's own), for the caller's dtype table.
   m.def("dtype_names", [] {
@@ -196,11 +156,7 @@ PYBIND11_MODULE(_tsar_portable, m) {
       "open",
       [](const std::string& path, int mode, int prefetch, int verify,
          const std::vector<std::string>& base_dirs) {
-        OpenOptions o;
-        o.mode = static_cast<MapMode>(mode);
-        o.prefetch = static_cast<Prefetch>(prefetch);
-        o.verify = static_cast<VerifyMode>(verify);
-        o.base_dirs = base_dirs;
+        const OpenOptions o = python::MakeOpenOptions(mode, prefetch, verify, base_dirs);
         py::gil_scoped_release unlocked;
         return ArchiveFile::open(path, o);
       },
@@ -219,14 +175,8 @@ PYBIND11_MODULE(_tsar_portable, m) {
       [](const std::string& path, const py::list& entries, const py::list& metadata,
          uint32_t alignment, const std::string& dtype, const std::string& base, bool durable,
          uint32_t tp, const std::vector<std::pair<std::string, int64_t>>& shard) {
-        PackOptions o;
-        o.tp = tp;
-        o.shard = shard;
-        o.alignment = alignment;
-        o.durable = durable;
-        o.base = base;
-        o.dtype = python::FloatingDtype(dtype);
-        writer::ArchiveWriter w(path, o);
+        writer::ArchiveWriter w(path,
+                                python::MakePackOptions(alignment, dtype, base, durable, tp, shard));
         std::map<int64_t, std::shared_ptr<const writer::Storage>> storages;
         for (const auto& e : entries) {
           const auto entry = e.cast<py::tuple>();
@@ -259,11 +209,7 @@ PYBIND11_MODULE(_tsar_portable, m) {
             w.add(name, std::move(r), static_cast<Role>(t[1].cast<int>()));
           }
         }
-        for (const auto& item : metadata) {
-          const auto t = item.cast<py::tuple>();
-          const auto key = t[1].cast<std::string>();
-          w.add_metadata(key, python::FromPython(t[2], key), t[0].cast<std::string>());
-        }
+        python::AddMetadata(w, metadata);
         py::gil_scoped_release unlocked;
         w.finish();
       },

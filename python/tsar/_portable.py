@@ -193,11 +193,9 @@ class PortableArchive:
         return t
 
     def tensor(self, name, entry):
-        rows, by_name = self.table(entry)
-        row = by_name.get(name)
+        row = self.table(entry)[1].get(name)
         if row is None:  # a sparse tensor's component ("adj.indices"), or NOT_FOUND raised
-            i = self._file.info(name, entry)
-            row = (i[0], _DTYPES.get(i[2], i[2])) + tuple(i[3:7]) + (i[8], i[9])
+            row = _row_of(self._file.info(name, entry))
         return self.make(row)
 
     def state_dict(self, entry):
@@ -208,7 +206,7 @@ class PortableArchive:
         """torch.chunk(full, world, dim)[rank], with the accelerator's checks
         and messages (loader/shards.cc): a view of the whole tensor (for a
         sharded one, of its C-order copy)."""
-        info = self.info(name, entry)
+        info = self._file.info(name, entry)  # NOT_FOUND naming the entry
         qualified = f"{info[1]}/{info[0]}"
 
         def fail(why):
@@ -239,7 +237,7 @@ class PortableArchive:
                 raise fail(f"rank {rank}: size {size} of dim {dim} gives only {chunks} chunks of "
                            f"{world}")
             start, length = rank * split, min(split, size - rank * split)
-        out = self.view(self.table(entry)[1][name]).narrow(dim, start, length)
+        out = self.view(_row_of(info)).narrow(dim, start, length)
         if info[8]:
             out.requires_grad_(True)
         return out
@@ -249,6 +247,13 @@ class PortableArchive:
 
 
 _COO, _CSR = 1, 2  # format::SparseLayout (3: CSC)
+
+
+def _row_of(info) -> tuple:
+    """An entry-table row (PortableArchive.table) from the extension's
+    TensorInfo tuple (name, entry, dtype name, sizes, strides, offset,
+    storage, role, requires_grad, shard_dim)."""
+    return (info[0], _DTYPES.get(info[2], info[2])) + tuple(info[3:7]) + (info[8], info[9])
 
 
 def _chunk_size(n: int, rank: int, world: int) -> int:
