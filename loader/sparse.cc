@@ -1,6 +1,9 @@
 // Sparse tensors of an archive (spec/FORMAT.md §4.6): built from their
 // component tensors, zero-copy. LibTorch's own invariant checks (indices in
 // range, compressed indices monotonic) run before a sparse tensor is returned.
+#include <ATen/ops/_validate_sparse_coo_tensor_args.h>
+#include <ATen/ops/_validate_sparse_csc_tensor_args.h>
+#include <ATen/ops/_validate_sparse_csr_tensor_args.h>
 #include <ATen/ops/sparse_coo_tensor.h>
 #include <ATen/ops/sparse_csc_tensor.h>
 #include <ATen/ops/sparse_csr_tensor.h>
@@ -42,6 +45,20 @@ at::Tensor Archive::Impl::MakeSparse(uint32_t s) const {
   }
   try {
     const at::TensorOptions o = values.options();
+    // The constructors below check shapes only: index values out of range
+    // would let to_dense() and every kernel write out of bounds. Checked here,
+    // as torch.sparse_*_tensor(check_invariants=True) does.
+    switch (sp.layout) {
+      case format::SparseLayout::kCoo:
+        at::_validate_sparse_coo_tensor_args(c[0], values, sizes);
+        break;
+      case format::SparseLayout::kCsr:
+        at::_validate_sparse_csr_tensor_args(c[0], c[1], values, sizes);
+        break;
+      case format::SparseLayout::kCsc:
+        at::_validate_sparse_csc_tensor_args(c[0], c[1], values, sizes);
+        break;
+    }
     switch (sp.layout) {
       case format::SparseLayout::kCoo: {
         at::Tensor t = at::sparse_coo_tensor(c[0], values, sizes, o.layout(at::kSparse));

@@ -384,3 +384,19 @@ def test_threads_reading_at_once_share_one_storage_per_archive_storage(portable,
     for name, want in sd.items():
         ids = {r[name].untyped_storage()._cdata for r in results}
         assert len(ids) == 1 and all(torch.equal(r[name], want) for r in results), name
+
+
+@pytest.mark.skipif(ACCELERATOR is None, reason="the accelerator writes the sparse tensor")
+def test_sparse_indices_out_of_range_are_invalid_value_on_both_paths(tmp_path, monkeypatch):
+    bad = torch.sparse_coo_tensor(torch.tensor([[0, 7], [1, 0]]), torch.ones(2), (3, 3),
+                                  check_invariants=False)
+    tsar.save({"adj": bad}, tmp_path / "bad.tsar")
+    codes = []
+    for accelerator in (ACCELERATOR, None):
+        monkeypatch.setattr(_backend, "accelerator", accelerator)
+        with tsar.open(tmp_path / "bad.tsar") as a:
+            with pytest.raises(tsar.Error) as e:
+                a["adj"]
+        assert 'sparse tensor "adj"' in str(e.value) and str(tmp_path / "bad.tsar") in str(e.value)
+        codes.append(e.value.code)
+    assert codes == [tsar.ErrorCode.INVALID_VALUE] * 2
