@@ -54,6 +54,15 @@ else()
   endif()
 endif()
 
+# DLPack's header (the portable path hands tensors to torch through DLPack:
+# python/src/portable_bind.cc). Header only: nothing to link.
+find_path(TSAR_DLPACK_INCLUDE dlpack/dlpack.h HINTS ${TSAR_DEPS_DIR}/include)
+if(NOT TSAR_DLPACK_INCLUDE)
+  tsar_missing("DLPack (dlpack/dlpack.h)" "libdlpack-dev")
+endif()
+add_library(tsar_dlpack INTERFACE)
+target_include_directories(tsar_dlpack INTERFACE ${TSAR_DLPACK_INCLUDE})
+
 if(TSAR_WITH_ZIP)
   # torch.save zips are read with minizip (writer/zip_reader.h), not LibTorch.
   find_package(PkgConfig QUIET)

@@ -2,6 +2,7 @@
 // users see). Thin: argument conversion, the GIL, and tsar::Error ->
 // tsar.Error. Everything else is the same code the C++ library runs.
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
@@ -54,6 +55,30 @@ py::tuple Bind(std::vector<BindSlot>& slots, bool training, const Archive& archi
     r = BindSlots(slots, training, archive, o, loose);
   }
   return py::make_tuple(r.bound, r.missing, r.unexpected, r.mismatched, r.tied);
+}
+
+// A module's slots as BindSlots takes them (python/src/module_walk.h walks
+// it): TensorImpls, and of its non-persistent buffers those on meta.
+struct ModuleSlots {
+  std::vector<BindSlot> slots, loose;
+  bool training = false;
+};
+std::optional<ModuleSlots> WalkModule(const py::handle& module, const py::dict& plain_cache,
+                                      const py::handle& plain) {
+  std::optional<python::WalkedModule> walked =
+      python::WalkModule(module.ptr(), plain_cache.ptr(), plain.ptr(),
+                         reinterpret_cast<PyTypeObject*>(THPVariableClass));
+  if (!walked) return std::nullopt;
+  ModuleSlots out;
+  out.training = walked->training;
+  out.slots.reserve(walked->slots.size());
+  for (python::WalkedTensor& w : walked->slots)
+    out.slots.push_back({std::move(w.name), THPVariable_Unpack(w.tensor).unsafeGetTensorImpl()});
+  for (python::WalkedTensor& w : walked->non_persistent) {
+    c10::TensorImpl* t = THPVariable_Unpack(w.tensor).unsafeGetTensorImpl();
+    if (t->device_type() == c10::DeviceType::Meta) out.loose.push_back({std::move(w.name), t});
+  }
+  return out;
 }
 
 py::object Dtype(DType d) {
@@ -168,8 +193,7 @@ PYBIND11_MODULE(_tsar, m) {
       "bind_module",
       [](const Archive& archive, const py::handle& module, const py::dict& plain_cache,
          const py::handle& plain, const BindArgs& args) -> py::object {
-        std::optional<python::ModuleSlots> walked =
-            python::WalkModule(module.ptr(), plain_cache.ptr(), plain.ptr());
+        std::optional<ModuleSlots> walked = WalkModule(module, plain_cache, plain);
         if (!walked) return py::none();
         return Bind(walked->slots, walked->training, archive, args, walked->loose);
       },
@@ -180,8 +204,7 @@ PYBIND11_MODULE(_tsar, m) {
       "module_slots",
       [](const py::handle& module, const py::dict& plain_cache,
          const py::handle& plain) -> py::object {
-        std::optional<python::ModuleSlots> walked =
-            python::WalkModule(module.ptr(), plain_cache.ptr(), plain.ptr());
+        std::optional<ModuleSlots> walked = WalkModule(module, plain_cache, plain);
         if (!walked) return py::none();
         py::list names, tensors;
         for (const BindSlot& s : walked->slots) {

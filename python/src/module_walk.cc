@@ -1,9 +1,6 @@
 // WalkModule (python/src/module_walk.h).
 #include "python/src/module_walk.h"
 
-#include <torch/csrc/autograd/python_variable.h>
-
-#include <string>
 #include <utility>
 
 namespace tsar::python {
@@ -70,34 +67,23 @@ bool Plain(PyObject* module, PyObject* cache, PyObject* plain) {
 }
 
 // Appends dict's tensors (None skipped) to `out`, those named in `skip` to
-// `skipped` where they are on meta; false where the dict is not a plain dict
-// of str -> Tensor.
-bool Tensors(PyObject* dict, PyObject* skip, const std::string& prefix, std::vector<BindSlot>* out,
-             std::vector<BindSlot>* skipped = nullptr) {
+// `skipped`; false where the dict is not a plain dict of str -> Tensor.
+bool Tensors(PyObject* dict, PyObject* skip, const std::string& prefix, PyTypeObject* tensor_type,
+             std::vector<WalkedTensor>* out, std::vector<WalkedTensor>* skipped = nullptr) {
   if (!PyDict_CheckExact(dict)) return false;
   Py_ssize_t pos = 0;
   PyObject *key, *value;
   while (PyDict_Next(dict, &pos, &key, &value)) {
     if (value == Py_None) continue;
-    if (!PyUnicode_Check(key) || !THPVariable_Check(value)) return false;
+    if (!PyUnicode_Check(key) || !PyObject_TypeCheck(value, tensor_type)) return false;
+    std::vector<WalkedTensor>* to = out;
     if (skip != nullptr) {
       const int in = PySet_Contains(skip, key);
       if (in < 0) {
         PyErr_Clear();
         return false;
       }
-      if (in) {
-        c10::TensorImpl* t = THPVariable_Unpack(value).unsafeGetTensorImpl();
-        if (t->device_type() != c10::DeviceType::Meta) continue;
-        Py_ssize_t n = 0;
-        const char* s = PyUnicode_AsUTF8AndSize(key, &n);
-        if (s == nullptr) {
-          PyErr_Clear();
-          return false;
-        }
-        skipped->push_back({prefix + std::string(s, static_cast<size_t>(n)), t});
-        continue;
-      }
+      if (in) to = skipped;
     }
     Py_ssize_t n = 0;
     const char* s = PyUnicode_AsUTF8AndSize(key, &n);
@@ -108,17 +94,18 @@ bool Tensors(PyObject* dict, PyObject* skip, const std::string& prefix, std::vec
     std::string name;
     name.reserve(prefix.size() + static_cast<size_t>(n));
     name.append(prefix).append(s, static_cast<size_t>(n));
-    out->push_back({std::move(name), THPVariable_Unpack(value).unsafeGetTensorImpl()});
+    to->push_back({std::move(name), value});
   }
   return true;
 }
 
 }  // namespace
 
-std::optional<ModuleSlots> WalkModule(PyObject* module, PyObject* plain_cache, PyObject* plain) {
+std::optional<WalkedModule> WalkModule(PyObject* module, PyObject* plain_cache, PyObject* plain,
+                                       PyTypeObject* tensor_type) {
   if (!PyDict_Check(plain_cache)) return std::nullopt;
   const Names& k = N();
-  ModuleSlots out;
+  WalkedModule out;
   // Depth first, children in _modules order: state_dict's order. A module
   // reached under two names is listed under both, as state_dict does. The
   // frames borrow their modules: the parents' _modules dicts hold them, and
@@ -147,8 +134,8 @@ std::optional<ModuleSlots> WalkModule(PyObject* module, PyObject* plain_cache, P
     if (params == nullptr || buffers == nullptr || skip == nullptr || modules == nullptr ||
         !PyAnySet_Check(skip) || !PyDict_CheckExact(modules))
       return std::nullopt;
-    if (!Tensors(params, nullptr, prefix, &out.slots) ||
-        !Tensors(buffers, skip, prefix, &out.slots, &out.loose))
+    if (!Tensors(params, nullptr, prefix, tensor_type, &out.slots) ||
+        !Tensors(buffers, skip, prefix, tensor_type, &out.slots, &out.non_persistent))
       return std::nullopt;
     children.clear();
     Py_ssize_t pos = 0;

@@ -23,6 +23,7 @@
 #include "loader/archive_core.h"
 #include "loader/path_watch.h"
 #include "python/src/common.h"
+#include "python/src/portable_bind.h"
 #include "tsar/archive_file.h"
 #include "tsar/pack_options.h"
 #include "writer/archive_writer.h"
@@ -215,6 +216,40 @@ PYBIND11_MODULE(_tsar_portable, m) {
       },
       py::arg("path"), py::arg("entries"), py::arg("metadata"), py::arg("alignment"),
       py::arg("dtype"), py::arg("base"), py::arg("durable"), py::arg("tp"), py::arg("shard"));
+
+  // load_into's loop (python/src/portable_bind.h): (bound, missing,
+  // unexpected, mismatched, tied), or None where tsar/_portable_bind.py must
+  // answer. options: (entry, archive_prefix, module_prefix, strict,
+  // allow_training); api: (torch.Tensor, {dtype name: dtype}, torch.strided,
+  // torch._C._from_dlpack, torch._C._swap_tensor_impl,
+  // torch.Tensor._make_subclass, view_of(archive name), plain_cache, plain).
+  m.def(
+      "bind_fast",
+      [](const ArchiveFile& file, const py::handle& module, const py::handle& items,
+         bool training, const py::handle& loose,
+         const std::tuple<std::string, std::string, std::string, bool, bool>& options,
+         const py::tuple& api) -> py::object {
+        if (api.size() != 9 || !PyType_Check(api[0].ptr()) || !PyDict_Check(api[1].ptr()) ||
+            !PyDict_Check(api[7].ptr()))
+          throw py::type_error("bind_fast: api: expected tsar/_portable.py's _API");
+        python::FastBindArgs a;
+        std::tie(a.entry, a.archive_prefix, a.module_prefix, a.strict, a.allow_training) =
+            options;
+        a.tensor_type = reinterpret_cast<PyTypeObject*>(api[0].ptr());
+        a.dtypes = api[1].ptr();
+        a.strided = api[2].ptr();
+        a.from_dlpack = api[3].ptr();
+        a.swap = api[4].ptr();
+        a.make_subclass = api[5].ptr();
+        a.view_of = api[6].ptr();
+        a.plain_cache = api[7].ptr();
+        a.plain = api[8].ptr();
+        PyObject* r = python::FastBind(file, module.ptr(), items.ptr(), training, loose.ptr(), a);
+        if (r == nullptr) throw py::error_already_set();
+        return py::reinterpret_steal<py::object>(r);
+      },
+      py::arg("file"), py::arg("module"), py::arg("items"), py::arg("training"), py::arg("loose"),
+      py::arg("options"), py::arg("api"));
 
   // tsar.LiveModule's watcher (python/tsar/_live.py): waits without the GIL.
   py::class_<PathWatch>(m, "PathWatch")

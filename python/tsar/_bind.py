@@ -194,16 +194,15 @@ def load_into(
         # The module tree walked in C++; None for a module that needs its own
         # state_dict() (hooks, an overridden _save_to_state_dict...).
         accelerator = _backend.accelerator
-        report = (accelerator.bind_module(archive._a(), module, _PLAIN, _plain, options)
-                  if accelerator is not None else None)
-        if report is None:
-            items, training, loose = _state_items(module)
-            if accelerator is not None:
+        if accelerator is not None:
+            report = accelerator.bind_module(archive._a(), module, _PLAIN, _plain, options)
+            if report is None:
+                items, training, loose = _state_items(module)
                 report = accelerator.bind(archive._a(), items, training, options, loose)
-            else:
-                from . import _portable_bind
-                report = _portable_bind.bind(archive._a(), items, training, options, loose)
-            del items, loose
+                del items, loose
+        else:
+            from . import _portable_bind
+            report = _portable_bind.bind_module(archive._a(), module, options)
         bound, missing, unexpected, mismatched, tied = report
         if target:
             _rest_to(module, torch.device(target))

@@ -63,6 +63,7 @@ class PortableArchive:
         self._first: Dict[int, torch.Tensor] = {}
         self._typed: Dict[Tuple[int, torch.dtype], torch.Tensor] = {}  # its other dtypes
         self._tables: Dict[str, Tuple[List[tuple], Dict[str, tuple]]] = {}
+        self._api = None  # bind_api's
 
     # -- what the file says ------------------------------------------------------
     path = property(lambda self: self._file.path)
@@ -139,6 +140,18 @@ class PortableArchive:
         whole = raw.numel() - raw.numel() % item
         flat = (raw[:whole] if whole != raw.numel() else raw).view(dtype)
         return self._typed.setdefault((storage, dtype), flat)
+
+    def bind_api(self, plain_cache, plain) -> tuple:
+        """What ``_tsar_portable.bind_fast`` calls into torch with
+        (python/src/portable_bind.h), made once per archive."""
+        api = self._api
+        if api is None:
+            api = self._api = (
+                torch.Tensor, _DTYPES, torch.strided, torch._C._from_dlpack,
+                torch._C._swap_tensor_impl, torch.Tensor._make_subclass,
+                lambda entry, name: self.view(_row_of(self._file.info(name, entry))),
+                plain_cache, plain)
+        return api
 
     def view(self, row) -> torch.Tensor:
         """The view of the mapping that tensor ``row`` is (no requires_grad)."""

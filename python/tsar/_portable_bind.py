@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ._errors import Error, ErrorCode
+from . import _tsar_portable
 from ._portable import PortableArchive, _chunk, _chunk_size, unsupported
 
 
@@ -65,6 +66,35 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True
     return torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
                        b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def bind_module(archive: PortableArchive, module, options):
+    """load_into's bind of ``module``: (bound, missing, unexpected,
+    mismatched, tied), as the accelerator's ``_tsar.bind_module``. The loop
+    runs in C++ (``_tsar_portable.bind_fast``, python/src/portable_bind.h)
+    where it can answer: every plain success. Anything it declines (a
+    mismatch, strict with names left over, tensor parallelism, a module with
+    its own state_dict()...) comes back None, nothing changed, and
+    :func:`bind` below runs, with the rules' messages."""
+    from ._bind import _PLAIN, _plain, _state_items
+
+    (entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
+     read_ahead) = options
+    fast = not device and not read_ahead and world <= 1 and rank == 0
+    if fast:
+        fast_options = (entry, archive_prefix, module_prefix, strict, allow_training)
+        api = archive.bind_api(_PLAIN, _plain)
+        report = _tsar_portable.bind_fast(archive._file, module, None, False, None, fast_options,
+                                             api)
+        if report is not None:
+            return report
+    items, training, loose = _state_items(module)
+    if fast:
+        report = _tsar_portable.bind_fast(archive._file, None, items, training, loose,
+                                             fast_options, api)
+        if report is not None:
+            return report
+    return bind(archive, items, training, options, loose)
 
 
 def bind(archive: PortableArchive, items, training: bool, options, loose):

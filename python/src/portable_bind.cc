@@ -1,0 +1,344 @@
+// load_into's loop on the portable path, in C++ over the Python C API (no
+// LibTorch): python/src/portable_bind.h.
+#include "python/src/portable_bind.h"
+
+#include <dlpack/dlpack.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "format/index.h"
+#include "format/spec.h"
+#include "loader/archive_core.h"
+#include "python/src/module_walk.h"
+#include "tsar/dtype.h"
+
+namespace tsar::python {
+namespace {
+
+struct Ref {  // owns one reference (nullptr allowed)
+  PyObject* p;
+  explicit Ref(PyObject* o = nullptr) : p(o) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  ~Ref() { Py_XDECREF(p); }
+};
+
+struct Names {  // interned once: attribute lookups compare pointers
+  PyObject* is_meta = PyUnicode_InternFromString("is_meta");
+  PyObject* is_cpu = PyUnicode_InternFromString("is_cpu");
+  PyObject* layout = PyUnicode_InternFromString("layout");
+  PyObject* dtype = PyUnicode_InternFromString("dtype");
+  PyObject* shape = PyUnicode_InternFromString("shape");
+  PyObject* requires_grad = PyUnicode_InternFromString("requires_grad");
+  PyObject* data = PyUnicode_InternFromString("data");
+};
+const Names& N() {
+  static const Names names;  // first use holds the GIL
+  return names;
+}
+
+// getattr(o, name) is True: 1, False (or anything else): 0, an error: -1.
+int IsTrue(PyObject* o, PyObject* name) {
+  Ref v(PyObject_GetAttr(o, name));
+  if (v.p == nullptr) return -1;
+  return v.p == Py_True ? 1 : 0;
+}
+
+// Whether the torch.Size `shape` is `sizes` (n of them); -1 on an error.
+int SameShape(PyObject* shape, const int64_t* sizes, uint32_t n) {
+  if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != static_cast<Py_ssize_t>(n)) return 0;
+  for (uint32_t d = 0; d < n; ++d) {
+    const long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v != sizes[d]) return 0;
+  }
+  return 1;
+}
+
+// DLPack's type for a tsar dtype that every torch of the range imports from
+// DLPack (at::fromDLPack), or nullopt (bool, float8 and the rest: made in
+// Python).
+std::optional<DLDataType> DLPackType(DType d) {
+  const auto of = [](uint8_t code, uint8_t bits) { return DLDataType{code, bits, 1}; };
+  switch (d) {
+    case DType::kUInt8: return of(kDLUInt, 8);
+    case DType::kInt8: return of(kDLInt, 8);
+    case DType::kInt16: return of(kDLInt, 16);
+    case DType::kInt32: return of(kDLInt, 32);
+    case DType::kInt64: return of(kDLInt, 64);
+    case DType::kFloat16: return of(kDLFloat, 16);
+    case DType::kBFloat16: return of(kDLBfloat, 16);
+    case DType::kFloat32: return of(kDLFloat, 32);
+    case DType::kFloat64: return of(kDLFloat, 64);
+    case DType::kComplex64: return of(kDLComplex, 64);
+    case DType::kComplex128: return of(kDLComplex, 128);
+    default: return std::nullopt;
+  }
+}
+
+// What a DLPack tensor over the mapping owns: the archive (so the mapping
+// lives while torch's storage does) and its shape. Freed by torch's deleter,
+// from whichever thread drops the storage, without the GIL: no Python here.
+struct Held {
+  ArchiveFile file;
+  std::vector<int64_t> shape, strides;
+  DLManagedTensor managed{};
+};
+
+void DeleteHeld(DLManagedTensor* m) { delete static_cast<Held*>(m->manager_ctx); }
+
+// A capsule torch never took ("dltensor", not renamed "used_dltensor") still
+// owns its tensor.
+void DeleteCapsule(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, "dltensor")) return;
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  if (m != nullptr && m->deleter != nullptr) m->deleter(m);
+}
+
+// Record `t` as a tensor of its own storage, through torch's DLPack import:
+// one call into torch per tensor, where frombuffer + as_strided take two
+// (and a view's autograd bookkeeping).
+PyObject* ViaDLPack(const ArchiveFile& file, const format::Index& index, uint32_t t,
+                    DLDataType type, PyObject* from_dlpack) {
+  const format::TensorRecord& r = index.tensors()[t];
+  auto held = std::make_unique<Held>(Held{file, {}, {}, {}});
+  held->shape.assign(index.sizes(r), index.sizes(r) + r.ndim);
+  held->strides.assign(index.strides(r), index.strides(r) + r.ndim);
+  DLTensor& dl = held->managed.dl_tensor;
+  dl.data = const_cast<uint8_t*>(static_cast<const uint8_t*>(file.storage_values(r.storage)) +
+                                 r.storage_offset * ElementSize(r.dtype));
+  dl.device = DLDevice{kDLCPU, 0};
+  dl.ndim = static_cast<int>(r.ndim);
+  dl.dtype = type;
+  dl.shape = held->shape.data();
+  dl.strides = held->strides.data();
+  dl.byte_offset = 0;
+  held->managed.manager_ctx = held.get();
+  held->managed.deleter = DeleteHeld;
+  Ref capsule(PyCapsule_New(&held->managed, "dltensor", DeleteCapsule));
+  if (capsule.p == nullptr) return nullptr;
+  held.release();  // the capsule owns it now, then torch's storage
+  return PyObject_CallOneArg(from_dlpack, capsule.p);
+}
+
+enum class State : uint8_t { kMissing, kMatched, kTied };
+
+// Whether records a and b are one view of one storage (a tie the archive
+// kept: tsar.save of a tied module writes both names over one storage).
+bool SameView(const format::Index& index, uint32_t a, uint32_t b) {
+  const format::TensorRecord& x = index.tensors()[a];
+  const format::TensorRecord& y = index.tensors()[b];
+  return a == b || (x.storage == y.storage && x.storage_offset == y.storage_offset &&
+                    x.dtype == y.dtype && x.ndim == y.ndim &&
+                    std::equal(index.sizes(x), index.sizes(x) + x.ndim, index.sizes(y)) &&
+                    std::equal(index.strides(x), index.strides(x) + x.ndim, index.strides(y)));
+}
+
+}  // namespace
+
+PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, bool training,
+                   PyObject* loose, const FastBindArgs& a) {
+  const Names& k = N();
+  const ArchiveCore& core = *file.core();
+  const format::Index& index = core.index;
+  if (index.tp_world() != 0) Py_RETURN_NONE;  // slices and C-order copies: tsar/_portable_bind.py
+  if (training && file.mode() == MapMode::kShared && !a.allow_training) Py_RETURN_NONE;
+
+  // The slots: the module walked here, or (name, tensor) items from Python.
+  WalkedModule walked;
+  if (module != Py_None) {
+    std::optional<WalkedModule> w = WalkModule(module, a.plain_cache, a.plain, a.tensor_type);
+    if (!w) Py_RETURN_NONE;
+    walked = std::move(*w);
+  } else {
+    walked.training = training;
+    if (!PyList_Check(items) || !PyList_Check(loose)) Py_RETURN_NONE;
+    for (PyObject* list : {items, loose}) {
+      auto& to = list == items ? walked.slots : walked.non_persistent;
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); ++i) {
+        PyObject* item = PyList_GET_ITEM(list, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) Py_RETURN_NONE;
+        PyObject* name = PyTuple_GET_ITEM(item, 0);
+        Py_ssize_t n = 0;
+        const char* s = PyUnicode_Check(name) ? PyUnicode_AsUTF8AndSize(name, &n) : nullptr;
+        if (s == nullptr) {
+          PyErr_Clear();
+          Py_RETURN_NONE;
+        }
+        to.push_back({std::string(s, static_cast<size_t>(n)), PyTuple_GET_ITEM(item, 1)});
+      }
+    }
+  }
+  if (walked.training && file.mode() == MapMode::kShared && !a.allow_training) Py_RETURN_NONE;
+  std::vector<WalkedTensor>& slots = walked.slots;
+
+  // torch's dtype object of each tsar dtype this torch has (borrowed).
+  PyObject* dtype_of[format::kLastDTypeCode + 1] = {};
+  for (DType d : kAllDTypes) {
+    const std::string_view name = DTypeName(d);
+    Ref key(PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size())));
+    if (key.p == nullptr) return nullptr;
+    dtype_of[static_cast<uint16_t>(d)] = PyDict_GetItemWithError(a.dtypes, key.p);
+    if (PyErr_Occurred()) return nullptr;
+  }
+
+  // The match: a record per slot, each checked as tsar/_portable_bind.py
+  // checks it. Anything that one would report or refuse (a dtype or shape
+  // mismatch, a device, a layout, strict with names left over, a meta tensor
+  // left unbound) returns None: that path then says so in its own words.
+  const uint32_t entry = core.BindEntry(a.entry);
+  const format::EntryRecord& e = index.entries()[entry];
+  const uint32_t end = e.first_tensor + e.tensor_count;
+  std::vector<uint32_t> match(slots.size(), format::kNone);
+  std::vector<State> state(slots.size(), State::kMissing);
+  std::vector<bool> meta(slots.size(), false);
+  std::vector<bool> used(e.tensor_count, false);
+  const std::string& mp = a.module_prefix;
+  std::string key;
+  uint32_t next = e.first_tensor;  // a module usually lists tensors in the archive's order
+  for (size_t i = 0; i < slots.size(); ++i) {
+    PyObject* t = slots[i].tensor;
+    const int is_meta = IsTrue(t, k.is_meta);
+    if (is_meta < 0) return nullptr;
+    if (!is_meta) {
+      const int is_cpu = IsTrue(t, k.is_cpu);
+      if (is_cpu <= 0) return is_cpu < 0 ? nullptr : (Py_INCREF(Py_None), Py_None);
+    }
+    meta[i] = is_meta;
+    const std::string& name = slots[i].name;
+    if (name.compare(0, mp.size(), mp) != 0) continue;
+    key.assign(a.archive_prefix).append(name, mp.size());
+    const uint32_t r =
+        next < end && index.tensors()[next].name == key ? next : index.FindTensor(entry, key);
+    if (r == format::kNone) continue;
+    const format::TensorRecord& rec = index.tensors()[r];
+    if (rec.role == format::Role::kSparseComponent) Py_RETURN_NONE;
+    Ref layout(PyObject_GetAttr(t, k.layout)), dtype(PyObject_GetAttr(t, k.dtype)),
+        shape(PyObject_GetAttr(t, k.shape));
+    if (layout.p == nullptr || dtype.p == nullptr || shape.p == nullptr) return nullptr;
+    if (layout.p != a.strided || dtype.p != dtype_of[static_cast<uint16_t>(rec.dtype)])
+      Py_RETURN_NONE;
+    const int same = SameShape(shape.p, index.sizes(rec), rec.ndim);
+    if (same <= 0) return same < 0 ? nullptr : (Py_INCREF(Py_None), Py_None);
+    next = r + 1;
+    used[r - e.first_tensor] = true;
+    match[i] = r;
+    state[i] = State::kMatched;
+  }
+
+  // Ties: one tensor object under several names. A name the archive lacks is
+  // bound through its twin; twins the archive holds as records of different
+  // views (which may hold other values) are left to tsar/_portable_bind.py.
+  std::vector<std::pair<PyObject*, size_t>> by_object(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) by_object[i] = {slots[i].tensor, i};
+  std::sort(by_object.begin(), by_object.end());
+  std::vector<bool> bound(slots.size(), false), first_of_object(slots.size(), true);
+  for (size_t lo = 0, hi; lo < by_object.size(); lo = hi) {
+    for (hi = lo + 1; hi < by_object.size() && by_object[hi].first == by_object[lo].first;) ++hi;
+    uint32_t record = format::kNone;
+    bool first = true;
+    for (size_t j = lo; j < hi; ++j) {
+      const size_t i = by_object[j].second;
+      if (state[i] != State::kMatched) continue;
+      if (record != format::kNone && !SameView(index, match[i], record)) Py_RETURN_NONE;
+      record = match[i];
+      first_of_object[i] = first;
+      first = false;
+    }
+    for (size_t j = lo; j < hi; ++j) {
+      const size_t i = by_object[j].second;
+      bound[i] = record != format::kNone;
+      if (bound[i] && state[i] == State::kMissing) state[i] = State::kTied;
+    }
+  }
+
+  Ref bound_names(PyList_New(0)), missing(PyList_New(0)), unexpected(PyList_New(0)),
+      tied(PyList_New(0));
+  if (!bound_names.p || !missing.p || !unexpected.p || !tied.p) return nullptr;
+  const auto append = [](PyObject* list, std::string_view s) {
+    Ref str(PyUnicode_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size())));
+    return str.p != nullptr && PyList_Append(list, str.p) == 0;
+  };
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (state[i] == State::kMissing) {
+      if (a.strict || meta[i]) Py_RETURN_NONE;  // refused, with the names, in Python
+      if (!append(missing.p, slots[i].name)) return nullptr;
+    } else if (state[i] == State::kTied && !append(tied.p, slots[i].name)) {
+      return nullptr;
+    }
+  }
+  for (uint32_t r = e.first_tensor; r < end; ++r) {
+    if (used[r - e.first_tensor] || index.tensors()[r].role == format::Role::kSparseComponent)
+      continue;
+    if (a.strict) Py_RETURN_NONE;
+    if (!append(unexpected.p, index.tensors()[r].name)) return nullptr;
+  }
+  std::vector<PyObject*> bound_objects;
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (bound[i]) bound_objects.push_back(slots[i].tensor);
+  std::sort(bound_objects.begin(), bound_objects.end());
+  for (const WalkedTensor& w : walked.non_persistent) {
+    const int is_meta = IsTrue(w.tensor, k.is_meta);
+    if (is_meta < 0) return nullptr;
+    if (is_meta && !std::binary_search(bound_objects.begin(), bound_objects.end(), w.tensor))
+      Py_RETURN_NONE;
+  }
+
+  // Every check passed: each matched tensor takes its view of the mapping in
+  // place. A storage no other record uses comes through DLPack; one that is
+  // shared (views, ties) is made once by PortableArchive.view, so its
+  // tensors share one torch storage.
+  Ref entry_name(PyUnicode_FromStringAndSize(e.name.data(), static_cast<Py_ssize_t>(e.name.size())));
+  if (entry_name.p == nullptr) return nullptr;
+  std::vector<uint32_t> users(index.storages().size(), 0);
+  for (const format::TensorRecord& r : index.tensors()) ++users[r.storage];
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (state[i] != State::kMatched) continue;
+    if (!append(bound_names.p, slots[i].name)) return nullptr;
+    if (!first_of_object[i]) continue;  // a tie: its tensor is bound already
+    const format::TensorRecord& rec = index.tensors()[match[i]];
+    const std::optional<DLDataType> type = DLPackType(rec.dtype);
+    const bool own =
+        type && users[rec.storage] == 1 && index.storages()[rec.storage].nbytes != 0;
+    Ref view;
+    if (own) {
+      view.p = ViaDLPack(file, index, match[i], *type, a.from_dlpack);
+    } else {
+      Ref name(PyUnicode_FromStringAndSize(rec.name.data(),
+                                           static_cast<Py_ssize_t>(rec.name.size())));
+      if (name.p == nullptr) return nullptr;
+      view.p = PyObject_CallFunctionObjArgs(a.view_of, entry_name.p, name.p, nullptr);
+    }
+    if (view.p == nullptr) return nullptr;
+    PyObject* t = slots[i].tensor;
+    if (!meta[i]) {  // set_data: the same object and TensorImpl, the view's storage
+      if (PyObject_SetAttr(t, k.data, view.p) != 0) return nullptr;
+      continue;
+    }
+    // A meta tensor cannot take CPU data: the object takes the TensorImpl of
+    // a CPU tensor instead (torch._C._swap_tensor_impl), keeping its class,
+    // __dict__ and requires_grad. A view of a shared storage is detached
+    // first (Tensor._make_subclass), so the parameter is no autograd view.
+    const int requires_grad = IsTrue(t, k.requires_grad);
+    if (requires_grad < 0) return nullptr;
+    Ref swapped(own ? nullptr
+                    : PyObject_CallFunctionObjArgs(a.make_subclass,
+                                                   reinterpret_cast<PyObject*>(Py_TYPE(t)),
+                                                   view.p, Py_False, nullptr));
+    if (!own && swapped.p == nullptr) return nullptr;
+    Ref done(PyObject_CallFunctionObjArgs(a.swap, t, own ? view.p : swapped.p, nullptr));
+    if (done.p == nullptr) return nullptr;
+    if (requires_grad && PyObject_SetAttr(t, k.requires_grad, Py_True) != 0) return nullptr;
+  }
+  Ref mismatched(PyList_New(0));
+  if (mismatched.p == nullptr) return nullptr;
+  return PyTuple_Pack(5, bound_names.p, missing.p, unexpected.p, mismatched.p, tied.p);
+}
+
+}  // namespace tsar::python
