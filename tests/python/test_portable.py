@@ -163,6 +163,71 @@ def test_load_into_binds_in_place_on_cpu_and_meta_with_the_tie(portable, cli, tm
         archive.close()
 
 
+def _fast(path, module, strict=True, **kw):
+    """_tsar_portable.bind_fast (python/src/portable_bind.h) on ``module``:
+    its report, or None where it leaves the bind to tsar/_portable_bind.py."""
+    from tsar import _tsar_portable
+    from tsar._bind import _PLAIN, _plain
+
+    a = tsar.open(path)._a()
+    options = ("", kw.get("archive_prefix", ""), kw.get("module_prefix", ""), strict, False)
+    return _tsar_portable.bind_fast(a._file, module, None, False, None, options,
+                                    a.bind_api(_PLAIN, _plain))
+
+
+def _state(module):
+    return [(n, t.device.type, t.data_ptr(), t.requires_grad)
+            for n, t in module.state_dict(keep_vars=True).items()]
+
+
+def test_the_common_binds_run_in_cpp_and_the_rest_fall_back_with_nothing_changed(
+        portable, cli, tmp_path):
+    m, path = saved_net(cli, tmp_path)
+    ids = torch.tensor([1, 2, 3])
+    # Answered in C++: cpu, meta, the tie, a module name the archive lacks.
+    for meta in (False, True):
+        fresh = net(seed=1, meta=meta)
+        fresh.rope = torch.arange(4.0)
+        params = dict(fresh.named_parameters(remove_duplicate=False))
+        report = _fast(path, fresh)
+        assert report is not None and report[4] == ["head.weight"] and report[1:4] == ([], [], [])
+        assert all(p is params[n] and p.device.type == "cpu" and p.requires_grad
+                   for n, p in fresh.named_parameters(remove_duplicate=False))
+        assert fresh.head.weight is fresh.emb.weight
+        assert all(torch.equal(g, w) for g, w in zip(fresh(ids), m(ids)))
+    extra = net(seed=1)
+    extra.register_buffer("extra", torch.zeros(2))
+    report = _fast(path, extra, strict=False)
+    assert report is not None and report[1] == ["extra"]
+    assert extra.extra.data_ptr() != 0 and torch.equal(extra.extra, torch.zeros(2))
+    # Left to Python, untouched: what the rules report or refuse.
+    other_shape = net(seed=1)
+    other_shape.lin = torch.nn.Linear(4, 5)
+    stays_meta = net(seed=1, meta=True)  # rope on meta, which no archive holds
+    other_dtype = net(seed=1).to(torch.float64)
+    for module, kw in ((other_shape, {}), (stays_meta, {}), (other_dtype, {}), (extra, {}),
+                       (net(seed=1), {"module_prefix": "x."})):
+        before = _state(module)
+        assert _fast(path, module, **kw) is None
+        assert _state(module) == before
+
+
+def test_a_bound_module_outlives_its_archive(portable, cli, tmp_path):
+    m, path = saved_net(cli, tmp_path)
+    fresh = net(seed=1, meta=True)
+    fresh.rope = torch.arange(4.0)
+    archive = tsar.open(path)
+    tsar.load_into(fresh, archive)
+    archive.close()
+    del archive
+    gc.collect()
+    for (n, got), want in zip(fresh.state_dict().items(), m.state_dict().values()):
+        assert torch.equal(got, want), n
+    # Each tensor of a storage of its own has a torch storage of its own
+    # (torch.save sees the archive's storages, not the file).
+    assert fresh.lin.weight.untyped_storage().nbytes() == 3 * 4 * 4
+
+
 def test_meta_is_never_left_behind(portable, cli, tmp_path):
     _, path = saved_net(cli, tmp_path)
     fresh = net(meta=True)
@@ -192,16 +257,23 @@ CASES = {
 
 @pytest.mark.skipif(ACCELERATOR is None, reason="the accelerator does not serve this torch")
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("module", ["same", "untied", "other_shape", "other_dtype", "tied_twins"])
+@pytest.mark.parametrize("module", ["same", "untied", "other_shape", "other_dtype", "tied_twins",
+                                    "meta", "meta_rope", "tie_stored_once"])
 def test_reports_and_errors_equal_the_accelerators(cli, tmp_path, monkeypatch, case, module):
     m = net(tie=module != "tied_twins")
     sd = m.state_dict()
     if module == "tied_twins":  # tied in the module, two different values in the archive
         sd["head.weight"] = sd["head.weight"] + 1
+    if module == "tie_stored_once":  # as save_pretrained stores it
+        del sd["head.weight"]
     path = pack(cli, tmp_path, sd)
 
     def make():
-        if module == "untied":
+        if module.startswith("meta"):
+            f = net(meta=True)
+            if module == "meta":
+                f.rope = torch.arange(4.0)
+        elif module == "untied":
             f = net(tie=False)
         elif module == "other_shape":
             f = net()
