@@ -10,9 +10,25 @@
 # GoogleTest as source. minizip and HDF5 have no such form: turn them off
 # there (TSAR_WITH_ZIP, TSAR_WITH_HDF5), and the importers that need them
 # refuse, saying so.
+#
+# TSAR_SELF_CONTAINED (the wheel: pyproject.toml sets it): what tsar needs
+# beyond glibc, libstdc++ and torch goes into tsar's own files, so that the
+# wheel runs on a machine without these packages (scripts/build-wheel.sh
+# repairs and tags it manylinux, scripts/check_wheel_libs.py checks it):
+# xxHash inlined (XXH_INLINE_ALL), minizip and zlib from their static
+# archives, hidden inside each shared object (--exclude-libs), and no HDF5
+# (whose library brings about 30 others: curl, TLS, Kerberos, LDAP): HDF5
+# files are packed by a tsar built from source, which says so.
 set(TSAR_DEPS_DIR "" CACHE PATH "Headers and sources from scripts/gpu-deps.sh instead of Debian's packages")
+option(TSAR_SELF_CONTAINED "Inline xxHash, link minizip and zlib statically, leave HDF5 out (the wheel)" OFF)
 option(TSAR_WITH_ZIP "Read torch.save and TorchScript zips (minizip)" ON)
 option(TSAR_WITH_HDF5 "Pack from and export to HDF5 (libhdf5)" ON)
+if(TSAR_SELF_CONTAINED)
+  set(TSAR_WITH_HDF5 OFF CACHE BOOL "Pack from and export to HDF5 (libhdf5)" FORCE)
+  # Static archives' symbols stay inside each shared object that links them.
+  add_link_options($<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,SHARED_LIBRARY>:-Wl,--exclude-libs,ALL>
+                   $<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,MODULE_LIBRARY>:-Wl,--exclude-libs,ALL>)
+endif()
 
 # A library that is missing stops the configure with one line naming it and
 # the package that provides it (Debian/Ubuntu names; scripts/setup.sh installs
@@ -40,9 +56,19 @@ else()
   if(NOT PkgConfig_FOUND)
     tsar_missing("pkg-config" "pkg-config")
   endif()
-  pkg_check_modules(XXHASH QUIET IMPORTED_TARGET libxxhash)
-  if(NOT XXHASH_FOUND)
-    tsar_missing("xxHash (libxxhash)" "libxxhash-dev")
+  if(TSAR_SELF_CONTAINED)
+    find_path(TSAR_XXHASH_INCLUDE xxhash.h)
+    if(NOT TSAR_XXHASH_INCLUDE)
+      tsar_missing("xxHash (xxhash.h)" "libxxhash-dev")
+    endif()
+    add_library(PkgConfig::XXHASH INTERFACE IMPORTED)
+    set_target_properties(PkgConfig::XXHASH PROPERTIES
+      INTERFACE_INCLUDE_DIRECTORIES ${TSAR_XXHASH_INCLUDE} INTERFACE_COMPILE_DEFINITIONS XXH_INLINE_ALL)
+  else()
+    pkg_check_modules(XXHASH QUIET IMPORTED_TARGET libxxhash)
+    if(NOT XXHASH_FOUND)
+      tsar_missing("xxHash (libxxhash)" "libxxhash-dev")
+    endif()
   endif()
   find_package(nlohmann_json QUIET)
   if(NOT nlohmann_json_FOUND)
@@ -66,9 +92,24 @@ target_include_directories(tsar_dlpack INTERFACE ${TSAR_DLPACK_INCLUDE})
 if(TSAR_WITH_ZIP)
   # torch.save zips are read with minizip (writer/zip_reader.h), not LibTorch.
   find_package(PkgConfig QUIET)
-  pkg_check_modules(MINIZIP QUIET IMPORTED_TARGET minizip)
-  if(NOT MINIZIP_FOUND)
-    tsar_missing("minizip" "libminizip-dev (or configure with -DTSAR_WITH_ZIP=OFF)")
+  if(TSAR_SELF_CONTAINED)
+    find_path(TSAR_MINIZIP_INCLUDE unzip.h PATH_SUFFIXES minizip)
+    find_library(TSAR_MINIZIP_ARCHIVE libminizip.a)
+    find_library(TSAR_ZLIB_ARCHIVE libz.a)
+    if(NOT TSAR_MINIZIP_INCLUDE OR NOT TSAR_MINIZIP_ARCHIVE)
+      tsar_missing("minizip's static library (libminizip.a)" "libminizip-dev")
+    endif()
+    if(NOT TSAR_ZLIB_ARCHIVE)
+      tsar_missing("zlib's static library (libz.a)" "zlib1g-dev")
+    endif()
+    add_library(PkgConfig::MINIZIP INTERFACE IMPORTED)
+    set_target_properties(PkgConfig::MINIZIP PROPERTIES INTERFACE_INCLUDE_DIRECTORIES ${TSAR_MINIZIP_INCLUDE}
+      INTERFACE_LINK_LIBRARIES "${TSAR_MINIZIP_ARCHIVE};${TSAR_ZLIB_ARCHIVE}")
+  else()
+    pkg_check_modules(MINIZIP QUIET IMPORTED_TARGET minizip)
+    if(NOT MINIZIP_FOUND)
+      tsar_missing("minizip" "libminizip-dev (or configure with -DTSAR_WITH_ZIP=OFF)")
+    endif()
   endif()
   set(TSAR_ZIP_SOURCES ${PROJECT_SOURCE_DIR}/writer/zip_reader.cc)
 else()

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # check-wheel.sh PYTHON SOURCE_DIR [BUILD_DIR]: `pip wheel SOURCE_DIR` with PYTHON's pip
-# (build isolation on, as a user runs it), then installs the wheel into a fresh
+# (build isolation on, as a user runs it), repairs it with auditwheel (a
+# manylinux wheel, checked by check_wheel_libs.py to need no library beyond the
+# wheel, glibc, the C++ runtime and torch), then installs it into a fresh
 # virtual environment that has the same torch (PYTHON's site-packages linked in,
 # not reinstalled) and checks there: tsar.__version__, a save and a zero-copy
-# load, the `tsar` command on PATH with a TorchScript pack (which runs
+# load, tsar.pack, no -dev package's library loaded, HDF5 refused with how to
+# get it, the `tsar` command on PATH with a TorchScript pack (which runs
 # libexec/tsar/tsar-torch: its run path must reach the torch wheel), and that
 # beside another torch version tsar runs its portable path (tsar.backend()) and binds.
 set -euo pipefail
@@ -26,6 +29,19 @@ start=$(date +%s)
 "$python" -m pip wheel -q --no-deps "${wheel_build[@]}" -w "$tmp/dist" "$src"
 wheel=$(ls "$tmp"/dist/tsar-*.whl)
 echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB) in $(( $(date +%s) - start )) s"
+
+# A wheel for any Linux: auditwheel grafts nothing into it (what tsar needs
+# beyond glibc, libstdc++ and torch is inside its own files: pyproject.toml's
+# TSAR_SELF_CONTAINED) and tags it with the oldest manylinux its glibc and
+# libstdc++ symbols allow; torch's libraries are the torch wheel's, never
+# copied. check_wheel_libs.py checks that every library each ELF file needs
+# is the wheel's, glibc's, the C++ runtime's or torch's.
+bin=$(dirname "$python")
+torch_lib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+PATH="$bin:$PATH" "$bin/auditwheel" repair --exclude 'libtorch*.so' --exclude 'libc10*.so' \
+  -w "$tmp/repaired" "$wheel" > "$tmp/auditwheel.log" 2>&1 || { cat "$tmp/auditwheel.log"; exit 1; }
+wheel=$(ls "$tmp"/repaired/tsar-*.whl)
+"$python" "$src/scripts/check_wheel_libs.py" "$wheel" --torch-lib "$torch_lib"
 
 # A fresh venv beside the same torch: the packages of PYTHON's environment are
 # linked into it, so torch lies at <venv>/lib/pythonX.Y/site-packages/torch.
@@ -55,14 +71,24 @@ tsar.load_into(fresh, "m.tsar")
 x = torch.randn(3, 8)
 assert torch.equal(fresh(x), m(x))
 torch.jit.save(torch.jit.script(m), "m_ts.pt")
-# import tsar loads no HDF5 (tsar._tsar_pack does, on the first tsar.pack)
-maps = open("/proc/self/maps").read()
-assert "libhdf5" not in maps, "import tsar loaded libhdf5"
 torch.save(m.state_dict(), "m_sd.pt")
 summary = tsar.pack("m_sd.pt", "m_packed.tsar")
 assert summary.tensors == 4, summary
 with tsar.open("m_packed.tsar") as a:
     assert all(torch.equal(a[k], v) for k, v in m.state_dict().items())
+# Nothing of the -dev packages tsar is built with is loaded: xxHash inlined,
+# minizip and zlib inside tsar's files, no HDF5 (which says where it is read).
+maps = open("/proc/self/maps").read()
+for lib in ("libhdf5", "libminizip", "libxxhash"):
+    assert lib not in maps, f"the wheel loaded {lib}"
+import h5py
+with h5py.File("m.h5", "w") as f:
+    f["w"] = m[0].weight.detach().numpy()
+try:
+    tsar.pack("m.h5", "m_h5.tsar")
+    raise AssertionError("the wheel packed HDF5")
+except tsar.Error as e:
+    assert e.code == tsar.ErrorCode.UNSUPPORTED and "libhdf5-dev" in str(e), e
 print("wheel: import tsar, save, load_into (meta), pack ok")
 PY
 

@@ -16,7 +16,7 @@ build=${1:-build}
 packages=(
   g++ cmake ninja-build pkg-config ccache          # toolchain
   python3 python3-venv python3-dev                  # .venv and the extension's headers
-  libxxhash-dev libcli11-dev nlohmann-json3-dev libhdf5-dev libminizip-dev libdlpack-dev
+  libxxhash-dev libcli11-dev nlohmann-json3-dev libhdf5-dev libminizip-dev zlib1g-dev libdlpack-dev
   libgtest-dev libbenchmark-dev                     # tests, benchmarks
   clang libclang-rt-14-dev                          # libFuzzer + sanitizers
   util-linux mount                                  # unshare, mount (read-only mount test)
