@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# check-wheel.sh PYTHON SOURCE_DIR [BUILD_DIR]: `pip wheel SOURCE_DIR` with PYTHON's pip
-# (build isolation on, as a user runs it), repairs it with auditwheel (a
-# manylinux wheel, checked by check_wheel_libs.py to need no library beyond the
-# wheel, glibc, the C++ runtime and torch), then installs it into a fresh
+# check-wheel.sh PYTHON SOURCE_DIR [BUILD_DIR]: builds the wheel as it ships
+# (scripts/build-wheel.sh: pip wheel, auditwheel repair, its libraries
+# checked to be the wheel's, glibc's, the C++ runtime's or torch's only), then
+# installs it into a fresh
 # virtual environment that has the same torch (PYTHON's site-packages linked in,
 # not reinstalled) and checks there: tsar.__version__, a save and a zero-copy
 # load, tsar.pack, no -dev package's library loaded, HDF5 refused with how to
@@ -13,47 +13,15 @@ set -euo pipefail
 python=$(command -v "${1:?usage: check-wheel.sh PYTHON SOURCE_DIR}")
 python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python")
 src=$(cd "${2:?usage: check-wheel.sh PYTHON SOURCE_DIR}" && pwd)
-# BUILD_DIR: scikit-build-core's build folder, kept between runs (ctest gives
-# one inside the CMake build tree, so reruns and CI's clones reuse ccache's
-# objects: the same paths relative to the checkout). Without it pip builds in
-# a temporary folder, as for a user: nothing is written into SOURCE_DIR.
-wheel_build=()
-if [ -n "${3:-}" ]; then
-  mkdir -p "$3"
-  wheel_build=(--config-settings="build-dir=$(cd "$3" && pwd)/{wheel_tag}")
-fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# The wheel as it ships (scripts/build-wheel.sh: built, repaired manylinux,
+# its libraries checked); BUILD_DIR as build-wheel.sh takes it.
+"$src/scripts/build-wheel.sh" "$python" "$src" "$tmp/dist" ${3:+"$3"} | tee "$tmp/build.log"
+wheel=$(tail -1 "$tmp/build.log")
 
-start=$(date +%s)
-"$python" -m pip wheel -q --no-deps "${wheel_build[@]}" -w "$tmp/dist" "$src"
-wheel=$(ls "$tmp"/dist/tsar-*.whl)
-echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB) in $(( $(date +%s) - start )) s"
-
-# A wheel for any Linux: auditwheel grafts nothing into it (what tsar needs
-# beyond glibc, libstdc++ and torch is inside its own files: pyproject.toml's
-# TSAR_SELF_CONTAINED) and tags it with the oldest manylinux its glibc and
-# libstdc++ symbols allow; torch's libraries are the torch wheel's, never
-# copied. check_wheel_libs.py checks that every library each ELF file needs
-# is the wheel's, glibc's, the C++ runtime's or torch's.
-bin=$(dirname "$python")
-torch_lib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-PATH="$bin:$PATH" "$bin/auditwheel" repair --exclude 'libtorch*.so' --exclude 'libc10*.so' \
-  -w "$tmp/repaired" "$wheel" > "$tmp/auditwheel.log" 2>&1 || { cat "$tmp/auditwheel.log"; exit 1; }
-wheel=$(ls "$tmp"/repaired/tsar-*.whl)
-"$python" "$src/scripts/check_wheel_libs.py" "$wheel" --torch-lib "$torch_lib"
-
-# A fresh venv beside the same torch: the packages of PYTHON's environment are
-# linked into it, so torch lies at <venv>/lib/pythonX.Y/site-packages/torch.
-/usr/bin/python3 -m venv "$tmp/v"
-site=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-fresh_site=$("$tmp/v/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-for entry in "$site"/*; do
-  name=$(basename "$entry")
-  case $name in pip|pip-*|tsar|tsar-*|_distutils_hack|distutils-precedence.pth|setuptools|setuptools-*) continue ;; esac
-  [ -e "$fresh_site/$name" ] || ln -s "$entry" "$fresh_site/$name"
-done
-"$tmp/v/bin/python" -m pip install -q --no-deps --no-index "$wheel"
+# A fresh venv beside the same torch, the wheel installed.
+"$src/scripts/install-wheel-beside.sh" "$python" "$wheel" "$tmp/v"
 
 cd "$tmp"
 want=$(sed -n 's/^project(tsar VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")

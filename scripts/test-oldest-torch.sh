@@ -5,9 +5,10 @@
 #  1. the C++ side and the accelerator built against that torch's LibTorch
 #     (build-oldest/) and the main suite run there: the C++ tests and the
 #     Python tests (python.pytest);
-#  2. the package built in build/ for .venv's torch, imported beside the
-#     oldest torch: the same binary runs the portable path
-#     (tests/python/test_portable.py).
+#  2. the wheel as it ships, built for .venv's torch (scripts/build-wheel.sh),
+#     installed with --no-deps into a venv beside the oldest torch: the same
+#     .whl runs the portable path there (tests/python/test_portable.py, with
+#     the wheel's own tsar command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
@@ -22,6 +23,10 @@ echo "oldest torch: built in $(( $(date +%s) - start )) s against" \
 # in build/: they test packaging and peers, not the torch API.
 ctest --test-dir build-oldest --output-on-failure -j "$(nproc)" \
   -E '^(python\.wheel|samples\.container_run|bench\..*)$'
-PYTHONPATH="$PWD/build/python" TSAR_CLI="$PWD/build/cli/tsar" \
-  .venv-oldest/bin/python -m pytest -q -p no:cacheprovider tests/python/test_portable.py
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+scripts/build-wheel.sh .venv/bin/python . "$tmp/dist" build/wheel-build | tee "$tmp/build.log"
+scripts/install-wheel-beside.sh "$PWD/.venv-oldest/bin/python" "$(tail -1 "$tmp/build.log")" "$tmp/v"
+TSAR_CLI="$tmp/v/bin/tsar" "$tmp/v/bin/python" -m pytest -q -p no:cacheprovider \
+  tests/python/test_portable.py
 echo "oldest torch: all tests passed in $(( $(date +%s) - start )) s"
