@@ -1,16 +1,13 @@
-// tsar._tsar_pack: tsar.pack's C++ side, in a module of its own. It links
-// what packing from files needs (the HDF5 and zip readers: libhdf5 pulls in
-// some 30 more libraries, 4.5 ms at every load), so that `import tsar` and
-// every worker that only opens and binds never loads them; tsar._save
-// imports it on the first tsar.pack.
+// tsar._tsar_pack: tsar.pack's C++ side (python/src/pack_binding.h), in a
+// module of its own. It links what packing from files needs (the HDF5 and zip
+// readers: libhdf5 pulls in some 30 more libraries, 4.5 ms at every load), so
+// that `import tsar` and every worker that only opens and binds never loads
+// them; tsar._save imports it on the first tsar.pack. With LibTorch: it reads
+// TorchScript inputs and writes --arch files.
 #include <torch/csrc/utils/pybind.h>
 
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "python/src/common.h"
-#include "writer/pack_files.h"
+#include "python/src/pack_binding.h"
 #include "writer/torchscript.h"
 
 namespace py = pybind11;
@@ -20,47 +17,5 @@ PYBIND11_MODULE(_tsar_pack, m) {
   py::module_::import("torch");  // TorchScript inputs cross as torch objects
   m.doc() = "tsar.pack's C++ core; use the tsar package, not this module.";
   python::RegisterErrorTranslator();
-
-  m.def(
-      "pack",
-      [](const std::vector<std::pair<std::string, std::string>>& sources, const std::string& dst,
-         const std::string& entry, bool strict, uint32_t alignment, const py::list& metadata,
-         const std::string& dtype, const std::vector<std::string>& only,
-         const std::vector<std::string>& exclude, const std::string& strip_prefix,
-         const std::string& architecture, const std::string& base, uint32_t tp,
-         const std::vector<std::pair<std::string, int64_t>>& shard, bool follow_symlinks) {
-        PackFilesOptions o;
-        o.follow_symlinks = follow_symlinks;
-        o.pack.tp = tp;
-        o.pack.shard = shard;
-        o.pack.base = base;
-        o.pack.alignment = alignment;
-        o.pack.entry = entry;
-        o.pack.dtype = python::FloatingDtype(dtype);
-        o.strict = strict;
-        o.only = only;
-        o.exclude = exclude;
-        o.strip_prefix = strip_prefix;
-        o.architecture = architecture;
-        o.torch = writer::LibTorchSupport();
-        for (const auto& item : metadata) {
-          const auto t = item.cast<py::tuple>();
-          const auto key = t[0].cast<std::string>();
-          o.metadata.emplace_back(key, python::FromPython(t[1], key));
-        }
-        std::vector<PackSource> src;
-        for (const auto& [e, p] : sources) src.push_back({e, p});
-        PackSummary s;
-        {
-          py::gil_scoped_release unlocked;
-          s = PackFiles(src, dst, o);
-        }
-        return py::make_tuple(s.tensors, s.entries, s.nbytes, s.notes);
-      },
-      py::arg("sources"), py::arg("dst"), py::arg("entry"), py::arg("strict"), py::arg("alignment"),
-      py::arg("metadata"), py::arg("dtype"), py::arg("only"), py::arg("exclude"),
-      py::arg("strip_prefix"), py::arg("architecture"), py::arg("base") = std::string(),
-      py::arg("tp") = 0, py::arg("shard") = std::vector<std::pair<std::string, int64_t>>(),
-      py::arg("follow_symlinks") = false);
-
+  python::DefPack(m, writer::LibTorchSupport());
 }

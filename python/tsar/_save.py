@@ -272,10 +272,17 @@ def pack(
     else:
         sources = [("", os.fspath(s)) for s in src]
     world, plan = _shard_plan(tp, shard)
-    _accelerator(dst, "tsar.pack")
-    from . import _tsar_pack  # HDF5 and the zip reader load here, not at `import tsar`
+    # The readers (HDF5, the zip reader) load here, not at `import tsar`. On
+    # the portable path they are the `tsar` command's, without LibTorch: all
+    # but TorchScript inputs and arch=.
+    if _backend.accelerator is not None:
+        from . import _tsar_pack as packer
+    else:
+        if arch is not None:
+            _accelerator(dst, "tsar.pack(arch=), which LibTorch writes,")
+        from . import _tsar_pack_portable as packer
 
-    tensors, entries, nbytes, notes = _tsar_pack.pack(
+    tensors, entries, nbytes, notes = packer.pack(
         sources, os.fspath(dst), entry, bool(strict), _alignment(alignment, world),
         _metadata_items(metadata),
         _dtype_name(dtype), [str(x) for x in only], [str(x) for x in exclude], str(strip_prefix),

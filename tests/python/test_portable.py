@@ -77,16 +77,17 @@ def test_tsar_portable_in_the_environment_chooses_it():
     assert r.stdout.strip() == f"portable (torch {torch.__version__}: TSAR_PORTABLE is set)"
 
 
-def test_the_portable_extension_links_no_libtorch():
-    from tsar import _tsar_portable
-
-    maps = open(f"/proc/{os.getpid()}/maps").read()
-    libs = [line.split()[-1] for line in maps.splitlines() if _tsar_portable.__file__ in line]
-    assert libs, "the module is not mapped"
+def test_the_portable_extensions_link_no_libtorch():
     import subprocess
 
-    needed = subprocess.run(["ldd", _tsar_portable.__file__], capture_output=True, text=True).stdout
-    assert "libtorch" not in needed and "libc10" not in needed, needed
+    from tsar import _tsar_pack_portable, _tsar_portable
+
+    maps = open(f"/proc/{os.getpid()}/maps").read()
+    for module in (_tsar_portable, _tsar_pack_portable):
+        libs = [line.split()[-1] for line in maps.splitlines() if module.__file__ in line]
+        assert libs, f"{module.__name__} is not mapped"
+        needed = subprocess.run(["ldd", module.__file__], capture_output=True, text=True).stdout
+        assert "libtorch" not in needed and "libc10" not in needed, needed
 
 
 def test_every_dtype_comes_back_bit_exact_with_its_strides(portable, cli, tmp_path):
@@ -307,14 +308,40 @@ def test_a_ranks_slices_equal_torch_chunk(portable, cli, tmp_path, world):
                                torch.chunk(full.weight, world, 0)[rank])
 
 
+def test_pack_on_the_portable_path_writes_the_commands_bytes(portable, cli, tmp_path):
+    torch.manual_seed(0)
+    sd = {"w": torch.randn(4, 3), "b": torch.arange(5, dtype=torch.int64), "v": None}
+    sd["v"] = sd["w"][1:]  # a view: one storage
+    torch.save(sd, tmp_path / "m.pt")
+    run_cli(cli, "pack", "-q", tmp_path / "m.pt", "-o", tmp_path / "cli.tsar")
+    summary = tsar.pack(tmp_path / "m.pt", tmp_path / "py.tsar")
+    assert summary.tensors == 3 and summary.entries == ["model"]
+    assert (tmp_path / "py.tsar").read_bytes() == (tmp_path / "cli.tsar").read_bytes()
+    # Options and several inputs, as the command takes them.
+    run_cli(cli, "pack", "-q", "--entry", "a=" + str(tmp_path / "m.pt"), "--entry",
+            "b=" + str(tmp_path / "cli.tsar"), "--dtype", "bfloat16", "-o", tmp_path / "cli2.tsar")
+    tsar.pack({"a": tmp_path / "m.pt", "b": tmp_path / "cli.tsar"}, tmp_path / "py2.tsar",
+              dtype=torch.bfloat16)
+    assert (tmp_path / "py2.tsar").read_bytes() == (tmp_path / "cli2.tsar").read_bytes()
+    with tsar.open(tmp_path / "py2.tsar") as a:
+        assert a.state_dict("a")["w"].dtype == torch.bfloat16
+
+
 def test_what_needs_the_accelerator_says_so(portable, cli, tmp_path):
     path = pack(cli, tmp_path, {"w": torch.ones(2)})
+    scripted = torch.jit.script(torch.nn.Linear(2, 2))
+    torch.jit.save(scripted, tmp_path / "ts.pt")
     with pytest.raises(tsar.Error) as e:
-        tsar.pack(tmp_path / "m.pt", tmp_path / "x.tsar")
+        tsar.pack(tmp_path / "ts.pt", tmp_path / "x.tsar")
     assert e.value.code == tsar.ErrorCode.UNSUPPORTED
-    assert "tsar.pack needs tsar's accelerator" in str(e.value)
+    assert "a TorchScript archive, which only LibTorch reads" in str(e.value)
+    assert "the `tsar pack` command reads it" in str(e.value)
+    with pytest.raises(tsar.Error) as e:
+        tsar.pack(tmp_path / "ts.pt", tmp_path / "x.tsar", arch=tmp_path / "x.arch")
+    assert e.value.code == tsar.ErrorCode.UNSUPPORTED
+    assert "tsar.pack(arch=), which LibTorch writes, needs tsar's accelerator" in str(e.value)
     assert "unset TSAR_PORTABLE" in str(e.value)
-    assert not (tmp_path / "x.tsar").exists()
+    assert not (tmp_path / "x.tsar").exists() and not (tmp_path / "x.arch").exists()
     with pytest.raises(tsar.Error, match="saving sparse tensor 's' needs tsar's accelerator"):
         tsar.save({"s": torch.eye(3).to_sparse()}, tmp_path / "x.tsar")
     with pytest.raises(tsar.Error, match='tensor "m": tensors on meta cannot be packed'):

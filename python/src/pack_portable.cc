@@ -1,0 +1,30 @@
+// tsar._tsar_pack_portable: tsar.pack on the portable path (no LibTorch, any
+// torch): the same readers as the `tsar` command (torch.save, safetensors,
+// HDF5, TensorDict, transformers directories, .tsar), the same bytes as
+// tsar._tsar_pack. A TorchScript input (which only LibTorch reads) is
+// UNSUPPORTED, saying so; tsar/_save.py refuses arch= before it gets here.
+#include <pybind11/pybind11.h>
+
+#include <optional>
+#include <string>
+
+#include "python/src/common.h"
+#include "python/src/pack_binding.h"
+#include "tsar/error.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_tsar_pack_portable, m) {
+  using namespace tsar;
+  m.doc() = "tsar.pack's C++ core without LibTorch; use the tsar package, not this module.";
+  python::RegisterErrorTranslator();
+  TorchSupport none;
+  none.import_torchscript = [](const std::string& path, const importer::ImportOptions&)
+      -> importer::Imported {
+    throw Error(ErrorCode::kUnsupported, path, std::nullopt,
+                "a TorchScript archive, which only LibTorch reads: packing it needs tsar's "
+                "accelerator, and this process runs the portable path (tsar.backend() says why); "
+                "the `tsar pack` command reads it with the LibTorch it was built beside");
+  };
+  python::DefPack(m, none);
+}
