@@ -213,6 +213,34 @@ def test_the_common_binds_run_in_cpp_and_the_rest_fall_back_with_nothing_changed
         assert _state(module) == before
 
 
+class Buffers(torch.nn.Module):
+    """One buffer per dtype of DTYPES (those this torch has), and a transposed one."""
+
+    def __init__(self, values=None):
+        super().__init__()
+        for name, t in (values or {}).items():
+            self.register_buffer(name, t)
+
+
+def test_every_dtype_binds_onto_meta_bit_exact_with_its_strides(portable, cli, tmp_path):
+    # DLPack (a storage of its own) for most dtypes, frombuffer + as_strided
+    # for the rest (bool, float8...) and for views: each as torch made it.
+    sd = {f"t{i}": make_tensor(d, (3, 4), seed=i) for i, d in enumerate(DTYPES)}
+    sd["transposed"] = torch.arange(12.0).reshape(3, 4).t()
+    base = torch.arange(8.0)
+    sd["view_a"], sd["view_b"] = base[:4], base[4:]
+    path = pack(cli, tmp_path, sd)
+    with torch.device("meta"):
+        fresh = Buffers({k: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
+                         for k, v in sd.items()}).eval()
+    report = tsar.load_into(fresh, path)
+    assert sorted(report.bound) == sorted(sd)
+    for k, v in sd.items():
+        got = getattr(fresh, k)
+        assert got.device.type == "cpu" and same_tensor(got, v) == "", k
+    assert fresh.view_a.untyped_storage().data_ptr() == fresh.view_b.untyped_storage().data_ptr()
+
+
 def test_a_bound_module_outlives_its_archive(portable, cli, tmp_path):
     m, path = saved_net(cli, tmp_path)
     fresh = net(seed=1, meta=True)
