@@ -63,7 +63,6 @@ class PortableArchive:
         self._first: Dict[int, torch.Tensor] = {}
         self._typed: Dict[Tuple[int, torch.dtype], torch.Tensor] = {}  # its other dtypes
         self._tables: Dict[str, Tuple[List[tuple], Dict[str, tuple]]] = {}
-        self._api = None  # bind_api's
 
     # -- what the file says ------------------------------------------------------
     path = property(lambda self: self._file.path)
@@ -143,15 +142,16 @@ class PortableArchive:
 
     def bind_api(self, plain_cache, plain) -> tuple:
         """What ``_tsar_portable.bind_fast`` calls into torch with
-        (python/src/portable_bind.h), made once per archive."""
-        api = self._api
-        if api is None:
-            api = self._api = (
-                torch.Tensor, _DTYPES, torch.strided, torch._C._from_dlpack,
-                torch._C._swap_tensor_impl, torch.Tensor._make_subclass,
-                lambda entry, name: self.view(_row_of(self._file.info(name, entry))),
+        (python/src/portable_bind.h). Made per bind, not kept: kept, its
+        view_of would hold this archive in a reference cycle, and the mapping
+        would outlive close() until the next garbage collection (a hot-swapping
+        server's old versions stayed mapped)."""
+        return (torch.Tensor, _DTYPES, torch.strided, torch._C._from_dlpack,
+                torch._C._swap_tensor_impl, torch.Tensor._make_subclass, self._view_of,
                 plain_cache, plain)
-        return api
+
+    def _view_of(self, entry: str, name: str) -> torch.Tensor:
+        return self.view(_row_of(self._file.info(name, entry)))
 
     def view(self, row) -> torch.Tensor:
         """The view of the mapping that tensor ``row`` is (no requires_grad)."""

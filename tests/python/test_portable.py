@@ -257,6 +257,26 @@ def test_a_bound_module_outlives_its_archive(portable, cli, tmp_path):
     assert fresh.lin.weight.untyped_storage().nbytes() == 3 * 4 * 4
 
 
+def test_a_dropped_module_unmaps_its_archive_without_a_garbage_collection(portable, cli,
+                                                                         tmp_path):
+    # Nothing but the module's tensors holds the mapping once load_into has
+    # returned: no reference cycle waits for the collector (a hot-swapping
+    # server's old versions stayed mapped while one did).
+    _, path = saved_net(cli, tmp_path)
+    gc.collect()
+    gc.disable()
+    try:
+        for meta in (True, False):
+            fresh = net(seed=1, meta=meta)
+            fresh.rope = torch.arange(4.0)
+            tsar.load_into(fresh, path)
+            assert str(path) in open("/proc/self/maps").read()
+            del fresh
+            assert str(path) not in open("/proc/self/maps").read(), meta
+    finally:
+        gc.enable()
+
+
 def test_meta_is_never_left_behind(portable, cli, tmp_path):
     _, path = saved_net(cli, tmp_path)
     fresh = net(meta=True)
