@@ -1,5 +1,6 @@
 // WalkModule (python/src/module_walk.h).
 #include "python/src/module_walk.h"
+#include "python/src/py_ref.h"
 
 #include <utility>
 
@@ -21,13 +22,7 @@ const Names& N() {
   return names;
 }
 
-struct Ref {  // owns one reference
-  PyObject* p;
-  explicit Ref(PyObject* o) : p(o) {}
-  Ref(const Ref&) = delete;
-  Ref& operator=(const Ref&) = delete;
-  ~Ref() { Py_XDECREF(p); }
-};
+using Ref = PyRef;
 
 // A module's instance attribute, borrowed from its __dict__ (where
 // nn.Module.__init__ and __setattr__ keep _parameters, _buffers, _modules,

@@ -22,6 +22,7 @@
 #include "format/spec.h"
 #include "loader/archive_core.h"
 #include "loader/path_watch.h"
+#include "loader/read_ahead.h"
 #include "python/src/common.h"
 #include "python/src/portable_bind.h"
 #include "tsar/archive_file.h"
@@ -250,6 +251,30 @@ PYBIND11_MODULE(_tsar_portable, m) {
       },
       py::arg("file"), py::arg("module"), py::arg("items"), py::arg("training"), py::arg("loose"),
       py::arg("options"), py::arg("api"));
+
+  // load_into(read_ahead=True) on the portable path: reads the bytes of
+  // `ranges` [(address, nbytes)] (the bound tensors' views) ahead of their
+  // first touch, on a thread of its own (loader/read_ahead.h). Only ranges
+  // inside the mappings of the archive or its bases count: a tensor-parallel
+  // slice's C-order copy is already in memory. Returns whether a thread started.
+  m.def(
+      "read_ahead",
+      [](const ArchiveFile& file, const std::vector<std::pair<uintptr_t, uint64_t>>& ranges) {
+        if (file.mode() == MapMode::kRead) return false;  // bytes read at open, not mapped
+        std::vector<ByteRange> inside;
+        for (const auto& [address, nbytes] : ranges) {
+          for (const ArchiveCore* c = file.core().get(); c != nullptr; c = c->base.get()) {
+            const auto lo = reinterpret_cast<uintptr_t>(c->mapping->data());
+            if (address >= lo && nbytes <= c->mapping->size() &&
+                address - lo <= c->mapping->size() - nbytes) {
+              inside.push_back({reinterpret_cast<const uint8_t*>(address), nbytes});
+              break;
+            }
+          }
+        }
+        return StartReadAhead(file.core(), std::move(inside));
+      },
+      py::arg("file"), py::arg("ranges"));
 
   // tsar.LiveModule's watcher (python/tsar/_live.py): waits without the GIL.
   py::class_<PathWatch>(m, "PathWatch")

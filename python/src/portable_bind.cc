@@ -16,18 +16,13 @@
 #include "format/spec.h"
 #include "loader/archive_core.h"
 #include "python/src/module_walk.h"
+#include "python/src/py_ref.h"
 #include "tsar/dtype.h"
 
 namespace tsar::python {
 namespace {
 
-struct Ref {  // owns one reference (nullptr allowed)
-  PyObject* p;
-  explicit Ref(PyObject* o = nullptr) : p(o) {}
-  Ref(const Ref&) = delete;
-  Ref& operator=(const Ref&) = delete;
-  ~Ref() { Py_XDECREF(p); }
-};
+using Ref = PyRef;
 
 struct Names {  // interned once: attribute lookups compare pointers
   PyObject* is_meta = PyUnicode_InternFromString("is_meta");

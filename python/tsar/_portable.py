@@ -12,9 +12,12 @@ takes the new data's device).
 tsar/__init__.py uses this path when the accelerator (``tsar._tsar``, built
 against one torch) does not match the torch imported, or when the environment
 variable TSAR_PORTABLE=1 asks for it. ``tsar.save`` works too
-(tsar/_portable_save.py: the same writer, the same bytes). What it does not do
-raises tsar.Error (UNSUPPORTED) saying so: ``tsar.pack``, loading onto a GPU,
-read-ahead, and saving or binding sparse tensors need the accelerator. A tensor-parallel rank's slice of a
+(tsar/_portable_save.py: the same writer, the same bytes), and ``tsar.pack``
+(tsar._tsar_pack_portable: the `tsar` command's readers). load_into runs in
+C++ where it can (python/src/portable_bind.h), tsar/_portable_bind.py
+otherwise. What it does not do raises tsar.Error (UNSUPPORTED) saying so:
+loading onto a GPU, TorchScript inputs to tsar.pack and its arch=, and saving
+sparse tensors need the accelerator. A tensor-parallel rank's slice of a
 sharded tensor is a view of the whole tensor in C order (a copy the archive
 makes once), not of the rank's own run of the file.
 """

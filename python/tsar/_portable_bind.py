@@ -80,21 +80,37 @@ def bind_module(archive: PortableArchive, module, options):
 
     (entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
      read_ahead) = options
-    fast = not device and not read_ahead and world <= 1 and rank == 0
+    fast = not device and world <= 1 and rank == 0
+    report = None
     if fast:
         fast_options = (entry, archive_prefix, module_prefix, strict, allow_training)
         api = archive.bind_api(_PLAIN, _plain)
         report = _tsar_portable.bind_fast(archive._file, module, None, False, None, fast_options,
                                              api)
-        if report is not None:
-            return report
-    items, training, loose = _state_items(module)
-    if fast:
-        report = _tsar_portable.bind_fast(archive._file, None, items, training, loose,
-                                             fast_options, api)
-        if report is not None:
-            return report
-    return bind(archive, items, training, options, loose)
+    if report is None:
+        items, training, loose = _state_items(module)
+        if fast:
+            report = _tsar_portable.bind_fast(archive._file, None, items, training, loose,
+                                                 fast_options, api)
+        if report is None:
+            report = bind(archive, items, training, options, loose)
+    if read_ahead:
+        _read_ahead(archive, module, report[0])
+    return report
+
+
+def _read_ahead(archive: PortableArchive, module, bound) -> None:
+    """load_into(read_ahead=True): the bytes the bound tensors view, read
+    ahead of their first touch by a thread of tsar's (loader/read_ahead.h)."""
+    from ._bind import _state_items
+
+    names = set(bound)
+    ranges = []
+    for name, t in _state_items(module)[0]:
+        if name in names and t.layout is torch.strided and t.numel() > 0:
+            last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+            ranges.append((t.data_ptr(), (last + 1) * t.element_size()))
+    _tsar_portable.read_ahead(archive._file, ranges)
 
 
 def bind(archive: PortableArchive, items, training: bool, options, loose):
@@ -104,8 +120,6 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
     path = archive.path
     if device:
         raise unsupported(path, f"load_into(device={device!r})")
-    if read_ahead:
-        raise unsupported(path, "load_into(read_ahead=True)")
     entry_name = archive._file.bind_entry(entry)
     if training and archive.mode == "shared" and not allow_training:
         raise _error(path, "bind: the module is in training mode, whose layers (BatchNorm running "

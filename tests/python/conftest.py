@@ -30,3 +30,22 @@ def samples():
     if not os.path.isfile(manifest):
         pytest.fail(f"TSAR_SAMPLES={path!r}: no invalid/MANIFEST.tsv there")
     return path
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "accelerator: a test of what only the accelerator (tsar._tsar) does, skipped "
+        "where this process runs the portable path (tsar.backend()): beside another torch, or "
+        "with TSAR_PORTABLE=1")
+
+
+def pytest_collection_modifyitems(config, items):
+    from tsar import _backend
+
+    if _backend.accelerator is not None:
+        return
+    skip = pytest.mark.skip(reason=f"the accelerator's behaviour; this process runs the "
+                                   f"{_backend.describe()}")
+    for item in items:
+        if "accelerator" in item.keywords:
+            item.add_marker(skip)

@@ -180,6 +180,7 @@ def test_pack_checkpoints_and_strict(tmp_path, cli):
     assert ei.value.code == tsar.ErrorCode.INVALID_ARGUMENT and "on its own" in str(ei.value)
 
 
+@pytest.mark.accelerator
 def test_torchscript_same_bytes_as_cli(tmp_path, cli):
     m = net()
     ts = tmp_path / "net_ts.pt"

@@ -25,6 +25,7 @@ def _source():
     return sd
 
 
+@pytest.mark.accelerator
 @pytest.mark.skipif(GPU, reason="checks the error where there is no GPU")
 def test_without_a_gpu_device_is_refused_saying_why(tmp_path):
     tsar.save(_source(), tmp_path / "m.tsar")

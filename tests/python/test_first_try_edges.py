@@ -147,6 +147,7 @@ def test_checkpoints_beside_one_state_dict_still_export_whole(cli, tmp_path):
     assert isinstance(back, collections.OrderedDict) and list(back) == list(sd)
 
 
+@pytest.mark.accelerator
 def test_import_beside_another_torch_runs_the_portable_path_and_says_how_to_get_the_accelerator(
         tmp_path):
     code = ("import torch\n"

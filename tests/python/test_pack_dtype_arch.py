@@ -101,6 +101,7 @@ class Recurrent(torch.nn.Module):
         return self.fc(o[:, -1]) + self.head(o[:, -1])
 
 
+@pytest.mark.accelerator
 def test_arch_writes_the_torchscript_architecture_without_weights(cli, tmp_path):
     torch.manual_seed(0)
     model = Recurrent().eval()

@@ -398,8 +398,6 @@ def test_what_needs_the_accelerator_says_so(portable, cli, tmp_path):
     with tsar.open(path) as a:
         with pytest.raises(tsar.Error, match="onto a GPU needs tsar's accelerator"):
             a.state_dict(device="cuda:0")
-    with pytest.raises(tsar.Error, match=r"read_ahead=True\) needs"):
-        tsar.load_into(torch.nn.Module(), path, strict=False, read_ahead=True)
 
 
 def test_integrity_and_metadata_as_on_the_accelerator(portable, cli, tmp_path):

@@ -1,5 +1,6 @@
 """load_into(read_ahead=True): on an archive evicted from the page cache, the
-bytes the module binds arrive without the module touching them; by default
+bytes the module binds arrive without the module touching them (on both
+paths); by default
 they stay on the disk until touched; a rank reads its own slices, not its
 neighbours' (loader/read_ahead.h)."""
 import ctypes
@@ -70,7 +71,17 @@ def saved(tmp_path):
     return path
 
 
-def test_load_into_reads_what_it_binds_ahead_of_any_touch(saved):
+@pytest.fixture(params=["running", "portable"])
+def path_taken(request, monkeypatch):
+    """The path this process runs, and the portable path (tsar/_portable_bind.py)."""
+    if request.param == "portable":
+        from tsar import _backend
+
+        monkeypatch.setattr(_backend, "accelerator", None)
+    return request.param
+
+
+def test_load_into_reads_what_it_binds_ahead_of_any_touch(saved, path_taken):
     evict(saved)
     module = Wide().eval()
     tsar.load_into(module, saved, read_ahead=True)
@@ -90,6 +101,7 @@ def test_by_default_the_pages_wait_for_their_first_touch(saved):
     assert cached(saved, start, end) == (end - start) // PAGE
 
 
+@pytest.mark.accelerator
 def test_a_rank_reads_ahead_its_own_slices_only(tmp_path):
     torch.manual_seed(0)
     path = str(tmp_path / "tp.tsar")
