@@ -65,19 +65,20 @@ struct ModuleSlots {
 };
 std::optional<ModuleSlots> WalkModule(const py::handle& module, const py::dict& plain_cache,
                                       const py::handle& plain) {
-  std::optional<python::WalkedModule> walked =
-      python::WalkModule(module.ptr(), plain_cache.ptr(), plain.ptr(),
-                         reinterpret_cast<PyTypeObject*>(THPVariableClass));
-  if (!walked) return std::nullopt;
   ModuleSlots out;
-  out.training = walked->training;
-  out.slots.reserve(walked->slots.size());
-  for (python::WalkedTensor& w : walked->slots)
-    out.slots.push_back({std::move(w.name), THPVariable_Unpack(w.tensor).unsafeGetTensorImpl()});
-  for (python::WalkedTensor& w : walked->non_persistent) {
-    c10::TensorImpl* t = THPVariable_Unpack(w.tensor).unsafeGetTensorImpl();
-    if (t->device_type() == c10::DeviceType::Meta) out.loose.push_back({std::move(w.name), t});
-  }
+  const std::optional<bool> training = python::WalkModule(
+      module.ptr(), plain_cache.ptr(), plain.ptr(),
+      reinterpret_cast<PyTypeObject*>(THPVariableClass),
+      [&](std::string&& name, PyObject* tensor, bool persistent) {
+        c10::TensorImpl* t = THPVariable_Unpack(tensor).unsafeGetTensorImpl();
+        if (persistent) {
+          out.slots.push_back({std::move(name), t});
+        } else if (t->device_type() == c10::DeviceType::Meta) {
+          out.loose.push_back({std::move(name), t});
+        }
+      });
+  if (!training) return std::nullopt;
+  out.training = *training;
   return out;
 }
 

@@ -61,24 +61,24 @@ bool Plain(PyObject* module, PyObject* cache, PyObject* plain) {
   return r.p == Py_True;
 }
 
-// Appends dict's tensors (None skipped) to `out`, those named in `skip` to
-// `skipped`; false where the dict is not a plain dict of str -> Tensor.
+// Hands dict's tensors (None skipped) to `sink`, those named in `skip` as
+// not persistent; false where the dict is not a plain dict of str -> Tensor.
 bool Tensors(PyObject* dict, PyObject* skip, const std::string& prefix, PyTypeObject* tensor_type,
-             std::vector<WalkedTensor>* out, std::vector<WalkedTensor>* skipped = nullptr) {
+             const TensorSink& sink) {
   if (!PyDict_CheckExact(dict)) return false;
   Py_ssize_t pos = 0;
   PyObject *key, *value;
   while (PyDict_Next(dict, &pos, &key, &value)) {
     if (value == Py_None) continue;
     if (!PyUnicode_Check(key) || !PyObject_TypeCheck(value, tensor_type)) return false;
-    std::vector<WalkedTensor>* to = out;
+    bool persistent = true;
     if (skip != nullptr) {
       const int in = PySet_Contains(skip, key);
       if (in < 0) {
         PyErr_Clear();
         return false;
       }
-      if (in) to = skipped;
+      persistent = !in;
     }
     Py_ssize_t n = 0;
     const char* s = PyUnicode_AsUTF8AndSize(key, &n);
@@ -89,18 +89,18 @@ bool Tensors(PyObject* dict, PyObject* skip, const std::string& prefix, PyTypeOb
     std::string name;
     name.reserve(prefix.size() + static_cast<size_t>(n));
     name.append(prefix).append(s, static_cast<size_t>(n));
-    to->push_back({std::move(name), value});
+    sink(std::move(name), value, persistent);
   }
   return true;
 }
 
 }  // namespace
 
-std::optional<WalkedModule> WalkModule(PyObject* module, PyObject* plain_cache, PyObject* plain,
-                                       PyTypeObject* tensor_type) {
+std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject* plain,
+                               PyTypeObject* tensor_type, const TensorSink& sink) {
   if (!PyDict_Check(plain_cache)) return std::nullopt;
   const Names& k = N();
-  WalkedModule out;
+  bool any_training = false;
   // Depth first, children in _modules order: state_dict's order. A module
   // reached under two names is listed under both, as state_dict does. The
   // frames borrow their modules: the parents' _modules dicts hold them, and
@@ -121,7 +121,7 @@ std::optional<WalkedModule> WalkModule(PyObject* module, PyObject* plain_cache, 
       return std::nullopt;
     const int training = Truth(dict.p, k.training);
     if (training < 0) return std::nullopt;
-    out.training = out.training || training;
+    any_training = any_training || training;
     PyObject* params = Item(dict.p, k.parameters);
     PyObject* buffers = Item(dict.p, k.buffers);
     PyObject* skip = Item(dict.p, k.non_persistent);
@@ -129,8 +129,8 @@ std::optional<WalkedModule> WalkModule(PyObject* module, PyObject* plain_cache, 
     if (params == nullptr || buffers == nullptr || skip == nullptr || modules == nullptr ||
         !PyAnySet_Check(skip) || !PyDict_CheckExact(modules))
       return std::nullopt;
-    if (!Tensors(params, nullptr, prefix, tensor_type, &out.slots) ||
-        !Tensors(buffers, skip, prefix, tensor_type, &out.slots, &out.non_persistent))
+    if (!Tensors(params, nullptr, prefix, tensor_type, sink) ||
+        !Tensors(buffers, skip, prefix, tensor_type, sink))
       return std::nullopt;
     children.clear();
     Py_ssize_t pos = 0;
@@ -150,6 +150,19 @@ std::optional<WalkedModule> WalkModule(PyObject* module, PyObject* plain_cache, 
     }
     for (auto it = children.rbegin(); it != children.rend(); ++it) stack.push_back(std::move(*it));
   }
+  return any_training;
+}
+
+std::optional<WalkedModule> WalkModule(PyObject* module, PyObject* plain_cache, PyObject* plain,
+                                       PyTypeObject* tensor_type) {
+  WalkedModule out;
+  const std::optional<bool> training = WalkModule(
+      module, plain_cache, plain, tensor_type,
+      [&](std::string&& name, PyObject* tensor, bool persistent) {
+        (persistent ? out.slots : out.non_persistent).push_back({std::move(name), tensor});
+      });
+  if (!training) return std::nullopt;
+  out.training = *training;
   return out;
 }
 

@@ -37,15 +37,21 @@ def pytest_configure(config):
         "markers", "accelerator: a test of what only the accelerator (tsar._tsar) does, skipped "
         "where this process runs the portable path (tsar.backend()): beside another torch, or "
         "with TSAR_PORTABLE=1")
+    config.addinivalue_line(
+        "markers", "hdf5: a test that packs or exports HDF5, skipped where tsar was built without "
+        "it (the wheel: TSAR_SELF_CONTAINED)")
 
 
 def pytest_collection_modifyitems(config, items):
-    from tsar import _backend
+    from tsar import _backend, _build_info
 
-    if _backend.accelerator is not None:
-        return
-    skip = pytest.mark.skip(reason=f"the accelerator's behaviour; this process runs the "
-                                   f"{_backend.describe()}")
+    skips = {}
+    if _backend.accelerator is None:
+        skips["accelerator"] = pytest.mark.skip(
+            reason=f"the accelerator's behaviour; this process runs the {_backend.describe()}")
+    if not _build_info.hdf5:
+        skips["hdf5"] = pytest.mark.skip(reason="this tsar was built without HDF5 (the wheel)")
     for item in items:
-        if "accelerator" in item.keywords:
-            item.add_marker(skip)
+        for keyword, skip in skips.items():
+            if keyword in item.keywords:
+                item.add_marker(skip)

@@ -241,6 +241,7 @@ def test_a_bad_alignment_names_the_output_and_writes_nothing(tmp_path):
     assert not path.exists()
 
 
+@pytest.mark.hdf5
 def test_import_tsar_loads_neither_hdf5_nor_the_pack_module():
     """A worker that only opens and binds never loads libhdf5 and the ~30
     libraries behind it (4.5 ms at every start): they live in tsar._tsar_pack

@@ -47,6 +47,7 @@ def baseline(cli, tmp_path_factory):
     return peak
 
 
+@pytest.mark.hdf5
 @pytest.mark.parametrize("ext", ["safetensors", "h5"])
 def test_export_of_an_expanded_view_streams(cli, tmp_path, baseline, ext):
     src = tmp_path / "expanded.tsar"
@@ -80,6 +81,7 @@ def test_export_of_an_expanded_view_streams(cli, tmp_path, baseline, ext):
             assert np.frombuffer(f.read(e - b), dtype=np.float32).tolist() == [0, 3, 1, 4, 2, 5]
 
 
+@pytest.mark.hdf5
 def test_hdf5_pack_maps_contiguous_datasets(cli, tmp_path, baseline):
     src = tmp_path / "big.h5"
     data = np.arange(48 * MIB, dtype=np.float32)  # 192 MiB, contiguous (h5py's default)

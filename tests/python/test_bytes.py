@@ -205,6 +205,7 @@ def test_torchscript_same_bytes_as_cli(tmp_path, cli):
             assert torch.equal(fresh(ids), m(ids))
 
 
+@pytest.mark.hdf5
 def test_hdf5_same_bytes_as_cli(tmp_path, cli):
     h5 = tmp_path / "w.h5"
     rng = np.random.default_rng(0)

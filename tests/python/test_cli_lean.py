@@ -62,6 +62,7 @@ def inputs(tmp_path):
     return tmp_path
 
 
+@pytest.mark.hdf5
 def test_pack_export_and_read_commands_never_load_libtorch(cli, inputs):
     d = inputs
     runs = [("pack", "-q", d / "sd.pt", "-o", d / "sd.tsar"),
@@ -112,6 +113,7 @@ def test_torchscript_arch_and_pt_export_go_to_tsar_torch(cli, tmp_path):
     assert set(tsar.open(tmp_path / "two.tsar").entries) == {"a", "b"}
 
 
+@pytest.mark.hdf5
 def test_both_executables_write_the_same_bytes(cli, inputs):
     """The same PackFiles and exporters run in tsar (no LibTorch) and in
     tsar-torch; what they write must not depend on which one ran."""

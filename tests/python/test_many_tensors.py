@@ -85,6 +85,7 @@ def packed(cli, corpus):
     return out
 
 
+@pytest.mark.hdf5
 def test_every_input_packs_every_tensor(packed):
     for kind in ("safetensors", "sharded", "pt"):
         check_archive(packed[kind])
@@ -104,6 +105,7 @@ def test_inspect_verify_diff_residency(cli, packed):
     assert res["pages"] > 0
 
 
+@pytest.mark.hdf5
 @pytest.mark.parametrize("ext", ["pt", "safetensors", "h5"])
 def test_export_and_read_back(cli, packed, corpus, ext):
     out = corpus / f"back.{ext}"

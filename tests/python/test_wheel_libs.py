@@ -23,6 +23,7 @@ def needs(path):
     return [line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line]
 
 
+@pytest.mark.hdf5
 def test_a_library_from_a_dev_package_fails_naming_it(cli, tmp_path):
     # The tsar command of this (Debian-linked) build needs libhdf5 and more.
     outside = [n for n in needs(cli) if n.startswith(("libhdf5", "libminizip", "libxxhash"))]
