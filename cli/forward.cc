@@ -7,6 +7,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,45 @@ std::string SelfDirectory() {
   return self.substr(0, self.rfind('/'));
 }
 
+// The torch.__version__ of the torch package at `torch_dir` (its version.py:
+// `__version__ = '2.7.1+cu126'`), or "" where there is none to read.
+std::string TorchVersionAt(const std::string& torch_dir) {
+  std::ifstream in(torch_dir + "/version.py");
+  std::string line;
+  while (in && line.size() < 4096 && std::getline(in, line)) {
+    if (line.rfind("__version__", 0) != 0) continue;
+    const size_t open = line.find_first_of("'\"");
+    if (open == std::string::npos) return "";
+    const size_t close = line.find(line[open], open + 1);
+    return close == std::string::npos ? "" : line.substr(open + 1, close - open - 1);
+  }
+  return "";
+}
+
+// In a wheel, tsar-torch finds LibTorch through a run path into the torch
+// package of the environment it is installed in (python/CMakeLists.txt),
+// whatever torch that is. Built for another one, it would crash at its first
+// call into LibTorch: refused here instead, saying what to do
+// (TSAR_WHEEL_TORCH_DIR, relative to the environment, and the version tsar was
+// built against are compiled in for a wheel only).
+void CheckTheTorchBeside(const std::string& dir, const std::string& command,
+                         const std::string& why) {
+#if defined(TSAR_WHEEL_TORCH_DIR) && defined(TSAR_BUILT_FOR_TORCH)
+  const std::string here = TorchVersionAt(dir + "/../" + TSAR_WHEEL_TORCH_DIR);
+  const std::string built = TSAR_BUILT_FOR_TORCH;
+  if (here.empty() || here == built) return;
+  throw Error(ErrorCode::kUnsupported, "", std::nullopt,
+              "tsar " + command + ": " + why +
+                  " runs in tsar-torch, the part of tsar that links LibTorch, built for torch " +
+                  built + ", and this environment has torch " + here +
+                  ": rebuild tsar here (pip install --force-reinstall --no-deps <tsar source>), "
+                  "install torch " + built.substr(0, built.find('+')) +
+                  ", or save the weights with torch.save(model.state_dict()) and pack that file");
+#else
+  (void)dir, (void)command, (void)why;
+#endif
+}
+
 }  // namespace
 
 const TorchSide* LinkedTorchSide() { return nullptr; }
@@ -36,6 +77,7 @@ void ForwardToTorchSide(const std::string& command, const std::string& why) {
                   " needs LibTorch, and this tsar was built without it (-DTSAR_WITH_TORCH=OFF)");
 #endif
   const std::string dir = SelfDirectory();
+  CheckTheTorchBeside(dir, command, why);
   const std::vector<std::string> candidates = {dir + "/tsar-torch",
                                                dir + "/../libexec/tsar/tsar-torch"};
   std::vector<char*> argv;

@@ -34,9 +34,11 @@ def samples():
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "accelerator: a test of what only the accelerator (tsar._tsar) does, skipped "
-        "where this process runs the portable path (tsar.backend()): beside another torch, or "
-        "with TSAR_PORTABLE=1")
+        "markers", "accelerator: a test of what only tsar's LibTorch-linked parts do (the "
+        "accelerator tsar._tsar; tsar-torch behind the tsar command: TorchScript, --arch, export "
+        "to .pt), skipped where this process runs the portable path (tsar.backend()): beside "
+        "another torch, whose tsar-torch the wheel's tsar refuses to start, or with "
+        "TSAR_PORTABLE=1")
     config.addinivalue_line(
         "markers", "hdf5: a test that packs or exports HDF5, skipped where tsar was built without "
         "it (the wheel: TSAR_SELF_CONTAINED)")

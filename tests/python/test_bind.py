@@ -166,6 +166,7 @@ def test_entry_selects_the_state_dict(tmp_path):
     assert ei.value.code == tsar.ErrorCode.NOT_FOUND
 
 
+@pytest.mark.accelerator
 def test_the_module_walk_lists_what_state_dict_lists(tmp_path):
     """load_into walks the module tree itself (tsar._bind._state_items): the same
     names, tensor objects and order as state_dict(keep_vars=True), and whether any

@@ -255,6 +255,7 @@ def test_saving_is_atomic_and_read_only(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ro.tsar"], "no temporary file is left behind"
 
 
+@pytest.mark.accelerator
 def test_every_dtype_exports_back_exactly(tmp_path, cli):
     """torch.save of torch 2.x (float8 and uint16-64 as _rebuild_tensor_v3) ->
     tsar pack -> export .pt -> torch.load(weights_only=True), and -> export

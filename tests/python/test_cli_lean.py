@@ -92,6 +92,7 @@ def test_pack_export_and_read_commands_never_load_libtorch(cli, inputs):
             assert torch.equal(a.tensor(name, "model"), t), name
 
 
+@pytest.mark.accelerator
 def test_torchscript_arch_and_pt_export_go_to_tsar_torch(cli, tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())

@@ -239,6 +239,7 @@ def test_tsar_pack_takes_the_plan_and_repacking_without_it_gives_the_plain_archi
         tsar.pack(tmp_path / "m.pt", tmp_path / "x.tsar", tp="2", shard={"col.*": 0})
 
 
+@pytest.mark.accelerator
 def test_export_diff_and_verify_see_the_original_values(tmp_path, cli):
     safetensors = pytest.importorskip("safetensors.torch")
     sd = _source(torch.float32)

@@ -13,6 +13,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CHECK = os.path.join(ROOT, "scripts", "check_wheel_libs.py")
 
 
+pytest.importorskip("elftools", reason="check_wheel_libs.py reads ELF files with pyelftools "
+                    "(scripts/requirements.txt)")
+
+
 def check(wheel, *args):
     r = subprocess.run([sys.executable, CHECK, str(wheel), *args], capture_output=True, text=True)
     return r.returncode, r.stdout + r.stderr
