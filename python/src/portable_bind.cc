@@ -143,7 +143,6 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
   const ArchiveCore& core = *file.core();
   const format::Index& index = core.index;
   if (index.tp_world() != 0) Py_RETURN_NONE;  // slices and C-order copies: tsar/_portable_bind.py
-  if (training && file.mode() == MapMode::kShared && !a.allow_training) Py_RETURN_NONE;
 
   // The slots: the module walked here, or (name, tensor) items from Python.
   WalkedModule walked;
