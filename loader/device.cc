@@ -6,6 +6,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -17,17 +18,29 @@
 
 #include "loader/archive_impl.h"
 #include "loader/bind_common.h"
+#include "loader/cuda_host.h"
 #include "loader/device_pipeline.h"
 
 namespace tsar {
 namespace {
 
 // CopyEngine over LibTorch: pinned buffers from its host allocator, a pool of
-// device streams, one event per buffer.
+// device streams, one event per buffer. A direct lane's engine (`host`, the
+// CUDA runtime's page-locking) copies from the windows it locks instead.
 class TorchEngine : public CopyEngine {
  public:
-  TorchEngine(c10::Device device, int streams, std::vector<at::Tensor>* targets)
-      : device_(device), guard_(device.type()), targets_(targets) {
+  TorchEngine(c10::Device device, int streams, std::vector<at::Tensor>* targets,
+              const CudaHost* host = nullptr, const uint8_t* locked = nullptr,
+              uint64_t locked_size = 0)
+      : device_(device),
+        guard_(device.type()),
+        targets_(targets),
+        host_(host),
+        locked_(locked),
+        locked_size_(locked_size),
+        direct_(host != nullptr || locked != nullptr),
+        // "cuda" without an index: the calling thread's current device.
+        thread_device_(device.has_index() ? device : guard_.getDevice()) {
     // The targets were allocated on the current stream, whose caching
     // allocator may hand back blocks that work queued there still reads: the
     // copy streams start after everything queued on it so far.
@@ -50,15 +63,39 @@ class TorchEngine : public CopyEngine {
     const c10::StreamGuard on(streams_[stream]);
     (*targets_)[target]
         .narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(n))
-        .copy_(PinnedView(src, n), /*non_blocking=*/true);
+        .copy_(direct_ ? LockedView(src, n) : PinnedView(src, n), /*non_blocking=*/true);
   }
-  void RecordDone(int stream, int buffer) override { events_[buffer].record(streams_[stream]); }
+  void RecordDone(int stream, int buffer) override {
+    while (events_.size() <= static_cast<size_t>(buffer)) events_.emplace_back(device_.type());
+    events_[buffer].record(streams_[stream]);
+  }
   void WaitDone(int buffer) override { events_[buffer].synchronize(); }
   void Finish() override {
     for (const c10::Stream& s : streams_) s.synchronize();
   }
+  // A direct lane's thread works on the target's device (a new thread's
+  // CUDA device is 0: locking there would make a context on another GPU).
+  void EnterThread() override { guard_.setDevice(thread_device_); }
+  bool Register(const void* p, uint64_t n) override {
+    if (LockedAlready(p, n)) return true;
+    return host_ != nullptr && host_->Register(p, n);
+  }
+  void Unregister(const void* p) override {
+    if (!LockedAlready(p, 1) && host_ != nullptr) host_->Unregister(p);
+  }
 
  private:
+  // [src, src + n) of a locked window, as a CPU tensor: its copy_ with
+  // non_blocking is an asynchronous DMA from the window.
+  bool LockedAlready(const void* p, uint64_t n) const {
+    const auto* q = static_cast<const uint8_t*>(p);
+    return locked_ != nullptr && q >= locked_ && n <= locked_size_ &&
+           static_cast<uint64_t>(q - locked_) <= locked_size_ - n;
+  }
+  static at::Tensor LockedView(const void* src, uint64_t n) {
+    return at::from_blob(const_cast<void*>(src), {static_cast<int64_t>(n)},
+                         at::TensorOptions().dtype(at::kByte));
+  }
   // The slice of the pinned buffer holding [src, src + n).
   at::Tensor PinnedView(const void* src, uint64_t n) const {
     const auto* p = static_cast<const uint8_t*>(src);
@@ -74,6 +111,11 @@ class TorchEngine : public CopyEngine {
   c10::Device device_;
   c10::impl::VirtualGuardImpl guard_;
   std::vector<at::Tensor>* targets_;
+  const CudaHost* host_;
+  const uint8_t* locked_;
+  uint64_t locked_size_;
+  bool direct_;  // a direct lane's engine: copies read locked windows
+  c10::Device thread_device_;
   std::vector<c10::Stream> streams_;
   std::vector<at::Tensor> pinned_;
   std::vector<c10::Event> events_;
@@ -84,6 +126,15 @@ class TorchEngine : public CopyEngine {
 void CheckDevice(c10::Device device, const std::string& path, const char* what,
                  const DeviceOptions& options) {
   if (device.is_cpu()) return;
+  if (options.direct_lanes < -1 || options.direct_lanes > 16 || options.windows < 1 ||
+      options.windows > 64 || options.window_bytes < 4096 ||
+      options.window_bytes > (uint64_t{1} << 36)) {
+    throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
+                std::string(what) + ": direct lanes: expected direct_lanes from -1 (none) to 16, "
+                    "windows from 1 to 64 and window_bytes from 4 KiB to 64 GiB, found " +
+                    std::to_string(options.direct_lanes) + ", " + std::to_string(options.windows) +
+                    " and " + std::to_string(options.window_bytes));
+  }
   if (options.buffers < 1 || options.streams < 0 || options.streams > 64 ||
       options.fill_threads < 0 || options.fill_threads > 256) {
     throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
@@ -165,9 +216,31 @@ std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10
     asked.buffers = options.buffers;
     asked.streams = options.streams;
     asked.fill_threads = options.fill_threads;
+    asked.direct_lanes = options.direct_lanes;
+    asked.staging = options.staging;
+    asked.window_bytes = options.window_bytes;
+    asked.windows = options.windows;
     const PipelineOptions p = StagingFor(asked, std::thread::hardware_concurrency());
     TorchEngine engine(device, p.streams, &device_bytes);
-    RunPipeline(ranges, engine, p);
+    // Direct lanes where the CUDA runtime can lock host memory (else the
+    // staging lane alone).
+    const CudaHost* host = p.direct_lanes > 0 ? CudaHost::Find() : nullptr;
+    const auto* locked = static_cast<const uint8_t*>(options.locked_base);
+    EngineFactory direct;
+    if (p.direct_lanes > 0 && (host != nullptr || locked != nullptr)) {
+      direct = [&, host, locked] {
+        // A direct engine without the runtime copies from the locked range
+        // only (it refuses to lock anything else).
+        return std::unique_ptr<CopyEngine>(std::make_unique<TorchEngine>(
+            device, p.streams, &device_bytes, host, locked, options.locked_size));
+      };
+    }
+    const PipelineStats s = RunPipeline(ranges, engine, p, {}, direct);
+    if (options.stats != nullptr) {
+      *options.stats = DeviceStats{s.bytes, s.bytes_direct, s.pinned_bytes, s.locked_bytes,
+                                   s.fill_threads, p.streams, s.direct_lanes, s.windows_direct,
+                                   s.windows_refused};
+    }
   }
   std::vector<at::Tensor> out;
   out.reserve(sources.size());

@@ -19,6 +19,8 @@
 #   --build DIR    build folder (default build-gpu); pytest and the peers that
 #                  PY lacks are installed into DIR/pylib (PY's environment stays)
 #   --sizes LIST   P8 model sizes in GiB (default 2,8)
+#   --cold LIST    of those, the sizes P8 also loads from a cold page cache
+#                  (default the first)
 #   --out DIR      where the tables go (default $OUT if set, else build-gpu/results)
 #   --no-bench     tests only
 # Exit status: 0 when every test passed or skipped, 1 when one failed, 2 for
@@ -31,6 +33,7 @@ deps=$repo/shared/gpu-deps
 py=${TSAR_GPU_PYTHON:-}
 build=$repo/build-gpu
 sizes=2,8
+cold=
 out=${OUT:-}
 bench=1
 while [ $# -gt 0 ]; do
@@ -39,9 +42,10 @@ while [ $# -gt 0 ]; do
     --python) py=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
+    --cold) cold=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-bench) bench=0; shift ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -137,7 +141,7 @@ fi
 if [ $bench = 1 ]; then
   step "P8 benchmark (sizes $sizes GiB)"
   (cd bench && PYTHONPATH="$build/python:.:$lib" "$py" peers/p8_gpu.py \
-     --sizes "$sizes" --workdir "$build/p8" --out "$out/p8.md") >"$out/p8.log" 2>&1 ||
+     --sizes "$sizes" --cold "${cold:-${sizes%%,*}}" --workdir "$build/p8" --out "$out/p8.md") >"$out/p8.log" 2>&1 ||
     { echo "P8 failed:"; tail -20 "$out/p8.log"; failed=1; }
 fi
 

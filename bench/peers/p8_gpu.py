@@ -5,15 +5,16 @@ and the stream synchronized:
 
 - pinned memcpy, the limit: the file's bytes already in one pinned host
   buffer of the file's size, one ``copy_`` to the device (no file read at all);
-- tsar ``Archive.state_dict(device="cuda")`` (C++ ``to_device``: staging
-  through bounded pinned buffers on several streams), at the default 64 MiB of
-  pinned memory and at 256 MiB;
-- tsar ``state_dict(device="cuda", pin="register")`` (issue 44): the
-  archive's own mapping page-locked in place once (``cudaHostRegister``,
-  read-only) at the first load and kept, every load copying from it directly;
-  the registration's time is reported under the table;
-- the same registration made and undone around every load (pins the whole
-  file while it runs);
+- tsar ``Archive.state_dict(device="cuda")``, the default ``pin="auto"``
+  (C++ ``to_device``, issue 44): a staging lane (bounded pinned buffers
+  filled by the host's cores, several streams) and a direct lane (windows of
+  the mapping page-locked in place, read-only, read by the GPU, unlocked)
+  sharing the archive's windows; what share each lane took is reported under
+  the table; then each lane alone, ``pin="stage"`` and ``pin="window"``;
+- tsar ``state_dict(device="cuda", pin="register")``: the archive's own
+  mapping page-locked in place once (``cudaHostRegister``, read-only) at the
+  first load and kept, every load reading it directly; the registration's
+  time is reported under the table;
 - safetensors ``load_file(path, device="cuda:0")``;
 - ``torch.load(path, mmap=True, weights_only=True)`` then ``.to("cuda")`` of
   every tensor (the tied head goes twice: torch does not keep ties across .to);
@@ -27,6 +28,11 @@ and the stream synchronized:
   thread's own CUDA stream and waited for), its tensors taken from the
   deserializer, a mapping of names to tensors; the file written by
   ``TensorSerializer.write_state_dict`` of the same tensors (the head once).
+
+Then a cold-cache table (``--cold``): each file evicted from the page cache
+(``posix_fadvise(DONTNEED)``, no mapping of it alive) before one load, beside
+``dd`` of the same file evicted the same way: how close each loader comes to
+the disk's rate.
 
 Each loader runs --repeat times after one read of its file (warm cache);
 the best and the median are reported as GB/s of the model's tensor bytes,
@@ -100,11 +106,30 @@ def sync() -> None:
 
 
 # --- the loaders: each returns a dict of CUDA tensors -----------------------------
-def tsar_loader(pinned: int) -> Callable[[str], Dict[str, torch.Tensor]]:
-    def load(path):
+class TsarLoader:
+    """tsar.open(p).state_dict(device="cuda", **kwargs): a fresh archive (and
+    mapping) per load, as a server's start; the last load's device_stats
+    reported under the table."""
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.stats = kwargs, {}
+
+    def __call__(self, path):
         import tsar
-        return tsar.open(path).state_dict(device="cuda", pinned_bytes=pinned)
-    return load
+        a = tsar.open(path)
+        out = a.state_dict(device="cuda", **self.kwargs)
+        self.stats[path] = a.device_stats
+        return out
+
+    def note(self, path):
+        s = self.stats.pop(path, None)
+        if not s:
+            return None
+        return (f"tsar {self.kwargs or 'defaults'}: {s['bytes_direct'] / max(1, s['bytes']):.0%} of the "
+                f"bytes read by the GPU from locked windows ({s['windows_direct']} windows, "
+                f"{s['windows_refused']} refused, {s['direct_lanes']} direct lanes, at most "
+                f"{s['locked_bytes'] >> 20} MiB locked at once), the rest staged by "
+                f"{s['fill_threads']} threads through {s['pinned_bytes'] >> 20} MiB pinned")
 
 
 class RegisteredOnce:
@@ -134,43 +159,6 @@ class RegisteredOnce:
         return None if s is None else (f"tsar pin=\"register\": registering the mapping "
                                        f"({os.path.getsize(path) / 2**30:.2f} GiB) took {s:.3f} s, "
                                        "once, at the first load")
-
-
-def registered_mapping(path):
-    """The design to_device does not use (issue 29 asks to try it): the
-    archive's own mapping page-locked in place with cudaHostRegister
-    (read-only), then one copy_ per storage straight from it, on the current
-    stream, and the views rebuilt over the device storages. Registering pins
-    every page (faulting it in), and is part of the time."""
-    import tsar
-    a = tsar.open(path)
-    sd = a.state_dict()  # zero-copy views of the mapping
-    storages = {}
-    for t in sd.values():
-        s = t.untyped_storage()
-        storages.setdefault(s.data_ptr(), s)
-    lo = min(storages) & ~4095
-    hi = max(p + s.nbytes() for p, s in storages.items())
-    hi = (hi + 4095) & ~4095
-    cudart = torch.cuda.cudart()
-    err = cudart.cudaHostRegister(lo, hi - lo, 8)  # cudaHostRegisterReadOnly
-    if int(err) != 0:
-        raise RuntimeError(f"cudaHostRegister: error {int(err)}")
-    try:
-        dev = {}
-        for ptr, s in storages.items():
-            host = torch.empty(0, dtype=torch.uint8).set_(s)
-            dev[ptr] = torch.empty(s.nbytes(), dtype=torch.uint8, device="cuda")
-            dev[ptr].copy_(host, non_blocking=True)
-        out = {}
-        for name, t in sd.items():
-            d = dev[t.untyped_storage().data_ptr()]
-            out[name] = torch.empty(0, dtype=t.dtype, device="cuda").set_(
-                d.untyped_storage(), t.storage_offset(), t.shape, t.stride())
-        torch.cuda.synchronize()
-        return out
-    finally:
-        cudart.cudaHostUnregister(lo)
 
 
 def safetensors_load_file(path):
@@ -232,16 +220,15 @@ class Row:
 
 def rows() -> List[Row]:
     return [
-        Row("tsar (64 MiB pinned, the default)", 'tsar.open(p).state_dict(device="cuda")', "tsar",
-            tsar_loader(64 << 20), "tsar", "tsar", pinned="64 MiB"),
-        Row("tsar (256 MiB pinned)", 'state_dict(device="cuda", pinned_bytes=256 << 20)', "tsar",
-            tsar_loader(256 << 20), "tsar", "tsar", pinned="256 MiB"),
+        Row("tsar, the default (pin=\"auto\": staging + a direct lane)", 'tsar.open(p).state_dict(device="cuda")',
+            "tsar", TsarLoader(), "tsar", "tsar", pinned="64 MiB + 256 MiB locked windows"),
+        Row("tsar pin=\"stage\" (the staging lane alone)", 'state_dict(device="cuda", pin="stage")', "tsar",
+            TsarLoader(pin="stage"), "tsar", "tsar", pinned="64 MiB"),
+        Row("tsar pin=\"window\" (a direct lane alone)", 'state_dict(device="cuda", pin="window")', "tsar",
+            TsarLoader(pin="window"), "tsar", "tsar", pinned="256 MiB locked windows"),
         Row("tsar pin=\"register\" (registered at the first load and kept; best: a later load)",
             'a = tsar.open(p); a.state_dict(device="cuda", pin="register")', "tsar",
             RegisteredOnce(), "tsar", "tsar", pinned="the whole file, once"),
-        Row("tsar mapping registered per load (cudaHostRegister, then unregistered)",
-            "cudaHostRegister(mapping, ReadOnly); copy_ per storage", "tsar", registered_mapping,
-            "tsar", "tsar", pinned="the whole file"),
         Row("safetensors load_file", 'load_file(p, device="cuda:0")', "safetensors",
             safetensors_load_file, "safetensors", "safetensors"),
         Row("torch.load(mmap=True) + .to", 'torch.load(p, mmap=True, weights_only=True); v.to("cuda")',
@@ -297,6 +284,62 @@ def measure_limit(path: str, nbytes: int, repeat: int) -> List[float]:
     return times
 
 
+def evict(path: str) -> None:
+    """Drops the file's pages from the page cache (clean pages of a file no
+    process maps: DONTNEED evicts them without privileges)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def dd(path: str) -> None:
+    """What dd if=path of=/dev/null bs=16M does: the disk's read rate."""
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(16 << 20)
+        while f.readinto(buf):
+            pass
+
+
+def cold_table(files, nbytes, best_limit, say) -> None:
+    """One load per loader from a file evicted from the page cache, beside dd
+    of the same file evicted the same way (the disk's rate)."""
+    say()
+    say("Cold page cache: the file evicted (posix_fadvise DONTNEED) before one load each; GB/s of the "
+        "model's tensor bytes; x disk = against dd of the same file, evicted the same way.")
+    say()
+    say("| loader | GB/s | x disk | x limit |")
+    say("|---|---|---|---|")
+    size = os.path.getsize(files["tsar"])
+    evict(files["tsar"])
+    t = time.perf_counter()
+    dd(files["tsar"])
+    disk = size / (time.perf_counter() - t) / 1e9
+    say(f"| dd of the .tsar file (bs=16M, to nothing) | {disk:.1f} (of the file's {size / 1e9:.2f} GB) "
+        f"| 1.00 | {disk / best_limit:.2f} |")
+    for name, fmt, load in (("tsar, the default (pin=\"auto\")", "tsar", TsarLoader()),
+                            ("tsar pin=\"stage\"", "tsar", TsarLoader(pin="stage")),
+                            ("safetensors load_file", "safetensors", safetensors_load_file)):
+        if fmt not in files:
+            continue
+        evict(files[fmt])
+        torch.cuda.empty_cache()
+        sync()
+        t = time.perf_counter()
+        try:
+            got = load(files[fmt])
+            sync()
+        except Exception as e:
+            say(f"| {name} | failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} | | |")
+            continue
+        rate = nbytes / (time.perf_counter() - t) / 1e9
+        del got
+        gc.collect()
+        say(f"| {name} | {rate:.1f} | {rate / disk:.2f} | {rate / best_limit:.2f} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -304,6 +347,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", required=True, help="where the model files are written (reused)")
     ap.add_argument("--out", help="also write the table here (markdown)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cold", default="", help="sizes (GiB) of the models to load cold too, "
+                    "comma-separated (default none)")
     args = ap.parse_args(argv)
     lines: List[str] = []
 
@@ -387,6 +432,10 @@ def main(argv=None) -> int:
         for n in notes:
             say()
             say(n)
+        if f"{size:g}" in [c.strip() for c in args.cold.split(",") if c.strip()]:
+            del want
+            gc.collect()
+            cold_table(files, nbytes, best_limit, say)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

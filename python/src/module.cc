@@ -29,14 +29,42 @@ namespace {
 // read_ahead), as
 // python/tsar/_bind.py builds it. A GPU bind stages with BindOptions'
 // default DeviceOptions (load_into offers no staging options).
+// The direct lanes of a GPU copy, as python/tsar/_device.py makes them from
+// pin=: (direct_lanes, staging, window_bytes, windows, locked_base,
+// locked_size).
+using DirectArgs = std::tuple<int, bool, uint64_t, int, uintptr_t, uint64_t>;
 using BindArgs = std::tuple<std::string, bool, bool, std::string, std::string, int64_t, int64_t,
-                            std::string, bool>;
+                            std::string, bool, DirectArgs>;
+
+void SetDirect(DeviceOptions& o, const DirectArgs& direct) {
+  const auto& [lanes, staging, window_bytes, windows, locked_base, locked_size] = direct;
+  o.direct_lanes = lanes;
+  o.staging = staging;
+  o.window_bytes = window_bytes;
+  o.windows = windows;
+  o.locked_base = reinterpret_cast<const void*>(locked_base);
+  o.locked_size = locked_size;
+}
+
+py::dict StatsDict(const DeviceStats& s) {
+  py::dict d;
+  d["bytes"] = s.bytes;
+  d["bytes_direct"] = s.bytes_direct;
+  d["pinned_bytes"] = s.pinned_bytes;
+  d["locked_bytes"] = s.locked_bytes;
+  d["fill_threads"] = s.fill_threads;
+  d["streams"] = s.streams;
+  d["direct_lanes"] = s.direct_lanes;
+  d["windows_direct"] = s.windows_direct;
+  d["windows_refused"] = s.windows_refused;
+  return d;
+}
 
 // BindSlots with `args`; (bound, missing, unexpected, mismatched, tied).
 py::tuple Bind(std::vector<BindSlot>& slots, bool training, const Archive& archive,
                const BindArgs& args, const std::vector<BindSlot>& loose) {
   const auto& [entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
-               read_ahead] = args;
+               read_ahead, direct] = args;
   BindOptions o;
   o.entry = entry;
   o.strict = strict;
@@ -46,6 +74,7 @@ py::tuple Bind(std::vector<BindSlot>& slots, bool training, const Archive& archi
   o.rank = rank;
   o.world = world;
   if (!device.empty()) o.device = c10::Device(device);
+  SetDirect(o.staging, direct);
   o.read_ahead = read_ahead;
   BindReport r;
   if (o.device.is_cpu()) {
@@ -105,12 +134,16 @@ PYBIND11_MODULE(_tsar, m) {
       .def(
           "to_device",
           [](const Archive& a, const std::string& device, const std::string& entry,
-             uint64_t pinned_bytes, int buffers, int streams, int fill_threads) {
+             uint64_t pinned_bytes, int buffers, int streams, int fill_threads,
+             const DirectArgs& direct) {
             DeviceOptions o;
             o.pinned_bytes = pinned_bytes;
             o.buffers = buffers;
             o.streams = streams;
             o.fill_threads = fill_threads;
+            SetDirect(o, direct);
+            DeviceStats stats;
+            o.stats = &stats;
             torch::OrderedDict<std::string, at::Tensor> sd;
             {
               py::gil_scoped_release unlocked;
@@ -118,10 +151,10 @@ PYBIND11_MODULE(_tsar, m) {
             }
             std::vector<std::pair<std::string, at::Tensor>> out;
             for (auto& item : sd) out.emplace_back(item.key(), item.value());
-            return out;
+            return py::make_tuple(out, StatsDict(stats));
           },
           py::arg("device"), py::arg("entry"), py::arg("pinned_bytes"), py::arg("buffers"),
-          py::arg("streams"), py::arg("fill_threads"))
+          py::arg("streams"), py::arg("fill_threads"), py::arg("direct"))
       .def(
           "shard",
           [](const Archive& a, const std::string& name, int64_t rank, int64_t world,

@@ -99,6 +99,7 @@ def load_into(
     world: int = 0,
     device=None,
     read_ahead: bool = False,
+    pin: str = "auto",
 ) -> BindReport:
     """Points every parameter and buffer of ``module`` at the archive, in place.
 
@@ -165,6 +166,11 @@ def load_into(
     views. Tensors the archive does not hold (non-persistent buffers such as
     rotary frequencies, names left unmatched with ``strict=False``) then go
     to the device too, by torch's own copy, so the whole module is there.
+    ``pin`` says how the bytes reach the GPU, as for
+    :meth:`Archive.state_dict`: ``"auto"`` (staging and a direct lane of
+    locked windows together), ``"stage"``, ``"window"``, or ``"register"``
+    (the archive's mapping locked once and kept while ``path_or_archive``, an
+    open :class:`Archive`, lives: for loading it onto GPUs again and again).
     Raises tsar.Error (UNSUPPORTED) before anything changes where torch has
     no CUDA or there is no GPU.
 
@@ -181,7 +187,12 @@ def load_into(
     """
     _check_rank_world(rank, world)
     target = _device(device)
+    from . import _device as device_pin
+    device_pin.check_pin(pin)
     archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
+    direct = device_pin.NO_DEVICE  # the portable path refuses a device itself
+    if target and _backend.accelerator is not None:
+        direct = device_pin.direct_args(archive, pin, target)
     # The walk and the report make one tuple per tensor and no reference
     # cycle; left on, the collector promotes them and runs full collections
     # over the whole heap (a second model awaiting collection made binding
@@ -190,7 +201,7 @@ def load_into(
     gc.disable()
     try:
         options = (entry or "", bool(strict), bool(allow_training), str(archive_prefix),
-                   str(module_prefix), int(rank), int(world), target, bool(read_ahead))
+                   str(module_prefix), int(rank), int(world), target, bool(read_ahead), direct)
         # The module tree walked in C++; None for a module that needs its own
         # state_dict() (hooks, an overridden _save_to_state_dict...).
         accelerator = _backend.accelerator

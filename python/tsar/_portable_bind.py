@@ -79,7 +79,7 @@ def bind_module(archive: PortableArchive, module, options):
     from ._bind import _PLAIN, _plain, _state_items
 
     (entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
-     read_ahead) = options
+     read_ahead, _direct) = options
     fast = not device and world <= 1 and rank == 0
     report = None
     if fast:
@@ -116,7 +116,7 @@ def _read_ahead(archive: PortableArchive, module, bound) -> None:
 def bind(archive: PortableArchive, items, training: bool, options, loose):
     """(bound, missing, unexpected, mismatched, tied), as ``_tsar.bind``."""
     (entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
-     read_ahead) = options
+     read_ahead, _direct) = options
     path = archive.path
     if device:
         raise unsupported(path, f"load_into(device={device!r})")

@@ -1,5 +1,6 @@
-"""Archive.state_dict(device=, pin="register"): the archive's own mapping
-page-locked once, in place and read-only, and copied from directly.
+"""pin="register" (Archive.state_dict(device=), load_into(device=)): the
+archive's own mapping page-locked once, in place and read-only, and read by
+the GPU directly (C++ to_device's direct lane, told the locked range).
 
 The default GPU path (``pin="stage"``, C++ ``to_device``) copies the mapping
 into bounded pinned buffers on the host's cores, then to the GPU: its speed is
@@ -16,11 +17,9 @@ share them (cudaHostRegisterReadOnly; no copy-on-write is taken).
 """
 from __future__ import annotations
 
-import collections
 import threading
 import time
 import weakref
-from typing import Optional
 
 import torch
 
@@ -79,37 +78,3 @@ def release(archive) -> None:
         if r is not None:
             r._finalizer()
             archive._registration = None
-
-
-def to_device(archive, entry: Optional[str], device: torch.device):
-    """Every tensor of ``entry`` on ``device``, copied from the registered
-    mapping: each storage once (its whole bytes), on the current stream, then
-    the views rebuilt over the device storages (ties and views stay views of
-    one device storage). Synchronizes the stream before returning, as the
-    staged path does."""
-    registration(archive)
-    host = collections.OrderedDict(archive._a().state_dict(entry or ""))  # views of the mapping
-    on_device = {}
-    with torch.cuda.device(device):
-        for t in host.values():
-            if t.layout != torch.strided:
-                continue
-            s = t.untyped_storage()
-            key = s.data_ptr()
-            if key not in on_device:
-                src = torch.empty(0, dtype=torch.uint8).set_(s)
-                dst = torch.empty(s.nbytes(), dtype=torch.uint8, device=device)
-                dst.copy_(src, non_blocking=True)
-                on_device[key] = dst
-        out = collections.OrderedDict()
-        for name, t in host.items():
-            if t.layout != torch.strided:  # a sparse tensor: torch's own copy
-                out[name] = t.to(device)
-                continue
-            d = on_device[t.untyped_storage().data_ptr()]
-            out[name] = torch.empty(0, dtype=t.dtype, device=device).set_(
-                d.untyped_storage(), t.storage_offset(), t.shape, t.stride())
-            if t.requires_grad:
-                out[name].requires_grad_(True)
-        torch.cuda.current_stream(device).synchronize()
-    return out

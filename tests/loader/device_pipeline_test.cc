@@ -10,23 +10,100 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <set>
 #include <stdexcept>
 #include <thread>
 
+#include <unistd.h>
+
 namespace tsar {
 namespace {
 
+// What the direct lanes' engines have locked, shared by them (each lane has
+// its own engine, on its own thread).
+class Registry {
+ public:
+  explicit Registry(uint64_t page, int refuse_after = -1) : page_(page), refuse_after_(refuse_after) {}
+  bool Register(const void* p, uint64_t n) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    EXPECT_EQ(at % page_, 0u) << "a window starts on a page";
+    EXPECT_EQ(n % page_, 0u) << "a window is whole pages";
+    EXPECT_GT(n, 0u);
+    if (refuse_after_ >= 0 && registrations_ >= refuse_after_) return false;
+    for (const auto& [lo, len] : locked_) {
+      EXPECT_TRUE(at + n <= lo || lo + len <= at) << "two locked windows share a page";
+    }
+    locked_[at] = n;
+    ++registrations_;
+    now_ += n;
+    peak_ = std::max(peak_, now_);
+    return true;
+  }
+  void Unregister(const void* p) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    const auto it = locked_.find(reinterpret_cast<uintptr_t>(p));
+    ASSERT_NE(it, locked_.end()) << "unlocking what was not locked";
+    now_ -= it->second;
+    locked_.erase(it);
+  }
+  bool Covers(const uint8_t* src, uint64_t n) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    const auto at = reinterpret_cast<uintptr_t>(src);
+    for (const auto& [lo, len] : locked_) {
+      if (lo <= at && at + n <= lo + len) return true;
+    }
+    return false;
+  }
+  size_t still_locked() {
+    const std::lock_guard<std::mutex> lock(mu_);
+    return locked_.size();
+  }
+  uint64_t peak() const { return peak_; }
+  int registrations() const { return registrations_; }
+
+ private:
+  std::mutex mu_;
+  uint64_t page_;
+  int refuse_after_;
+  int registrations_ = 0;
+  std::map<uintptr_t, uint64_t> locked_;
+  uint64_t now_ = 0, peak_ = 0;
+};
+
 class MockEngine : public CopyEngine {
  public:
-  explicit MockEngine(std::vector<std::vector<uint8_t>>* device) : device_(device) {}
+  explicit MockEngine(std::vector<std::vector<uint8_t>>* device, Registry* registry = nullptr)
+      : device_(device), registry_(registry) {}
+  // A direct lane's engine: copies read locked windows only.
+  bool Register(const void* p, uint64_t n) override {
+    return registry_ != nullptr && registry_->Register(p, n);
+  }
+  void Unregister(const void* p) override {
+    ASSERT_NE(registry_, nullptr);
+    registry_->Unregister(p);
+  }
+  void EnterThread() override {
+    EXPECT_NE(std::this_thread::get_id(), made_on_) << "a lane runs on a thread of its own";
+    entered_ = true;
+  }
+  std::atomic<uint64_t>* copied_directly = nullptr;
+  int throw_at_copy = -1;
   void* AllocatePinned(int buffer, uint64_t bytes) override {
     pinned_[buffer].assign(bytes, 0xAB);
     return pinned_[buffer].data();
   }
   void CopyAsync(int stream, const void* src, uint32_t target, uint64_t offset,
                  uint64_t n) override {
+    if (registry_ != nullptr) {
+      EXPECT_TRUE(entered_) << "EnterThread comes first on a lane's thread";
+      EXPECT_TRUE(registry_->Covers(static_cast<const uint8_t*>(src), n))
+          << "a direct copy reads a locked window";
+      if (throw_at_copy >= 0 && copies_++ == throw_at_copy) throw std::runtime_error("copy failed");
+    }
     queues_[stream].push_back({static_cast<const uint8_t*>(src), target, offset, n, -1});
     streams_used_.insert(stream);
   }
@@ -61,11 +138,19 @@ class MockEngine : public CopyEngine {
   };
   void Run(const Op& op) {
     if (op.marker >= 0) return;
+    if (registry_ != nullptr) {
+      EXPECT_TRUE(registry_->Covers(op.src, op.n)) << "a window unlocked before its transfer ran";
+      if (copied_directly != nullptr) *copied_directly += op.n;
+    }
     auto& d = (*device_)[op.target];
     ASSERT_LE(op.offset + op.n, d.size());
     std::copy(op.src, op.src + op.n, d.begin() + static_cast<std::ptrdiff_t>(op.offset));
   }
   std::vector<std::vector<uint8_t>>* device_;
+  Registry* registry_;
+  bool entered_ = false;
+  std::thread::id made_on_ = std::this_thread::get_id();
+  int copies_ = 0;
   std::map<int, std::vector<uint8_t>> pinned_;
   std::map<int, std::deque<Op>> queues_;
   std::map<int, int> stream_of_;
@@ -134,6 +219,7 @@ TEST(DevicePipeline, TheStagingRuleFollowsTheMachine) {
     const PipelineOptions o = StagingFor(defaults, cores);
     EXPECT_EQ(o.fill_threads, threads) << cores << " cores";
     EXPECT_EQ(o.streams, 4) << cores << " cores";
+    EXPECT_EQ(o.direct_lanes, 1) << cores << " cores";
     EXPECT_EQ(o.buffers, 4);
     EXPECT_EQ(o.pinned_bytes, uint64_t{64} << 20);
   }
@@ -157,7 +243,142 @@ TEST(DevicePipeline, TheStagingRuleFollowsTheMachine) {
   EXPECT_EQ(s.fill_threads, static_cast<int>(std::clamp(cores, 1u, 16u)));
   EXPECT_EQ(engine.streams_used(), 4u);
   EXPECT_LE(s.pinned_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(s.direct_lanes, 0) << "no direct lane without an engine for it";
   EXPECT_EQ(device[0], host);
+}
+
+// Storages of random sizes in one "mapping", page-aligned or not.
+struct Mapping {
+  explicit Mapping(uint64_t bytes, uint64_t seed) : bytes_(bytes + 8192) {
+    std::mt19937_64 rng(seed);
+    for (auto& x : bytes_) x = static_cast<uint8_t>(rng());
+    uint64_t at = 4096 - reinterpret_cast<uintptr_t>(bytes_.data()) % 4096;  // page 1
+    for (uint32_t i = 0; at < bytes; ++i) {
+      const uint64_t n = std::min<uint64_t>(bytes - at, 1 + rng() % (300 << 10));
+      ranges.push_back({bytes_.data() + at, n, i, 0});
+      device_size.push_back(n);
+      total += n;
+      at += n + (rng() % 2 ? 0 : rng() % 5000);  // some share a page with the next, some not
+    }
+  }
+  std::vector<std::vector<uint8_t>> Host() const {
+    std::vector<std::vector<uint8_t>> h;
+    for (const CopyRange& r : ranges) h.emplace_back(r.src, r.src + r.n);
+    return h;
+  }
+  std::vector<std::vector<uint8_t>> Empty() const {
+    std::vector<std::vector<uint8_t>> d;
+    for (uint64_t n : device_size) d.emplace_back(n, 0);
+    return d;
+  }
+  std::vector<uint8_t> bytes_;
+  std::vector<CopyRange> ranges;
+  std::vector<uint64_t> device_size;
+  uint64_t total = 0;
+};
+
+// The direct lanes beside the staging lane (issue 44): every byte arrives
+// once, from a locked window or a staging buffer; windows are whole pages,
+// never share one, are unlocked only after their transfers ran, and the
+// memory locked at once stays within lanes x windows x window_bytes.
+TEST(DevicePipeline, DirectLanesAndTheStagingLaneShareTheWindowsAndEveryByteArrivesOnce) {
+  const Mapping m(6 << 20, 11);
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  for (int lanes : {1, 2}) {
+    for (bool staging : {true, false}) {
+      for (int windows : {1, 3}) {
+        const std::string where = std::to_string(lanes) + " lanes, staging " +
+                                  (staging ? "on" : "off") + ", " + std::to_string(windows) +
+                                  " windows";
+        std::vector<std::vector<uint8_t>> device = m.Empty();
+        Registry registry(page);
+        std::atomic<uint64_t> staged{0}, direct{0};
+        MockEngine engine(&device);
+        PipelineOptions o;
+        o.pinned_bytes = 256 << 10;
+        o.fill_threads = 2;
+        o.direct_lanes = lanes;
+        o.staging = staging;
+        o.windows = windows;
+        o.window_bytes = 100 << 10;  // rounded up to whole pages
+        const PipelineStats s = RunPipeline(
+            m.ranges, engine, o,
+            [&](void* dst, const uint8_t* src, uint64_t n) {
+              std::copy(src, src + n, static_cast<uint8_t*>(dst));
+              staged += n;
+            },
+            [&]() -> std::unique_ptr<CopyEngine> {
+              auto e = std::make_unique<MockEngine>(&device, &registry);
+              e->copied_directly = &direct;
+              return e;
+            });
+        EXPECT_EQ(device, m.Host()) << where;
+        EXPECT_EQ(staged.load() + direct.load(), m.total) << where << ": each byte read once";
+        EXPECT_EQ(s.bytes, m.total) << where;
+        EXPECT_EQ(s.bytes_direct, direct.load()) << where;
+        EXPECT_GT(s.bytes_direct, 0u) << where;
+        if (!staging) EXPECT_EQ(s.bytes_direct, m.total) << where;
+        EXPECT_EQ(s.direct_lanes, lanes);
+        EXPECT_EQ(s.windows_direct, registry.registrations()) << where;
+        EXPECT_EQ(registry.still_locked(), 0u) << where << ": every window unlocked";
+        const uint64_t window = (uint64_t{100 << 10} + page - 1) / page * page;
+        EXPECT_LE(registry.peak(), uint64_t(lanes) * windows * window) << where;
+        EXPECT_LE(s.locked_bytes, uint64_t(lanes) * windows * window) << where;
+        EXPECT_GT(s.locked_bytes, 0u) << where;
+      }
+    }
+  }
+}
+
+// A window the engine cannot lock goes to the staging lane, and that lane
+// stops; an engine that locks nothing leaves it all to staging.
+TEST(DevicePipeline, AWindowTheEngineCannotLockIsStaged) {
+  const Mapping m(3 << 20, 12);
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  for (int refuse_after : {0, 2}) {
+    for (bool staging : {true, false}) {
+      std::vector<std::vector<uint8_t>> device = m.Empty();
+      Registry registry(page, refuse_after);
+      MockEngine engine(&device);
+      PipelineOptions o;
+      o.pinned_bytes = 128 << 10;
+      o.window_bytes = 64 << 10;
+      o.staging = staging;
+      const PipelineStats s = RunPipeline(m.ranges, engine, o, {}, [&] {
+        return std::unique_ptr<CopyEngine>(std::make_unique<MockEngine>(&device, &registry));
+      });
+      const std::string where = "refusing after " + std::to_string(refuse_after) +
+                                ", staging " + (staging ? "on" : "off");
+      EXPECT_EQ(device, m.Host()) << where;
+      EXPECT_EQ(s.bytes, m.total) << where;
+      EXPECT_EQ(s.windows_refused, 1) << where;
+      EXPECT_LE(s.windows_direct, refuse_after) << where;
+      if (!staging) EXPECT_EQ(s.windows_direct, refuse_after) << where;
+      EXPECT_EQ(registry.still_locked(), 0u) << where;
+    }
+  }
+}
+
+// A direct lane whose copy fails: the error reaches the caller after every
+// lane stopped and every window it locked is unlocked.
+TEST(DevicePipeline, ADirectLaneThatFailsReachesTheCallerWithEveryWindowUnlocked) {
+  const Mapping m(4 << 20, 13);
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::vector<std::vector<uint8_t>> device = m.Empty();
+  Registry registry(page);
+  MockEngine engine(&device);
+  PipelineOptions o;
+  o.window_bytes = 64 << 10;
+  o.staging = false;
+  EXPECT_THROW(RunPipeline(m.ranges, engine, o, {},
+                           [&] {
+                             auto e = std::make_unique<MockEngine>(&device, &registry);
+                             e->throw_at_copy = 5;
+                             return std::unique_ptr<CopyEngine>(std::move(e));
+                           }),
+               std::runtime_error);
+  EXPECT_EQ(registry.still_locked(), 0u);
+  EXPECT_GT(registry.registrations(), 0);
 }
 
 // A fill that throws on one of the threads: the exception reaches the
