@@ -278,7 +278,6 @@ PipelineOptions StagingFor(const PipelineOptions& asked, unsigned cores) {
   if (o.fill_threads == 0)
     o.fill_threads = static_cast<int>(std::clamp(cores, 1u, kMostFillThreads));
   if (o.streams == 0) o.streams = kStreams;
-  if (o.direct_lanes == 0) o.direct_lanes = 1;
   return o;
 }
 

@@ -10,16 +10,15 @@
 // `pinned_bytes` however large the archive. Every byte of the archive is read
 // once.
 //
-// Beside that staging lane run `direct_lanes` direct lanes (issue 44): each
-// takes a window of the mapping (`window_bytes` of address space), page-locks
-// it in place, read-only (CopyEngine::Register: cudaHostRegister), has the
-// GPU's copy engine read it with no host copy, and unlocks it once its
-// transfers are done. The staging lane takes windows from the front of the
-// archive and the direct lanes from the back, until they meet: each feeds the
-// link at its own rate, and together they pass the host copy's limit (one
-// host memcpy moves 47 GB/s on 16 cores, a PCIe 5 link takes 55). A window
-// the engine cannot lock goes back to the staging lane, and that direct lane
-// stops. Locked memory stays `windows` x `window_bytes` per direct lane.
+// Beside that staging lane may run `direct_lanes` direct lanes (issue 44):
+// each takes a window of the ranges (`window_bytes` of address space, whole
+// pages), has its engine lock it (CopyEngine::Register: the archive's mapping
+// page-locked already, under pin="register"), has the GPU's copy engine read
+// it with no host copy, and releases it once its transfers are done. The
+// staging lane takes windows from the front, the direct lanes from the back,
+// until they meet; a window a direct lane cannot lock goes back to the
+// staging lane, and that lane stops. At most `windows` x `window_bytes` per
+// direct lane is held at once.
 #pragma once
 
 #include <cstddef>
@@ -39,9 +38,9 @@ struct PipelineOptions {
   // Host threads copying from the mapping into a buffer (the calling thread
   // is one of them). 0: by the staging rule (StagingFor).
   int fill_threads = 0;
-  // Direct lanes beside the staging lane: 0 by the staging rule (1 where the
-  // engine can lock host memory), -1 none. `staging` false: the staging lane
-  // copies only the windows the direct lanes give back.
+  // Direct lanes beside the staging lane (none by default: see StagingFor).
+  // `staging` false: the staging lane copies only the windows the direct
+  // lanes give back.
   int direct_lanes = 0;
   bool staging = true;
   // The address space of one window (a multiple of the page size, rounded up
@@ -62,11 +61,15 @@ struct PipelineOptions {
 // - buffers and pinned memory stay as asked (4 of 16 MiB by default: 8
 //   smaller buffers measured 23 GB/s against 49): pinned memory is bounded
 //   by pinned_bytes whatever the archive's size or the machine;
-// - staging alone reached 35 GB/s (0.64x) from a fresh mapping and 46.5
-//   (0.85x) from one already faulted in: the host copy is the limit. The
-//   archive's mapping locked whole and read by the GPU directly measured
-//   55 GB/s (1.0x), its locking 34-39 GB/s (0.13 s for 4 GiB): one direct
-//   lane beside the staging lane, each taking windows as it comes free.
+// - staging reached 30-35 GB/s (0.57-0.64x) from a fresh mapping and 46.5
+//   (0.85x) from one already faulted in: the host copy is the limit;
+// - no direct lane: locking windows of a fresh mapping per load and
+//   unlocking them (cudaHostRegister/Unregister, 16-256 MiB, 2-8 in flight,
+//   1 or 2 lanes) moved 8-19 GB/s alone and, beside the staging lane, made
+//   the whole 11-22 GB/s against 31-32 for staging alone (2026-11-27,
+//   bench/results/gpu/): locking and unlocking contend with the fill
+//   threads' faults for the same process's page tables. Direct lanes pay
+//   only over memory locked once and kept (pin="register").
 // Values asked for (non-zero) are kept.
 PipelineOptions StagingFor(const PipelineOptions& asked, unsigned cores);
 

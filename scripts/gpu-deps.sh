@@ -1,7 +1,7 @@
 #!/bin/bash
 # Makes the folder scripts/gpu-check.sh builds with on a GPU machine that has
 # torch, cmake and ninja but no network and none of Debian's packages:
-#   include/     xxhash.h (used inlined), nlohmann/ and CLI/ (header-only)
+#   include/     xxhash.h (used inlined), nlohmann/, CLI/ and dlpack/ (header-only)
 #   googletest/  GoogleTest's source (Debian's googletest package)
 #   wheels/      pytest and pybind11, the peers P8 measures (safetensors,
 #                fastsafetensors, the Run:ai streamer, tensorizer), for that
@@ -24,13 +24,13 @@ while [ $# -gt 0 ]; do
     *) dir=$1; shift ;;
   esac
 done
-for f in /usr/include/xxhash.h /usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp \
+for f in /usr/include/xxhash.h /usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp /usr/include/dlpack/dlpack.h \
          /usr/src/googletest/CMakeLists.txt; do
-  [ -e "$f" ] || { echo "gpu-deps.sh: $f is missing: run scripts/setup.sh first (Debian's libxxhash-dev, nlohmann-json3-dev, libcli11-dev, googletest)" >&2; exit 1; }
+  [ -e "$f" ] || { echo "gpu-deps.sh: $f is missing: run scripts/setup.sh first (Debian's libxxhash-dev, nlohmann-json3-dev, libcli11-dev, libdlpack-dev, googletest)" >&2; exit 1; }
 done
 rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/include" "$dir.tmp/wheels"
 cp /usr/include/xxhash.h "$dir.tmp/include/"
-cp -r /usr/include/nlohmann /usr/include/CLI "$dir.tmp/include/"
+cp -r /usr/include/nlohmann /usr/include/CLI /usr/include/dlpack "$dir.tmp/include/"
 cp -r /usr/src/googletest "$dir.tmp/googletest"
 # Pinned as in scripts/requirements*.txt; wheels only, for the other machine's
 # Python (pure-Python and abi3 wheels for the rest).

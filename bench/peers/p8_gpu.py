@@ -5,12 +5,9 @@ and the stream synchronized:
 
 - pinned memcpy, the limit: the file's bytes already in one pinned host
   buffer of the file's size, one ``copy_`` to the device (no file read at all);
-- tsar ``Archive.state_dict(device="cuda")``, the default ``pin="auto"``
-  (C++ ``to_device``, issue 44): a staging lane (bounded pinned buffers
-  filled by the host's cores, several streams) and a direct lane (windows of
-  the mapping page-locked in place, read-only, read by the GPU, unlocked)
-  sharing the archive's windows; what share each lane took is reported under
-  the table; then each lane alone, ``pin="stage"`` and ``pin="window"``;
+- tsar ``Archive.state_dict(device="cuda")`` (C++ ``to_device``: staging
+  through 64 MiB of pinned buffers filled by the host's cores, on several
+  streams);
 - tsar ``state_dict(device="cuda", pin="register")``: the archive's own
   mapping page-locked in place once (``cudaHostRegister``, read-only) at the
   first load and kept, every load reading it directly; the registration's
@@ -125,11 +122,9 @@ class TsarLoader:
         s = self.stats.pop(path, None)
         if not s:
             return None
-        return (f"tsar {self.kwargs or 'defaults'}: {s['bytes_direct'] / max(1, s['bytes']):.0%} of the "
-                f"bytes read by the GPU from locked windows ({s['windows_direct']} windows, "
-                f"{s['windows_refused']} refused, {s['direct_lanes']} direct lanes, at most "
-                f"{s['locked_bytes'] >> 20} MiB locked at once), the rest staged by "
-                f"{s['fill_threads']} threads through {s['pinned_bytes'] >> 20} MiB pinned")
+        return (f"tsar {self.kwargs or 'defaults'}: {s['fill_threads']} fill threads, {s['streams']} "
+                f"streams, {s['pinned_bytes'] >> 20} MiB pinned, {s['bytes_direct'] / max(1, s['bytes']):.0%} "
+                "read directly")
 
 
 class RegisteredOnce:
@@ -220,12 +215,8 @@ class Row:
 
 def rows() -> List[Row]:
     return [
-        Row("tsar, the default (pin=\"auto\": staging + a direct lane)", 'tsar.open(p).state_dict(device="cuda")',
-            "tsar", TsarLoader(), "tsar", "tsar", pinned="64 MiB + 256 MiB locked windows"),
-        Row("tsar pin=\"stage\" (the staging lane alone)", 'state_dict(device="cuda", pin="stage")', "tsar",
-            TsarLoader(pin="stage"), "tsar", "tsar", pinned="64 MiB"),
-        Row("tsar pin=\"window\" (a direct lane alone)", 'state_dict(device="cuda", pin="window")', "tsar",
-            TsarLoader(pin="window"), "tsar", "tsar", pinned="256 MiB locked windows"),
+        Row("tsar (64 MiB pinned, the default)", 'tsar.open(p).state_dict(device="cuda")', "tsar",
+            TsarLoader(), "tsar", "tsar", pinned="64 MiB"),
         Row("tsar pin=\"register\" (registered at the first load and kept; best: a later load)",
             'a = tsar.open(p); a.state_dict(device="cuda", pin="register")', "tsar",
             RegisteredOnce(), "tsar", "tsar", pinned="the whole file, once"),
@@ -319,8 +310,7 @@ def cold_table(files, nbytes, best_limit, say) -> None:
     disk = size / (time.perf_counter() - t) / 1e9
     say(f"| dd of the .tsar file (bs=16M, to nothing) | {disk:.1f} (of the file's {size / 1e9:.2f} GB) "
         f"| 1.00 | {disk / best_limit:.2f} |")
-    for name, fmt, load in (("tsar, the default (pin=\"auto\")", "tsar", TsarLoader()),
-                            ("tsar pin=\"stage\"", "tsar", TsarLoader(pin="stage")),
+    for name, fmt, load in (("tsar (the default)", "tsar", TsarLoader()),
                             ("safetensors load_file", "safetensors", safetensors_load_file)):
         if fmt not in files:
             continue
@@ -349,6 +339,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cold", default="", help="sizes (GiB) of the models to load cold too, "
                     "comma-separated (default none)")
+    ap.add_argument("--only", default="", help="only the rows whose name starts with this (e.g. tsar)")
     args = ap.parse_args(argv)
     lines: List[str] = []
 
@@ -394,6 +385,8 @@ def main(argv=None) -> int:
             f"| {best_limit:.1f} | {nbytes / statistics.median(limit) / 1e9:.1f} | 1.00 | n/a |")
         notes = []
         for row in rows():
+            if not row.name.startswith(args.only):
+                continue
             why = row.unavailable()
             if why:
                 say(f"| {row.name} | `{row.calls}` | | {why} | | | |")

@@ -1,8 +1,7 @@
 """P8 sweep (issue 44): where the defaults stand among their neighbours. One
 LLaMA-style bf16 archive (P8's model) onto the GPU through
-``Archive.state_dict(device="cuda", ...)`` for a grid of pin modes, direct
-lanes, window sizes and windows in flight, fill threads, streams, buffers and
-pinned memory, warm page cache (``--fresh``: the archive opened afresh for
+``Archive.state_dict(device="cuda", ...)`` for a grid of fill threads,
+streams, buffers and pinned memory, warm page cache (``--fresh``: the archive opened afresh for
 every load, as P8 and a server's start do; else one open archive, whose
 mapping the first load faulted in), beside the link's limit
 (one pinned ``copy_`` of as many bytes) measured in the same run; every
@@ -34,10 +33,6 @@ def main(argv=None) -> int:
     ap.add_argument("--streams", default="0,2,4,8")
     ap.add_argument("--pinned-mib", default="64,128,256")
     ap.add_argument("--buffers", default="4")
-    ap.add_argument("--pins", default="stage", help="pin modes (auto, stage, window)")
-    ap.add_argument("--lanes", default="0", help="direct lanes (0: the rule's 1)")
-    ap.add_argument("--window-mib", default="64")
-    ap.add_argument("--windows", default="4")
     ap.add_argument("--fresh", action="store_true", help="open the archive afresh for every load")
     args = ap.parse_args(argv)
     lines = []
@@ -67,12 +62,10 @@ def main(argv=None) -> int:
     say()
     say(f"{'archive opened afresh for every load' if args.fresh else 'one open archive'}")
     say()
-    say("| pin | direct lanes | window MiB | windows | fill_threads | streams | buffers | pinned MiB "
-        "| GB/s | x limit | direct share | bytes |")
-    say("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    say("| fill_threads | streams | buffers | pinned MiB | GB/s | x limit | bytes |")
+    say("|---|---|---|---|---|---|---|")
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
-    for pin, lanes, window, windows, threads, streams, buffers, pinned in itertools.product(
-            args.pins.split(","), ints(args.lanes), ints(args.window_mib), ints(args.windows),
+    for threads, streams, buffers, pinned in itertools.product(
             ints(args.threads), ints(args.streams), ints(args.buffers), ints(args.pinned_mib)):
         times, ok = [], True
         for _ in range(args.repeat):
@@ -80,18 +73,15 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             a = tsar.open(path) if args.fresh else archive
             got = a.state_dict(device="cuda", pinned_bytes=pinned << 20, buffers=buffers,
-                               streams=streams, fill_threads=threads, pin=pin, direct_lanes=lanes,
-                               window_bytes=window << 20, windows=windows)
+                               streams=streams, fill_threads=threads)
             sync()
             times.append(time.perf_counter() - t)
-            stats = a.device_stats
             del a
             ok = ok and same_bytes(got, want, names[:: max(1, len(names) // 16)])
             del got
         rate = nbytes / min(times) / 1e9
-        share = stats["bytes_direct"] / max(1, stats["bytes"])
-        say(f"| {pin} | {lanes} | {window} | {windows} | {threads} | {streams} | {buffers} | {pinned} "
-            f"| {rate:.1f} | {rate / limit:.2f} | {share:.0%} | {'exact' if ok else 'DIFFER'} |")
+        say(f"| {threads} | {streams} | {buffers} | {pinned} | {rate:.1f} | {rate / limit:.2f} | "
+            f"{'exact' if ok else 'DIFFER'} |")
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -29,19 +29,14 @@ namespace {
 // read_ahead), as
 // python/tsar/_bind.py builds it. A GPU bind stages with BindOptions'
 // default DeviceOptions (load_into offers no staging options).
-// The direct lanes of a GPU copy, as python/tsar/_device.py makes them from
-// pin=: (direct_lanes, staging, window_bytes, windows, locked_base,
-// locked_size).
-using DirectArgs = std::tuple<int, bool, uint64_t, int, uintptr_t, uint64_t>;
+// The host memory locked already for a GPU copy, as python/tsar/_device.py
+// makes it from pin=: (locked_base, locked_size); (0, 0) for none.
+using DirectArgs = std::tuple<uintptr_t, uint64_t>;
 using BindArgs = std::tuple<std::string, bool, bool, std::string, std::string, int64_t, int64_t,
                             std::string, bool, DirectArgs>;
 
 void SetDirect(DeviceOptions& o, const DirectArgs& direct) {
-  const auto& [lanes, staging, window_bytes, windows, locked_base, locked_size] = direct;
-  o.direct_lanes = lanes;
-  o.staging = staging;
-  o.window_bytes = window_bytes;
-  o.windows = windows;
+  const auto& [locked_base, locked_size] = direct;
   o.locked_base = reinterpret_cast<const void*>(locked_base);
   o.locked_size = locked_size;
 }
@@ -51,12 +46,8 @@ py::dict StatsDict(const DeviceStats& s) {
   d["bytes"] = s.bytes;
   d["bytes_direct"] = s.bytes_direct;
   d["pinned_bytes"] = s.pinned_bytes;
-  d["locked_bytes"] = s.locked_bytes;
   d["fill_threads"] = s.fill_threads;
   d["streams"] = s.streams;
-  d["direct_lanes"] = s.direct_lanes;
-  d["windows_direct"] = s.windows_direct;
-  d["windows_refused"] = s.windows_refused;
   return d;
 }
 

@@ -50,9 +50,8 @@ class Archive:
     def __init__(self, impl):
         self._impl = impl
         #: What the last ``state_dict(device=)`` did, as a dict: ``bytes``,
-        #: ``bytes_direct`` (read by the GPU from locked windows), ``pinned_bytes``,
-        #: ``locked_bytes`` (the most locked at once), ``fill_threads``, ``streams``,
-        #: ``direct_lanes``, ``windows_direct``, ``windows_refused``; None before.
+        #: ``bytes_direct`` (read by the GPU from the locked mapping, no host
+        #: copy), ``pinned_bytes``, ``fill_threads``, ``streams``; None before.
         self.device_stats = None
 
     def _a(self):
@@ -113,43 +112,32 @@ class Archive:
 
     def state_dict(self, entry: Optional[str] = None, *, device=None, pinned_bytes: int = 64 << 20,
                    buffers: int = 4, streams: int = 0, fill_threads: int = 0,
-                   pin: str = "auto", direct_lanes: int = 0, window_bytes: int = 64 << 20,
-                   windows: int = 4) -> "collections.OrderedDict[str, torch.Tensor]":
+                   pin: str = "stage") -> "collections.OrderedDict[str, torch.Tensor]":
         """Every tensor of ``entry`` (default: the first) in file order, zero-copy.
 
         ``device`` ("cuda", "cuda:1", a torch.device): the tensors on that GPU
         instead (C++ ``tsar::to_device``): every storage copied once, so views
         and tied weights are views of one device storage again, bytes exact.
-        How the bytes reach the GPU is ``pin`` (:mod:`tsar._device`):
+        The copy goes through ``buffers`` pinned host buffers of
+        ``pinned_bytes`` in all, filled by ``fill_threads`` host threads, the
+        host copy of one overlapping the transfers of the others on
+        ``streams`` streams; the file is read once. 0 for ``fill_threads`` or
+        ``streams``: the staging rule, every core up to 16 fills (one thread
+        moves about 6 GB/s out of the mapping, a PCIe 5 link takes 55) on 4
+        streams. Pinned memory stays ``pinned_bytes`` whatever the model.
 
-        - ``"auto"`` (default): a staging lane and a direct lane at once. The
-          staging lane copies the mapping into ``buffers`` pinned host buffers
-          of ``pinned_bytes`` in all, filled by ``fill_threads`` host threads,
-          each buffer's transfer overlapping the next one's fill, on
-          ``streams`` streams (0 for ``fill_threads`` or ``streams``: every
-          core up to 16 fills, on 4 streams). The direct lane page-locks a
-          window of ``window_bytes`` of the mapping in place, read-only
-          (cudaHostRegister), has the GPU read it without a host copy, and
-          unlocks it once read, ``windows`` windows in flight. The staging
-          lane takes windows from the front of the archive, the direct lane
-          from the back, until they meet. Host memory held stays
-          ``pinned_bytes`` + ``windows`` x ``window_bytes`` (64 + 256 MiB)
-          whatever the model; the file is read once.
-        - ``"stage"``: the staging lane alone.
-        - ``"window"``: the direct lanes alone (``direct_lanes`` of them, 0:
-          one); a window that cannot be locked is staged.
-        - ``"register"``: the archive's whole mapping is page-locked once,
-          read-only, in place and kept so while this Archive is open; every
-          load reads it directly: no host copy, at the link's limit, for a
-          process that loads the same archive onto GPUs more than once (hot
-          swap, several GPUs, ranks). The first load pays the locking (every
-          page faulted in and locked: :attr:`registration_seconds`). Not for
-          layered archives.
+        ``pin="register"``: instead, the archive's own mapping is page-locked
+        once, read-only, in place (cudaHostRegister) and kept so while this
+        Archive is open, and every load has the GPU read it directly: no host
+        copy, at the link's limit, for a process that loads the same archive
+        onto GPUs more than once (hot swap, several GPUs, ranks). The first
+        load pays the registration (every page of the file faulted in and
+        locked: :attr:`registration_seconds`); later loads read the locked
+        mapping whatever their ``pin``. Processes that register one file
+        still share its page-cache pages. Not for layered archives.
 
-        Processes that lock the same file still share its page-cache pages.
-        :attr:`device_stats` says what the last copy did (bytes read
-        directly, pinned and locked memory). Raises tsar.Error (UNSUPPORTED)
-        where torch has no CUDA or there is no GPU.
+        :attr:`device_stats` says what the last copy did. Raises tsar.Error
+        (UNSUPPORTED) where torch has no CUDA or there is no GPU.
 
         In a tensor-parallel archive (:attr:`tp_world` > 0) a sharded tensor
         comes back whole, as saved: a copy, unless its ranks' runs lie back to
@@ -165,8 +153,7 @@ class Archive:
             target = torch.device(device)
             if target.type == "cuda" and target.index is None and torch.cuda.is_available():
                 target = torch.device("cuda", torch.cuda.current_device())
-            direct = _device.direct_args(self, pin, str(target), direct_lanes=direct_lanes,
-                                         window_bytes=window_bytes, windows=windows)
+            direct = _device.locked_range(self, pin, str(target))
             items, self.device_stats = self._a().to_device(
                 str(target), entry or "", int(pinned_bytes), int(buffers), int(streams),
                 int(fill_threads), direct)

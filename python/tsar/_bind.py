@@ -99,7 +99,7 @@ def load_into(
     world: int = 0,
     device=None,
     read_ahead: bool = False,
-    pin: str = "auto",
+    pin: str = "stage",
 ) -> BindReport:
     """Points every parameter and buffer of ``module`` at the archive, in place.
 
@@ -166,11 +166,10 @@ def load_into(
     views. Tensors the archive does not hold (non-persistent buffers such as
     rotary frequencies, names left unmatched with ``strict=False``) then go
     to the device too, by torch's own copy, so the whole module is there.
-    ``pin`` says how the bytes reach the GPU, as for
-    :meth:`Archive.state_dict`: ``"auto"`` (staging and a direct lane of
-    locked windows together), ``"stage"``, ``"window"``, or ``"register"``
-    (the archive's mapping locked once and kept while ``path_or_archive``, an
-    open :class:`Archive`, lives: for loading it onto GPUs again and again).
+    ``pin="register"``, as for :meth:`Archive.state_dict`: the archive's
+    mapping page-locked once and kept while ``path_or_archive`` (an open
+    :class:`Archive`) lives, and read by the GPU directly, no host copy: for
+    loading one archive onto GPUs again and again (replicas, hot swap).
     Raises tsar.Error (UNSUPPORTED) before anything changes where torch has
     no CUDA or there is no GPU.
 
@@ -190,9 +189,9 @@ def load_into(
     from . import _device as device_pin
     device_pin.check_pin(pin)
     archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
-    direct = device_pin.NO_DEVICE  # the portable path refuses a device itself
+    direct = device_pin.NO_LOCK  # the portable path refuses a device itself
     if target and _backend.accelerator is not None:
-        direct = device_pin.direct_args(archive, pin, target)
+        direct = device_pin.locked_range(archive, pin, target)
     # The walk and the report make one tuple per tensor and no reference
     # cycle; left on, the collector promotes them and runs full collections
     # over the whole heap (a second model awaiting collection made binding

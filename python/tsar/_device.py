@@ -1,26 +1,20 @@
 """``pin=`` of a copy onto a GPU (``Archive.state_dict(device=)``,
 ``load_into(device=)``): how the archive's bytes reach the GPU's copy engine.
 
-- ``"auto"`` (the default): two kinds of lane feed the link at once. The
-  staging lane copies the mapping into bounded pinned buffers on the host's
-  cores; a direct lane page-locks a window of the mapping in place, read-only
-  (``cudaHostRegister``), has the GPU read it with no host copy, and unlocks it
-  once read. The staging lane takes windows from the front of the archive, the
-  direct lane from the back, each as fast as it goes, until they meet: on a
-  16-core host neither alone fills a PCIe 5 link (staging is limited by the
-  host's copy, about 47 GB/s; locking by the kernel's page pinning). At most
-  4 windows of 64 MiB are locked at once, beside 64 MiB of pinned buffers.
-- ``"stage"``: the staging lane alone (the pinned memory only).
-- ``"window"``: direct lanes alone (the staging lane takes only a window that
-  cannot be locked).
-- ``"register"``: the whole mapping locked once, kept so while the Archive is
-  open (:mod:`tsar._register`), and read directly by every load: for a process
-  that loads one archive onto GPUs more than once. The first load pays the
-  locking (:attr:`Archive.registration_seconds`); later loads with ``"auto"``
-  or ``"window"`` read the locked mapping directly too.
+- ``"stage"`` (the default): host threads copy the mapping into bounded
+  pinned buffers (64 MiB), each buffer's transfer overlapping the next one's
+  fill (C++ ``to_device``'s staging pipeline).
+- ``"register"``: the archive's whole mapping is page-locked once, read-only,
+  in place (:mod:`tsar._register`), kept so while the Archive is open, and
+  read by the GPU directly at every load: no host copy, at the link's limit,
+  for a process that loads one archive onto GPUs more than once. The first
+  load pays the locking (:attr:`Archive.registration_seconds`); later loads
+  with ``"stage"`` read the locked mapping directly too.
 
-Page-cache pages stay shared between processes in every mode
-(``cudaHostRegisterReadOnly`` takes no private copy).
+Page-cache pages stay shared between processes either way
+(``cudaHostRegisterReadOnly`` takes no private copy). Locking windows of the
+mapping per load instead was measured and left out: slower than staging, and
+it slowed the staging beside it (loader/device_pipeline.h).
 """
 from __future__ import annotations
 
@@ -30,7 +24,8 @@ import torch
 
 from ._errors import Error, ErrorCode
 
-PINS = ("auto", "stage", "window", "register")
+PINS = ("stage", "register")
+NO_LOCK = (0, 0)  # the C++ extension's (locked_base, locked_size) for none
 
 
 def check_pin(pin) -> None:
@@ -38,30 +33,18 @@ def check_pin(pin) -> None:
         raise ValueError(f"pin: expected one of {', '.join(repr(p) for p in PINS)}, found {pin!r}")
 
 
-def direct_args(archive, pin: str, device: str, *, direct_lanes: int = 0,
-                window_bytes: int = 64 << 20, windows: int = 4) -> Tuple:
-    """The C++ extension's direct-lane tuple (python/src/module.cc DirectArgs):
-    (direct_lanes, staging, window_bytes, windows, locked_base, locked_size).
-    ``pin="register"`` locks the mapping here, once."""
+def locked_range(archive, pin: str, device: str) -> Tuple[int, int]:
+    """The C++ extension's (locked_base, locked_size) for a copy to
+    ``device`` (python/src/module.cc DirectArgs): the archive's locked
+    mapping, locked here first with ``pin="register"``."""
     check_pin(pin)
-    lanes, staging, base, size = int(direct_lanes), True, 0, 0
-    kept = getattr(archive, "_registration", None)
-    if kept is not None and pin != "stage":  # locked by an earlier pin="register": read it directly
-        base, size = kept.base, kept.size
-    if pin == "stage":
-        lanes = -1
-    elif pin == "window":
-        staging = False
-    elif pin == "register":
+    if pin == "register":
         from . import _register
         if not torch.cuda.is_available() or torch.device(device).type != "cuda":
             raise Error(f"{archive.path}: pin=\"register\" needs a CUDA device, found "
                         f"{device!r}" + ("" if torch.cuda.is_available() else
                                          " (no CUDA device/driver is present)"),
                         ErrorCode.UNSUPPORTED, archive.path)
-        r = _register.registration(archive)
-        staging, base, size = False, r.base, r.size
-    return (lanes, staging, int(window_bytes), int(windows), base, size)
-
-
-NO_DEVICE = (0, True, 64 << 20, 4, 0, 0)  # a CPU bind's (unused) direct-lane tuple
+        _register.registration(archive)
+    kept = getattr(archive, "_registration", None)
+    return NO_LOCK if kept is None else (kept.base, kept.size)

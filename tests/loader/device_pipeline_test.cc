@@ -219,7 +219,7 @@ TEST(DevicePipeline, TheStagingRuleFollowsTheMachine) {
     const PipelineOptions o = StagingFor(defaults, cores);
     EXPECT_EQ(o.fill_threads, threads) << cores << " cores";
     EXPECT_EQ(o.streams, 4) << cores << " cores";
-    EXPECT_EQ(o.direct_lanes, 1) << cores << " cores";
+    EXPECT_EQ(o.direct_lanes, 0) << cores << " cores: no direct lane by default";
     EXPECT_EQ(o.buffers, 4);
     EXPECT_EQ(o.pinned_bytes, uint64_t{64} << 20);
   }
@@ -343,6 +343,7 @@ TEST(DevicePipeline, AWindowTheEngineCannotLockIsStaged) {
       PipelineOptions o;
       o.pinned_bytes = 128 << 10;
       o.window_bytes = 64 << 10;
+      o.direct_lanes = 1;
       o.staging = staging;
       const PipelineStats s = RunPipeline(m.ranges, engine, o, {}, [&] {
         return std::unique_ptr<CopyEngine>(std::make_unique<MockEngine>(&device, &registry));
@@ -369,6 +370,7 @@ TEST(DevicePipeline, ADirectLaneThatFailsReachesTheCallerWithEveryWindowUnlocked
   MockEngine engine(&device);
   PipelineOptions o;
   o.window_bytes = 64 << 10;
+  o.direct_lanes = 1;
   o.staging = false;
   EXPECT_THROW(RunPipeline(m.ranges, engine, o, {},
                            [&] {
