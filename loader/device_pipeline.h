@@ -92,10 +92,12 @@ class CopyEngine {
   virtual void Finish() = 0;
 
   // The direct lanes' calls (each lane has an engine of its own, made on
-  // the calling thread and called on the lane's thread, EnterThread first). Register page-locks
-  // [p, p + n) (both page-aligned) in place, read-only, so CopyAsync may read
-  // it as it is; false where this engine or machine cannot (nothing is
-  // locked then). Unregister unlocks what Register locked at p.
+  // the calling thread and called on the lane's thread, EnterThread first).
+  // Register makes [p, p + n) (both page-aligned) readable by the device as
+  // it is, so CopyAsync may read it directly: page-locked already (tsar's
+  // engine: the archive's mapping under pin="register") or locked here;
+  // false where it cannot (the window is staged). Unregister releases what
+  // Register locked at p.
   virtual void EnterThread() {}
   virtual bool Register(const void* /*p*/, uint64_t /*n*/) { return false; }
   virtual void Unregister(const void* /*p*/) {}
