@@ -14,6 +14,7 @@ where that comes from, the wheel's size and its platform tag; exits 1 naming
 every library that would have to come from anywhere else.
 """
 import argparse
+import hashlib
 import os
 import re
 import sys
@@ -61,11 +62,18 @@ def main():
         files = [os.path.join(d, n) for d, _, names in os.walk(tmp) for n in names]
         in_wheel = {os.path.basename(f) for f in files}
         elves = 0
+        seen = {}  # an ELF file's bytes -> its path: a wheel holds no symbolic links
         for f in sorted(files):
             info = needed(f)
             if info is None:
                 continue
             elves += 1
+            with open(f, "rb") as fh:
+                digest = hashlib.sha256(fh.read()).hexdigest()
+            if digest in seen:
+                bad.append(f"{os.path.relpath(f, tmp)} is {seen[digest]} again (a symbolic link "
+                           "made a copy)")
+            seen.setdefault(digest, os.path.relpath(f, tmp))
             libs, runpath = info
             where = []
             for lib in libs:
@@ -86,8 +94,8 @@ def main():
     print(f"wheel: {os.path.basename(args.wheel)}, {size / 2**20:.1f} MiB, platform tag {tag}, "
           f"{elves} ELF files")
     if bad:
-        print("FAIL: libraries from outside the wheel, glibc, the C++ runtime and torch:\n  "
-              + "\n  ".join(bad))
+        print("FAIL: libraries from outside the wheel, glibc, the C++ runtime and torch, or "
+              "one file twice:\n  " + "\n  ".join(bad))
         return 1
     if elves == 0:
         print("FAIL: no ELF file in the wheel")
