@@ -275,17 +275,6 @@ def measure_limit(path: str, nbytes: int, repeat: int) -> List[float]:
     return times
 
 
-def evict(path: str) -> None:
-    """Drops the file's pages from the page cache (clean pages of a file no
-    process maps: DONTNEED evicts them without privileges)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def dd(path: str) -> None:
     """What dd if=path of=/dev/null bs=16M does: the disk's read rate."""
     with open(path, "rb", buffering=0) as f:
@@ -303,8 +292,9 @@ def cold_table(files, nbytes, best_limit, say) -> None:
     say()
     say("| loader | GB/s | x disk | x limit |")
     say("|---|---|---|---|")
+    from p9_warm import evict  # noqa: E402 (bench/peers on sys.path, as this file's folder)
     size = os.path.getsize(files["tsar"])
-    evict(files["tsar"])
+    evict([files["tsar"]])
     t = time.perf_counter()
     dd(files["tsar"])
     disk = size / (time.perf_counter() - t) / 1e9
@@ -314,7 +304,7 @@ def cold_table(files, nbytes, best_limit, say) -> None:
                             ("safetensors load_file", "safetensors", safetensors_load_file)):
         if fmt not in files:
             continue
-        evict(files[fmt])
+        evict([files[fmt]])
         torch.cuda.empty_cache()
         sync()
         t = time.perf_counter()
