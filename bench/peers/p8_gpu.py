@@ -292,7 +292,8 @@ def cold_table(files, nbytes, best_limit, say) -> None:
     say()
     say("| loader | GB/s | x disk | x limit |")
     say("|---|---|---|---|")
-    from p9_warm import evict  # noqa: E402 (bench/peers on sys.path, as this file's folder)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # imported as peers.p8_gpu too
+    from p9_warm import evict
     size = os.path.getsize(files["tsar"])
     evict([files["tsar"]])
     t = time.perf_counter()
