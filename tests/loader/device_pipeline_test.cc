@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -33,6 +35,8 @@ class Registry {
     EXPECT_EQ(at % page_, 0u) << "a window starts on a page";
     EXPECT_EQ(n % page_, 0u) << "a window is whole pages";
     EXPECT_GT(n, 0u);
+    ++attempts_;
+    attempted_.notify_all();
     if (refuse_after_ >= 0 && registrations_ >= refuse_after_) return false;
     for (const auto& [lo, len] : locked_) {
       EXPECT_TRUE(at + n <= lo || lo + len <= at) << "two locked windows share a page";
@@ -62,14 +66,29 @@ class Registry {
     const std::lock_guard<std::mutex> lock(mu_);
     return locked_.size();
   }
-  uint64_t peak() const { return peak_; }
-  int registrations() const { return registrations_; }
+  uint64_t peak() {
+    const std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
+  int registrations() {
+    const std::lock_guard<std::mutex> lock(mu_);
+    return registrations_;
+  }
+  // Returns once `k` windows were offered to lock, locked or refused (at
+  // most 10 s): a staging lane that waits so leaves the direct lane windows
+  // to take, however the threads are scheduled.
+  void WaitForAttempts(int k) {
+    std::unique_lock<std::mutex> lock(mu_);
+    attempted_.wait_for(lock, std::chrono::seconds(10), [&] { return attempts_ >= k; });
+  }
 
  private:
   std::mutex mu_;
+  std::condition_variable attempted_;
   uint64_t page_;
   int refuse_after_;
   int registrations_ = 0;
+  int attempts_ = 0;
   std::map<uintptr_t, uint64_t> locked_;
   uint64_t now_ = 0, peak_ = 0;
 };
@@ -304,6 +323,9 @@ TEST(DevicePipeline, DirectLanesAndTheStagingLaneShareTheWindowsAndEveryByteArri
         const PipelineStats s = RunPipeline(
             m.ranges, engine, o,
             [&](void* dst, const uint8_t* src, uint64_t n) {
+              // The staging lane waits for the direct lane's first window
+              // (both lanes then surely take some, however the threads run).
+              registry.WaitForAttempts(1);
               std::copy(src, src + n, static_cast<uint8_t*>(dst));
               staged += n;
             },
@@ -345,9 +367,15 @@ TEST(DevicePipeline, AWindowTheEngineCannotLockIsStaged) {
       o.window_bytes = 64 << 10;
       o.direct_lanes = 1;
       o.staging = staging;
-      const PipelineStats s = RunPipeline(m.ranges, engine, o, {}, [&] {
-        return std::unique_ptr<CopyEngine>(std::make_unique<MockEngine>(&device, &registry));
-      });
+      const PipelineStats s = RunPipeline(
+          m.ranges, engine, o,
+          [&](void* dst, const uint8_t* src, uint64_t n) {
+            registry.WaitForAttempts(refuse_after + 1);  // until the lane was refused
+            std::memcpy(dst, src, n);
+          },
+          [&] {
+            return std::unique_ptr<CopyEngine>(std::make_unique<MockEngine>(&device, &registry));
+          });
       const std::string where = "refusing after " + std::to_string(refuse_after) +
                                 ", staging " + (staging ? "on" : "off");
       EXPECT_EQ(device, m.Host()) << where;
