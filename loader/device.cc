@@ -13,8 +13,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <thread>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include <unistd.h>
@@ -27,10 +27,10 @@ namespace tsar {
 namespace {
 
 // The device allocations the copies write into, one per distinct host
-// storage, made at the first copy into each (so allocating overlaps the
-// copies already enqueued: a cudaMalloc per storage measured about 50 us on
-// an H100, 9 ms for a 2 GiB model when made up front) on the calling
-// thread's stream, which the copy stream then waits for.
+// storage, each made at the first copy into it (so allocating, a cudaMalloc
+// where the caching allocator holds no free block, overlaps the copies
+// already enqueued instead of all of it coming before the first copy), on
+// the calling thread's stream, which the copy stream then waits for.
 class DeviceTargets {
  public:
   DeviceTargets(c10::Device device, std::vector<uint64_t> sizes)
@@ -91,9 +91,8 @@ class TorchEngine : public CopyEngine {
         direct_(locked != nullptr),
         // "cuda" without an index: the calling thread's current device.
         thread_device_(device.has_index() ? device : guard_.getDevice()) {
-    // The targets were allocated on the current stream, whose caching
-    // allocator may hand back blocks that work queued there still reads: the
-    // copy streams start after everything queued on it so far.
+    // The copy streams start after everything queued on the caller's stream
+    // so far (and after each target's allocation: DeviceTargets::Get).
     c10::Event queued(device.type());
     queued.record(targets->caller());
     for (int s = 0; s < streams; ++s) {
@@ -132,13 +131,13 @@ class TorchEngine : public CopyEngine {
   bool Register(const void* p, uint64_t n) override { return LockedAlready(p, n); }
 
  private:
-  // [src, src + n) of a locked window, as a CPU tensor: its copy_ with
-  // non_blocking is an asynchronous DMA from the window.
   bool LockedAlready(const void* p, uint64_t n) const {
     const auto* q = static_cast<const uint8_t*>(p);
     return locked_ != nullptr && q >= locked_ && n <= locked_size_ &&
            static_cast<uint64_t>(q - locked_) <= locked_size_ - n;
   }
+  // [src, src + n) of a locked window, as a CPU tensor: its copy_ with
+  // non_blocking is an asynchronous DMA from the window.
   static at::Tensor LockedView(const void* src, uint64_t n) {
     return at::from_blob(const_cast<void*>(src), {static_cast<int64_t>(n)},
                          at::TensorOptions().dtype(at::kByte));
