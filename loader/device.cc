@@ -253,14 +253,11 @@ std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10
     p.streams = options.streams;
     p.fill_threads = options.fill_threads;
     p = StagingFor(p, std::thread::hardware_concurrency());
-    TorchEngine engine(device, p.streams, &targets);
     // Memory locked already (the mapping, whole pages): one direct lane reads
     // it, and the staging lane takes only what lies outside it.
     const auto* locked = static_cast<const uint8_t*>(options.locked_base);
-    EngineFactory direct;
-    if (locked != nullptr && options.locked_size > 0) {
-      const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-      const uint64_t size = (options.locked_size + page - 1) / page * page;
+    const bool read_locked = locked != nullptr && options.locked_size > 0;
+    if (read_locked) {
       p.direct_lanes = 1;
       p.staging = false;
       // One stream, every window's copies back to back: the form of the
@@ -268,6 +265,12 @@ std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10
       // (2026-11-26); 4 streams measured 0.91-0.92x (2026-11-27).
       p.streams = 1;
       p.windows = 8;
+    }
+    TorchEngine engine(device, p.streams, &targets);
+    EngineFactory direct;
+    if (read_locked) {
+      const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+      const uint64_t size = (options.locked_size + page - 1) / page * page;
       direct = [&, locked, size] {
         return std::unique_ptr<CopyEngine>(
             std::make_unique<TorchEngine>(device, p.streams, &targets, locked, size));

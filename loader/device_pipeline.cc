@@ -402,21 +402,18 @@ PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engi
       if (used == each) send();
     }
   };
-  const auto stage_windows = [&] {
-    for (const Window* w; (w = options.staging || lanes == 0 ? queue.TakeFront() : nullptr);) {
+  const auto stage_from_front = [&] {
+    for (const Window* w; (w = queue.TakeFront());) {
       if (!pool) start();
       for (const CopyRange& r : w->runs) stage(r);
     }
   };
   try {
-    stage_windows();
+    if (options.staging || lanes == 0) stage_from_front();
     join_lanes();
     // What the direct lanes gave back (or, with `staging` off, every window
     // they did not copy).
-    for (const Window* w; (w = queue.TakeFront());) {
-      if (!pool) start();
-      for (const CopyRange& r : w->runs) stage(r);
-    }
+    stage_from_front();
     if (used > 0) send();
   } catch (...) {
     // Transfers already enqueued still write into the targets: let them end

@@ -37,9 +37,10 @@ struct DeviceOptions {
   // Host memory the caller has page-locked, read-only, and keeps locked
   // across loads (cudaHostRegister of the archive's mapping, whole pages:
   // Python's pin="register"): bytes inside it are read by the GPU directly,
-  // with no host copy, in windows of 64 MiB on the streams above; bytes
-  // outside it are staged. Locking costs about 0.03 s per GiB once, and
-  // then each load runs at the link's limit (0.97x measured on an H100).
+  // with no host copy, in windows of 64 MiB on one stream; bytes outside it
+  // are staged. On an H100, locking took 0.02-0.05 s per GiB once; loads
+  // after it ran at 0.97x of the link as per-storage copies on one stream,
+  // 0.91-0.92x as this path on 4 streams (docs/gpu.md).
   const void* locked_base = nullptr;
   uint64_t locked_size = 0;
   // Filled in when given: what the copy did.

@@ -26,11 +26,11 @@ namespace {
 
 // load_into's options after the module: one tuple (entry, strict,
 // allow_training, archive_prefix, module_prefix, rank, world, device,
-// read_ahead), as
-// python/tsar/_bind.py builds it. A GPU bind stages with BindOptions'
-// default DeviceOptions (load_into offers no staging options).
-// The host memory locked already for a GPU copy, as python/tsar/_device.py
-// makes it from pin=: (locked_base, locked_size); (0, 0) for none.
+// read_ahead, direct), as python/tsar/_bind.py builds it. A GPU bind stages
+// with BindOptions' default DeviceOptions (load_into offers no staging
+// options) but for `direct`: the host memory locked already, as
+// python/tsar/_device.py makes it from pin=: (locked_base, locked_size);
+// (0, 0) for none.
 using DirectArgs = std::tuple<uintptr_t, uint64_t>;
 using BindArgs = std::tuple<std::string, bool, bool, std::string, std::string, int64_t, int64_t,
                             std::string, bool, DirectArgs>;

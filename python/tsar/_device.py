@@ -36,8 +36,8 @@ def check_pin(pin) -> None:
 def locked_range(archive, pin: str, device: str) -> Tuple[int, int]:
     """The C++ extension's (locked_base, locked_size) for a copy to
     ``device`` (python/src/module.cc DirectArgs): the archive's locked
-    mapping, locked here first with ``pin="register"``."""
-    check_pin(pin)
+    mapping, locked here first with ``pin="register"`` (``pin`` checked by
+    the caller, before anything else)."""
     if pin == "register":
         from . import _register
         if not torch.cuda.is_available() or torch.device(device).type != "cuda":

@@ -160,7 +160,7 @@ def test_pin_register_without_a_gpu_is_refused_and_a_bad_pin_named(tmp_path):
 
 
 def _big_source():
-    """Storages across many 1 MiB windows, a tie and a view among them."""
+    """Several storages, 4 MiB and more, a tie and a view among them."""
     torch.manual_seed(7)
     sd = {"emb": torch.randn(1024, 1024), "w": torch.randn(3000, 701).to(torch.bfloat16),
           "small": torch.ones(3)}
