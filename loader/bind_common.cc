@@ -409,7 +409,7 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
       sources.push_back(tp && targets[i].defined() ? targets[i] : impl.Make(match[i]));
     }
     const std::vector<at::Tensor> on_device =
-        CopyToDevice(sources, options.device, options.staging);
+        CopyToDevice(sources, options.device, options.staging, *impl.core);
     for (size_t k = 0; k < which.size(); ++k) {
       c10::TensorImpl* t = slots[which[k]].tensor;
       MetaToCpu(t);  // a meta TensorImpl takes a device tensor's data as a dense one does

@@ -12,6 +12,8 @@
 
 namespace tsar {
 
+struct ArchiveCore;
+
 struct BindSlot {
   std::string name;
   // The module's own tensor, rebound in place; not owned (the module, or the
@@ -40,8 +42,9 @@ void CheckDevice(c10::Device device, const std::string& path, const char* what,
 // Copies the bytes the host tensors `sources` view to `device`, once per
 // distinct storage (the byte range its views touch), through the staging
 // pipeline, and returns each source's view of the device copy (ties and
-// views stay views of one device storage).
+// views stay views of one device storage). Bytes inside the shared mappings
+// of `core`'s files are read from the files (options.stage_from_file).
 std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10::Device device,
-                                     const DeviceOptions& options);
+                                     const DeviceOptions& options, const ArchiveCore& core);
 
 }  // namespace tsar

@@ -12,7 +12,9 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -22,6 +24,7 @@
 #include "loader/archive_impl.h"
 #include "loader/bind_common.h"
 #include "loader/device_pipeline.h"
+#include "loader/file_regions.h"
 
 namespace tsar {
 namespace {
@@ -200,7 +203,7 @@ void CheckDevice(c10::Device device, const std::string& path, const char* what,
 }
 
 std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10::Device device,
-                                     const DeviceOptions& options) {
+                                     const DeviceOptions& options, const ArchiveCore& core) {
   // Per distinct host storage, numbered in first-seen order: the bytes its
   // views touch, [lo, hi), lo rounded down to 64 bytes (a multiple of every
   // element size), copied once into one device allocation. A rank's slice
@@ -276,10 +279,23 @@ std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10
             std::make_unique<TorchEngine>(device, p.streams, &targets, locked, size));
       };
     }
-    const PipelineStats s = RunPipeline(ranges, engine, p, {}, direct);
+    // The staging lane's fill: the archive's file where its mapping shows it.
+    const FileRegions files(core);
+    std::atomic<uint64_t> from_file{0};
+    std::function<void(void*, const uint8_t*, uint64_t)> fill;
+    if (options.stage_from_file && !files.empty()) {
+      fill = [&](void* dst, const uint8_t* src, uint64_t n) {
+        if (files.Read(dst, src, n)) {
+          from_file.fetch_add(n, std::memory_order_relaxed);
+        } else {
+          std::memcpy(dst, src, n);
+        }
+      };
+    }
+    const PipelineStats s = RunPipeline(ranges, engine, p, fill, direct);
     if (options.stats != nullptr) {
-      *options.stats = DeviceStats{s.bytes, s.bytes_direct, s.pinned_bytes, s.fill_threads,
-                                   p.streams};
+      *options.stats = DeviceStats{s.bytes, s.bytes_direct, s.pinned_bytes, from_file.load(),
+                                   s.fill_threads, p.streams};
     }
   }
   const std::vector<at::Tensor> device_bytes = targets.Take();
@@ -322,7 +338,7 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
     tensors.emplace_back();
     sources.push_back(impl.Make(i));
   });
-  const std::vector<at::Tensor> on_device = CopyToDevice(sources, device, options);
+  const std::vector<at::Tensor> on_device = CopyToDevice(sources, device, options, *impl.core);
   for (size_t k = 0; k < dense.size(); ++k) {
     tensors[dense[k]] = on_device[k];
     if (sources[k].requires_grad()) tensors[dense[k]].set_requires_grad(true);

@@ -62,7 +62,9 @@ struct PipelineOptions {
 //   smaller buffers measured 23 GB/s against 49): pinned memory is bounded
 //   by pinned_bytes whatever the archive's size or the machine;
 // - staging reached 30-35 GB/s (0.57-0.64x) from a fresh mapping and 46.5
-//   (0.85x) from one already faulted in: the host copy is the limit;
+//   (0.85x) from one already faulted in: the host copy is the limit; so
+//   to_device's fill reads the file (pread, 46.3 GB/s on 16 threads there)
+//   where the mapping is shared (loader/file_regions.h);
 // - no direct lane: locking windows of a fresh mapping per load and
 //   unlocking them (cudaHostRegister/Unregister, 16-256 MiB, 2-8 in flight,
 //   1 or 2 lanes) moved 8-19 GB/s alone and, beside the staging lane, made

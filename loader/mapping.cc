@@ -2,6 +2,7 @@
 #include "loader/mapping.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -60,6 +61,12 @@ std::unique_ptr<Mapping> Mapping::Create(int fd, uint64_t size, MapMode mode, Pr
     if (mlock(p, len) != 0)
       IoError(path, "cannot mlock " + std::to_string(size) + " bytes (see ulimit -l)", errno);
     m->locked_ = true;
+  }
+  struct stat st {};
+  if (mode == MapMode::kShared && fstat(fd, &st) == 0) {
+    m->shows_file_ = true;
+    m->dev_ = st.st_dev;
+    m->ino_ = st.st_ino;
   }
   return m;
 }

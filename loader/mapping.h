@@ -2,6 +2,8 @@
 // or copy-on-write) or by pread into private memory, freed by RAII.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,6 +26,15 @@ class Mapping {
   uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
   MapMode mode() const { return mode_; }
+  // Whether the memory shows the file itself, as it is on disk: a kShared
+  // mmap (kRead memory is a copy; a kCopyOnWrite mapping may hold the
+  // process's writes). Then reading the file (device `dev`, inode `ino`)
+  // gives the same bytes without faulting the mapping in
+  // (loader/file_regions.h). No descriptor is kept: a server's archives hold
+  // none open.
+  bool shows_file() const { return shows_file_; }
+  dev_t dev() const { return dev_; }
+  ino_t ino() const { return ino_; }
 
  private:
   Mapping() = default;
@@ -32,6 +43,9 @@ class Mapping {
   MapMode mode_ = MapMode::kShared;
   bool is_mmap_ = false;
   bool locked_ = false;
+  bool shows_file_ = false;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
 };
 
 }  // namespace tsar

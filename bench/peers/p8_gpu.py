@@ -6,8 +6,10 @@ and the stream synchronized:
 - pinned memcpy, the limit: the file's bytes already in one pinned host
   buffer of the file's size, one ``copy_`` to the device (no file read at all);
 - tsar ``Archive.state_dict(device="cuda")`` (C++ ``to_device``: staging
-  through 64 MiB of pinned buffers filled by the host's cores, on several
-  streams);
+  through 64 MiB of pinned buffers filled by the host's cores reading the
+  file with ``pread``, on several streams), and the same filled by copying
+  out of the archive's mapping (``stage_from="mapping"``, the default until
+  2026-11-27: each page of a fresh mapping faulted in);
 - tsar ``state_dict(device="cuda", pin="register")``: the archive's own
   mapping page-locked in place once (``cudaHostRegister``, read-only) at the
   first load and kept, every load reading it directly; the registration's
@@ -124,7 +126,7 @@ class TsarLoader:
             return None
         return (f"tsar {self.kwargs or 'defaults'}: {s['fill_threads']} fill threads, {s['streams']} "
                 f"streams, {s['pinned_bytes'] >> 20} MiB pinned, {s['bytes_direct'] / max(1, s['bytes']):.0%} "
-                "read directly")
+                f"read directly, {s.get('bytes_from_file', 0) / max(1, s['bytes']):.0%} read from the file")
 
 
 class RegisteredOnce:
@@ -217,6 +219,9 @@ def rows() -> List[Row]:
     return [
         Row("tsar (64 MiB pinned, the default)", 'tsar.open(p).state_dict(device="cuda")', "tsar",
             TsarLoader(), "tsar", "tsar", pinned="64 MiB"),
+        Row("tsar stage_from=\"mapping\" (filled from the mapping, not the file)",
+            'tsar.open(p).state_dict(device="cuda", stage_from="mapping")', "tsar",
+            TsarLoader(stage_from="mapping"), "tsar", "tsar", pinned="64 MiB"),
         Row("tsar pin=\"register\" (registered at the first load and kept; best: a later load)",
             'a = tsar.open(p); a.state_dict(device="cuda", pin="register")', "tsar",
             RegisteredOnce(), "tsar", "tsar", pinned="the whole file, once"),
@@ -301,7 +306,8 @@ def cold_table(files, nbytes, best_limit, say) -> None:
     disk = size / (time.perf_counter() - t) / 1e9
     say(f"| dd of the .tsar file (bs=16M, to nothing) | {disk:.1f} (of the file's {size / 1e9:.2f} GB) "
         f"| 1.00 | {disk / best_limit:.2f} |")
-    for name, fmt, load in (("tsar (the default)", "tsar", TsarLoader()),
+    for name, fmt, load in (("tsar (the default: pread of the file)", "tsar", TsarLoader()),
+                            ("tsar stage_from=\"mapping\"", "tsar", TsarLoader(stage_from="mapping")),
                             ("safetensors load_file", "safetensors", safetensors_load_file)):
         if fmt not in files:
             continue

@@ -15,12 +15,14 @@ struct DeviceStats {
   uint64_t bytes = 0;         // copied to the device
   uint64_t bytes_direct = 0;  // of them, read by the GPU from the locked range, no host copy
   uint64_t pinned_bytes = 0;  // staging buffers allocated
+  uint64_t bytes_from_file = 0;  // of the staged bytes, read from the archive's file (pread)
   int fill_threads = 0;
   int streams = 0;
 };
 
 // How to_device stages bytes: the archive's storages are copied from the
-// mapping into `buffers` page-locked (pinned) host buffers of `pinned_bytes`
+// archive (its file, or its mapping: `stage_from_file`) into `buffers`
+// page-locked (pinned) host buffers of `pinned_bytes`
 // in all, and from each buffer to the GPU asynchronously on one of `streams`
 // streams, so the host copy of the next buffer overlaps the transfer of the
 // previous ones. Pinned memory stays at `pinned_bytes` whatever the archive's
@@ -34,6 +36,13 @@ struct DeviceOptions {
   int buffers = 4;
   int streams = 0;       // 0: 4 (the staging rule)
   int fill_threads = 0;  // 0: min(cores, 16) (the staging rule)
+  // Staging reads the archive's file (pread of the page cache) rather than
+  // copying out of its mapping, where the mapping is shared read-only (it
+  // then shows the file's bytes): no page faults on a fresh mapping, and on
+  // a cold cache one read request per piece (loader/file_regions.h). Bytes
+  // of a copy-on-write or kRead archive, and host copies (a rank's slices),
+  // come from memory either way. false: always from memory.
+  bool stage_from_file = true;
   // Host memory the caller has page-locked, read-only, and keeps locked
   // across loads (cudaHostRegister of the archive's mapping, whole pages:
   // Python's pin="register"): bytes inside it are read by the GPU directly,

@@ -46,6 +46,7 @@ py::dict StatsDict(const DeviceStats& s) {
   d["bytes"] = s.bytes;
   d["bytes_direct"] = s.bytes_direct;
   d["pinned_bytes"] = s.pinned_bytes;
+  d["bytes_from_file"] = s.bytes_from_file;
   d["fill_threads"] = s.fill_threads;
   d["streams"] = s.streams;
   return d;
@@ -126,12 +127,13 @@ PYBIND11_MODULE(_tsar, m) {
           "to_device",
           [](const Archive& a, const std::string& device, const std::string& entry,
              uint64_t pinned_bytes, int buffers, int streams, int fill_threads,
-             const DirectArgs& direct) {
+             bool stage_from_file, const DirectArgs& direct) {
             DeviceOptions o;
             o.pinned_bytes = pinned_bytes;
             o.buffers = buffers;
             o.streams = streams;
             o.fill_threads = fill_threads;
+            o.stage_from_file = stage_from_file;
             SetDirect(o, direct);
             DeviceStats stats;
             o.stats = &stats;
@@ -145,7 +147,8 @@ PYBIND11_MODULE(_tsar, m) {
             return py::make_tuple(out, StatsDict(stats));
           },
           py::arg("device"), py::arg("entry"), py::arg("pinned_bytes"), py::arg("buffers"),
-          py::arg("streams"), py::arg("fill_threads"), py::arg("direct"))
+          py::arg("streams"), py::arg("fill_threads"), py::arg("stage_from_file"),
+          py::arg("direct"))
       .def(
           "shard",
           [](const Archive& a, const std::string& name, int64_t rank, int64_t world,

@@ -51,7 +51,9 @@ class Archive:
         self._impl = impl
         #: What the last ``state_dict(device=)`` did, as a dict: ``bytes``,
         #: ``bytes_direct`` (read by the GPU from the locked mapping, no host
-        #: copy), ``pinned_bytes``, ``fill_threads``, ``streams``; None before.
+        #: copy), ``pinned_bytes``, ``bytes_from_file`` (of the staged bytes,
+        #: read from the archive's file), ``fill_threads``, ``streams``; None
+        #: before.
         self.device_stats = None
 
     def _a(self):
@@ -112,7 +114,8 @@ class Archive:
 
     def state_dict(self, entry: Optional[str] = None, *, device=None, pinned_bytes: int = 64 << 20,
                    buffers: int = 4, streams: int = 0, fill_threads: int = 0,
-                   pin: str = "stage") -> "collections.OrderedDict[str, torch.Tensor]":
+                   pin: str = "stage", stage_from: str = "file"
+                   ) -> "collections.OrderedDict[str, torch.Tensor]":
         """Every tensor of ``entry`` (default: the first) in file order, zero-copy.
 
         ``device`` ("cuda", "cuda:1", a torch.device): the tensors on that GPU
@@ -125,6 +128,12 @@ class Archive:
         ``streams``: the staging rule, every core up to 16 fills (one thread
         moves about 6 GB/s out of the mapping, a PCIe 5 link takes 55) on 4
         streams. Pinned memory stays ``pinned_bytes`` whatever the model.
+        ``stage_from="file"`` (the default) fills the buffers by reading the
+        archive's file (``pread`` of the page cache: no page faults on a
+        fresh mapping; on a cold cache, one read request per piece) where the
+        archive is mapped shared, read-only; ``"mapping"`` copies out of the
+        mapping. A ``mode="copy_on_write"`` or ``"read"`` archive is copied
+        from memory either way (it may hold writes the file lacks).
 
         ``pin="register"``: instead, the archive's own mapping is page-locked
         once, read-only, in place (cudaHostRegister) and kept so while this
@@ -146,6 +155,8 @@ class Archive:
         """
         from . import _device
         _device.check_pin(pin)
+        if stage_from not in ("file", "mapping"):
+            raise ValueError(f"stage_from: expected 'file' or 'mapping', found {stage_from!r}")
         if device is not None and torch.device(device).type != "cpu":
             from . import _backend
             if _backend.accelerator is None:
@@ -156,7 +167,7 @@ class Archive:
             direct = _device.locked_range(self, pin, str(target))
             items, self.device_stats = self._a().to_device(
                 str(target), entry or "", int(pinned_bytes), int(buffers), int(streams),
-                int(fill_threads), direct)
+                int(fill_threads), stage_from == "file", direct)
             return collections.OrderedDict(items)
         return collections.OrderedDict(self._a().state_dict(entry or ""))
 

@@ -4,6 +4,9 @@
 // would put wrong bytes on the "device".
 #include "loader/device_pipeline.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -20,6 +23,8 @@
 #include <thread>
 
 #include <unistd.h>
+
+#include "loader/file_regions.h"
 
 namespace tsar {
 namespace {
@@ -429,6 +434,63 @@ TEST(DevicePipeline, AFillThatThrowsOnAnyThreadReachesTheCaller) {
                  std::runtime_error)
         << threads << " threads";
   }
+}
+
+// The staging lane filled from the archive's file (to_device's default,
+// loader/file_regions.h): every byte inside the file's region comes from the
+// file by pread, the rest (a host copy beside it) from memory, on 1 and 3
+// fill threads and pieces that cross buffers. The region here is a private
+// mapping written after it was made, so bytes from the mapping instead of
+// the file would show.
+TEST(DevicePipeline, AStagingLaneFilledFromTheFileMovesEveryByteOnce) {
+  char tmpl[] = "/tmp/tsar-pipeline-file-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  const uint64_t size = (5 << 20) + 4321;
+  std::mt19937_64 rng(11);
+  std::vector<uint8_t> file(size);
+  for (auto& x : file) x = static_cast<uint8_t>(rng());
+  ASSERT_EQ(write(fd, file.data(), size), static_cast<ssize_t>(size));
+  auto* shown = static_cast<uint8_t*>(
+      mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));
+  ASSERT_NE(shown, MAP_FAILED);
+  std::memset(shown, 0x5A, size);  // the process's own pages now: not the file's bytes
+  FileRegions files;
+  files.Add(shown, size, fd, tmpl);
+  std::vector<uint8_t> beside(300000);
+  for (auto& x : beside) x = static_cast<uint8_t>(rng());
+  // Two runs of the file (the second starting mid-file) and the host copy.
+  const uint64_t second = 3 << 20;
+  const std::vector<CopyRange> ranges = {{shown, second, 0, 0},
+                                         {beside.data(), beside.size(), 1, 0},
+                                         {shown + second, size - second, 2, 0}};
+  const std::vector<std::vector<uint8_t>> want = {
+      std::vector<uint8_t>(file.begin(), file.begin() + second), beside,
+      std::vector<uint8_t>(file.begin() + second, file.end())};
+  for (int threads : {1, 3}) {
+    std::vector<std::vector<uint8_t>> device(3);
+    for (int i = 0; i < 3; ++i) device[i].assign(want[i].size(), 0);
+    MockEngine engine(&device);
+    PipelineOptions o;
+    o.fill_threads = threads;
+    o.streams = 2;
+    o.pinned_bytes = 1 << 20;
+    std::atomic<uint64_t> from_file{0}, from_memory{0};
+    RunPipeline(ranges, engine, o, [&](void* dst, const uint8_t* src, uint64_t n) {
+      if (files.Read(dst, src, n)) {
+        from_file += n;
+      } else {
+        std::memcpy(dst, src, n);
+        from_memory += n;
+      }
+    });
+    EXPECT_EQ(device, want) << threads << " fill threads";
+    EXPECT_EQ(from_file.load(), size);
+    EXPECT_EQ(from_memory.load(), beside.size());
+  }
+  munmap(shown, size);
+  close(fd);
+  unlink(tmpl);
 }
 
 TEST(DevicePipeline, RefusesNoBufferOrNoStream) {

@@ -74,6 +74,7 @@ TEST_F(DeviceTest, ToDeviceKeepsTiesAndViewsAsOneDeviceStorage) {
     const auto sd = to_device(a, c10::Device(c10::kCUDA, 0), "", o);
     EXPECT_EQ(st.bytes, uint64_t(emb.nbytes() + bf.nbytes()));  // the tie and the view once
     EXPECT_EQ(st.bytes_direct, 0u);
+    EXPECT_EQ(st.bytes_from_file, st.bytes) << "staged from the file (stage_from_file)";
     EXPECT_GT(st.pinned_bytes, 0u);
     EXPECT_LE(st.pinned_bytes, pinned);
     EXPECT_TRUE(sd["emb"].is_cuda());
@@ -83,6 +84,31 @@ TEST_F(DeviceTest, ToDeviceKeepsTiesAndViewsAsOneDeviceStorage) {
     EXPECT_TRUE(sd["head"].storage().is_alias_of(sd["emb"].storage()));
     EXPECT_TRUE(sd["part"].storage().is_alias_of(sd["emb"].storage()));
   }
+}
+
+// Staging from the mapping instead of the file, and from a copy-on-write
+// archive whose mapping this process wrote to: the bytes the mapping shows
+// arrive (the write included), none read from the file.
+TEST_F(DeviceTest, ToDeviceStagesFromMemoryWhereAskedOrWhereTheMappingIsPrivate) {
+  if (!gpu()) GTEST_SKIP() << "no CUDA device here: the GPU path is built and linked, not run";
+  const at::Tensor w = torch::randn({300, 700});
+  pack(Path("c.tsar"), std::vector<std::pair<std::string, at::Tensor>>{{"w", w}});
+  DeviceOptions o;
+  DeviceStats st;
+  o.stats = &st;
+  o.stage_from_file = false;
+  const Archive shared = Archive::open(Path("c.tsar"));
+  EXPECT_TRUE(torch::equal(to_device(shared, c10::Device(c10::kCUDA, 0), "", o)["w"].cpu(), w));
+  EXPECT_EQ(st.bytes, uint64_t(w.nbytes()));
+  EXPECT_EQ(st.bytes_from_file, 0u);
+  OpenOptions cow;
+  cow.mode = MapMode::kCopyOnWrite;
+  const Archive written = Archive::open(Path("c.tsar"), cow);
+  written.tensor("w").fill_(2.5f);
+  o.stage_from_file = true;
+  const at::Tensor got = to_device(written, c10::Device(c10::kCUDA, 0), "", o)["w"].cpu();
+  EXPECT_TRUE(torch::equal(got, torch::full({300, 700}, 2.5f))) << "the process's own write";
+  EXPECT_EQ(st.bytes_from_file, 0u);
 }
 
 TEST_F(DeviceTest, BindOntoAGpuMovesAModuleBuiltOnMetaWithItsTies) {

@@ -154,6 +154,8 @@ def test_pin_register_without_a_gpu_is_refused_and_a_bad_pin_named(tmp_path):
     assert e.value.code == tsar.ErrorCode.UNSUPPORTED and a.registration_seconds is None
     with pytest.raises(ValueError, match="pin: expected"):
         a.state_dict(device="cuda", pin="lock")
+    with pytest.raises(ValueError, match="stage_from: expected 'file' or 'mapping', found 'disk'"):
+        a.state_dict(device="cuda", stage_from="disk")
     with pytest.raises(ValueError, match="pin: expected one of 'stage', 'register', found 'lock'"):
         tsar.load_into(torch.nn.Linear(2, 2).eval(), a, device="cuda", pin="lock")
     assert a.device_stats is None
@@ -183,12 +185,31 @@ def test_every_pin_arrives_bytes_exact_and_says_what_it_did(tmp_path, pin):
         assert s["bytes"] == total, s
         if pin == "stage":
             assert s["bytes_direct"] == 0 and s["pinned_bytes"] > 0, s
+            assert s["bytes_from_file"] == total, s  # staged by pread of the file
         else:  # every byte read from the locked mapping, none staged
             assert s["bytes_direct"] == total and s["pinned_bytes"] == 0, s
     assert (a.registration_seconds is not None) == (pin == "register")
     if pin == "register":  # a later load with the default pin reads the locked mapping too
         _assert_arrived(a.state_dict(device="cuda"), sd)
         assert a.device_stats["bytes_direct"] == total
+
+
+@needs_gpu
+def test_staging_reads_the_file_or_the_mapping_and_a_private_mapping_from_memory(tmp_path):
+    sd = _big_source()
+    tsar.save(sd, tmp_path / "m.tsar")
+    total = sd["emb"].nbytes + sd["w"].nbytes + sd["small"].nbytes
+    a = tsar.open(tmp_path / "m.tsar")
+    _assert_arrived(a.state_dict(device="cuda", stage_from="mapping"), sd)
+    assert a.device_stats["bytes"] == total and a.device_stats["bytes_from_file"] == 0
+    with pytest.raises(ValueError, match="stage_from: expected 'file' or 'mapping', found 'disk'"):
+        a.state_dict(device="cuda", stage_from="disk")
+    # copy-on-write: the process's own write to the mapping is what arrives
+    c = tsar.open(tmp_path / "m.tsar", mode="copy_on_write")
+    c["small"].fill_(5.0)
+    got = c.state_dict(device="cuda")
+    assert torch.equal(got["small"].cpu(), torch.full((3,), 5.0))
+    assert c.device_stats["bytes_from_file"] == 0
 
 
 @needs_gpu
