@@ -1,4 +1,4 @@
-// The benchmarks P1..P7, P10, P11 and the in-process half of P12 of bench/README.md and the child
+// The benchmarks P1..P7, P10, P11, P16 and the in-process half of P12 of bench/README.md and the child
 // processes some of them start. Each RunPn records its samples through ctx.rec.
 #pragma once
 
@@ -23,6 +23,7 @@ void RunP7Verify(const Context& ctx);
 void RunP10Layers(const Context& ctx);
 void RunP11HotSwap(const Context& ctx);
 void RunP12Api(const Context& ctx);  // with bench/p12_scale.py
+void RunP16Staging(const Context& ctx);
 
 // Child processes (started by this same executable):
 //   child-first-output MODE SIDE DATA  P2: load resnet18 one way, run one

@@ -111,7 +111,7 @@ int Run(const std::vector<std::string>& args) {
       {"P1", RunP1OpenBind},    {"P5", RunP5Index},  {"P7", RunP7Verify},
       {"P2", RunP2FirstOutput}, {"P3", RunP3Memory}, {"P10", RunP10Layers},
       {"P11", RunP11HotSwap},   {"P12", RunP12Api},  {"P4", RunP4Cold},
-      {"P6", RunP6Pack},
+      {"P16", RunP16Staging}, {"P6", RunP6Pack},
   };
   for (const auto& [name, fn] : all) {
     if (!only.empty() && !only.count(name)) continue;

@@ -33,6 +33,7 @@ TITLES = {
     "P9": "P9. Python: 8 worker processes holding the same 512 MiB model",
     "P10": "P10. Four fine-tuned variants served at once: layers over one base against full archives",
     "P11": "P11. Hot swap: new versions renamed over a live server's archive (tsar::LiveModule)",
+    "P16": "P16. The host half of a copy onto a GPU: the staging lane's fill, 512 MiB",
 }
 
 METHODS = {
@@ -88,6 +89,15 @@ METHODS = {
            "on the second). Cases: one request thread (a core free for loading), as many request "
            "threads as cores (none free), and that again with `loader_nice = 19`; resnet18 shows a "
            "model whose make + warm-up alone take hundreds of ms on this machine.",
+    "P16": "In-process, any machine: `RunPipeline` (loader/device_pipeline.h, what `to_device` runs) over "
+           "every storage of the 512 MiB archive, with a copy engine whose transfers finish at once, so "
+           "only the host fill is timed: 64 MiB of pre-faulted buffers, 4 of them, filled by the staging "
+           "rule's threads (every core up to 16) and by one. Each run opens the archive afresh (a fresh "
+           "mapping, as a server's first load); the fill either reads the file (`pread`, loader/"
+           "file_regions.h, `to_device`'s default) or copies out of the mapping (faulting its pages in). "
+           "Warm: the file in the page cache; peer: the same staging over a mapping populated beforehand "
+           "(`Prefetch::kPopulate`: the mapping path's ceiling). Cold: "
+           "the file evicted before each run; peer: `cat` of the evicted file. A warm-up round first.",
     "P7": "Archive mapped with `Prefetch::kPopulate` and verified once before timing. "
           "`Archive::verify()` hashes every storage with XXH3-64; the peer copies the same mapped bytes "
           "into a pre-faulted buffer.",
@@ -241,6 +251,16 @@ def build_rows(groups, info):
     # P7
     thr_ratio(get("P7", "512 MiB, warm", "tsar verify (XXH3-64)", "GB/s"),
               get("P7", "512 MiB, warm", "memcpy (pre-faulted destination)", "GB/s"), "memcpy")
+    # P16: each staging variant against the faulted-in memcpy (warm) or cat (cold)
+    rule = next((r.variant.split(", ")[-1] for r in rows if r.bench == "P16"
+                 and r.variant.startswith("staging copied from a mapping already faulted in")), "")
+    for case, peer_name, label in (("512 MiB, warm", "staging copied from a mapping already faulted in, " + rule,
+                                    "the faulted-in mapping"),
+                                   ("512 MiB, cold", "cat FILE > /dev/null", "cat")):
+        peer = get("P16", case, peer_name, "GB/s")
+        for r in rows:
+            if r.bench == "P16" and r.case == case and r.variant.startswith("tsar"):
+                thr_ratio(r, peer, label)
     # P8, P9
     speedup(get("P8", "512 MiB, 64 tensors, warm", "tsar.open + tsar.load_into", "ms"),
             get("P8", "512 MiB, 64 tensors, warm", "torch.load + load_state_dict", "ms"))
