@@ -54,9 +54,17 @@ def corpus(tmp_path_factory):
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     sd = collections.OrderedDict((name(i), torch.from_numpy(value(i))) for i in range(N))
     torch.save(sd, d / "many.pt")
+    # h5py's low-level calls: the same contiguous float32 datasets as
+    # create_dataset, in 7 s instead of 20.
     with h5py.File(d / "many.h5", "w") as f:
+        space = h5py.h5s.create_simple((4,))
         for i in range(N):
-            f.create_dataset(name(i), data=value(i))
+            h5py.h5d.create(f.id, name(i).encode(), h5py.h5t.IEEE_F32LE, space).write(
+                h5py.h5s.ALL, h5py.h5s.ALL, value(i))
+    with h5py.File(d / "many.h5", "r") as f:  # as create_dataset writes them
+        for i in (0, N - 1):
+            assert f[name(i)].dtype == np.float32 and f[name(i)].shape == (4,)
+            assert np.array_equal(f[name(i)][()], value(i))
     return d
 
 
