@@ -167,7 +167,7 @@ std::shared_ptr<const ArchiveCore> OpenCore(const std::string& path, const OpenO
 
   bool refused = false;
   std::unique_ptr<Mapping> mapping =
-      Mapping::Create(fd.get(), file_size, options.mode, options.prefetch, path, &refused);
+      Mapping::Create(fd.get(), st, options.mode, options.prefetch, path, &refused);
   if (refused) {
     if (!options.fallback_to_read) {
       throw Error(ErrorCode::kIo, path, std::nullopt,
@@ -177,7 +177,7 @@ std::shared_ptr<const ArchiveCore> OpenCore(const std::string& path, const OpenO
                  "tsar: warning: %s: mmap refused (%s); reading into private memory instead\n",
                  path.c_str(), std::strerror(errno));
     mapping =
-        Mapping::Create(fd.get(), file_size, MapMode::kRead, options.prefetch, path, &refused);
+        Mapping::Create(fd.get(), st, MapMode::kRead, options.prefetch, path, &refused);
   }
 
   auto core = std::make_shared<ArchiveCore>(path, std::move(index), std::move(mapping));

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -279,13 +280,15 @@ std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10
             std::make_unique<TorchEngine>(device, p.streams, &targets, locked, size));
       };
     }
-    // The staging lane's fill: the archive's file where its mapping shows it.
-    const FileRegions files(core);
+    // The staging lane's fill: the archive's file where its mapping shows it
+    // (the files opened only when asked for).
+    std::optional<FileRegions> files;
+    if (options.stage_from_file) files.emplace(core);
     std::atomic<uint64_t> from_file{0};
     std::function<void(void*, const uint8_t*, uint64_t)> fill;
-    if (options.stage_from_file && !files.empty()) {
+    if (files && !files->empty()) {
       fill = [&](void* dst, const uint8_t* src, uint64_t n) {
-        if (files.Read(dst, src, n)) {
+        if (files->Read(dst, src, n)) {
           from_file.fetch_add(n, std::memory_order_relaxed);
         } else {
           std::memcpy(dst, src, n);

@@ -2,7 +2,6 @@
 #include "loader/mapping.h"
 
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,8 +17,10 @@ namespace {
 
 }  // namespace
 
-std::unique_ptr<Mapping> Mapping::Create(int fd, uint64_t size, MapMode mode, Prefetch prefetch,
-                                         const std::string& path, bool* refused) {
+std::unique_ptr<Mapping> Mapping::Create(int fd, const struct stat& st, MapMode mode,
+                                         Prefetch prefetch, const std::string& path,
+                                         bool* refused) {
+  const auto size = static_cast<uint64_t>(st.st_size);
   std::unique_ptr<Mapping> m(new Mapping());
   m->size_ = size;
   m->mode_ = mode;
@@ -62,8 +63,7 @@ std::unique_ptr<Mapping> Mapping::Create(int fd, uint64_t size, MapMode mode, Pr
       IoError(path, "cannot mlock " + std::to_string(size) + " bytes (see ulimit -l)", errno);
     m->locked_ = true;
   }
-  struct stat st {};
-  if (mode == MapMode::kShared && fstat(fd, &st) == 0) {
+  if (mode == MapMode::kShared) {
     m->shows_file_ = true;
     m->dev_ = st.st_dev;
     m->ino_ = st.st_ino;

@@ -2,6 +2,7 @@
 // or copy-on-write) or by pread into private memory, freed by RAII.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -14,11 +15,13 @@ namespace tsar {
 
 class Mapping {
  public:
-  // Maps [0, size) of the open descriptor `fd`. Throws kIo; for kShared and
-  // kCopyOnWrite, *refused is set (and nothing thrown) when the kernel
-  // refuses mmap itself, so the caller can fall back to kRead.
-  static std::unique_ptr<Mapping> Create(int fd, uint64_t size, MapMode mode, Prefetch prefetch,
-                                         const std::string& path, bool* refused);
+  // Maps the whole file open as `fd`, whose fstat the caller has (`st`: its
+  // size, device and inode). Throws kIo; for kShared and kCopyOnWrite,
+  // *refused is set (and nothing thrown) when the kernel refuses mmap itself,
+  // so the caller can fall back to kRead.
+  static std::unique_ptr<Mapping> Create(int fd, const struct stat& st, MapMode mode,
+                                         Prefetch prefetch, const std::string& path,
+                                         bool* refused);
   ~Mapping();
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;

@@ -148,8 +148,7 @@ InputKind Detect(const std::string& path) {
     bool refused = false;
     std::unique_ptr<Mapping> map;
     try {
-      map = Mapping::Create(fd, static_cast<uint64_t>(st.st_size), MapMode::kShared,
-                            Prefetch::kNone, path, &refused);
+      map = Mapping::Create(fd, st, MapMode::kShared, Prefetch::kNone, path, &refused);
     } catch (...) {
       close(fd);
       throw;
