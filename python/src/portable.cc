@@ -25,6 +25,7 @@
 #include "loader/read_ahead.h"
 #include "python/src/common.h"
 #include "python/src/portable_bind.h"
+#include "python/src/portable_device.h"
 #include "tsar/archive_file.h"
 #include "tsar/pack_options.h"
 #include "writer/archive_writer.h"
@@ -275,6 +276,9 @@ PYBIND11_MODULE(_tsar_portable, m) {
         return StartReadAhead(file.core(), std::move(inside));
       },
       py::arg("file"), py::arg("ranges"));
+
+  // state_dict(device=) and load_into(device=): python/src/portable_device.h.
+  python::DefPortableDevice(m);
 
   // tsar.LiveModule's watcher (python/tsar/_live.py): waits without the GIL.
   py::class_<PathWatch>(m, "PathWatch")

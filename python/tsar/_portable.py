@@ -15,9 +15,11 @@ variable TSAR_PORTABLE=1 asks for it. ``tsar.save`` works too
 (tsar/_portable_save.py: the same writer, the same bytes), and ``tsar.pack``
 (tsar._tsar_pack_portable: the `tsar` command's readers). load_into runs in
 C++ where it can (python/src/portable_bind.h), tsar/_portable_bind.py
-otherwise. What it does not do raises tsar.Error (UNSUPPORTED) saying so:
-loading onto a GPU, TorchScript inputs to tsar.pack and its arch=, and saving
-sparse tensors need the accelerator. A tensor-parallel rank's slice of a
+otherwise. ``state_dict(device=)`` and ``load_into(device=)`` copy onto a GPU
+through the accelerator's staging pipeline (tsar/_portable_device.py). What it
+does not do raises tsar.Error (UNSUPPORTED) saying so: ``pin="register"``,
+TorchScript inputs to tsar.pack and its arch=, and saving sparse tensors need
+the accelerator. A tensor-parallel rank's slice of a
 sharded tensor is a view of the whole tensor in C order (a copy the archive
 makes once), not of the rank's own run of the file.
 """
@@ -259,7 +261,10 @@ class PortableArchive:
         return out
 
     def to_device(self, *args):
-        raise unsupported(self.path, "state_dict(device=) onto a GPU")
+        """state_dict(device=): tsar/_portable_device.py."""
+        from . import _portable_device
+
+        return _portable_device.to_device(self, *args)
 
 
 _COO, _CSR = 1, 2  # format::SparseLayout (3: CSC)

@@ -4,14 +4,16 @@ messages: names matched under the prefixes, dtype and shape checked (a rank's
 slice under tensor parallelism), ties bound through their twin, nothing left on
 meta, nothing changed unless everything checks. Each matched tensor then takes
 its archive view in place with ``tensor.data = view`` (the same Parameter
-object; a meta tensor becomes a CPU one)."""
+object; a meta tensor takes a CPU tensor's TensorImpl). With ``device=`` the
+views are of the matched storages' copies on that device, each storage copied
+once through the staging pipeline (tsar/_portable_device.py)."""
 from __future__ import annotations
 
 import torch
 
 from ._errors import Error, ErrorCode
 from . import _tsar_portable
-from ._portable import PortableArchive, _chunk, _chunk_size, unsupported
+from ._portable import PortableArchive, _chunk, _chunk_size
 
 
 def _error(path, message, code):
@@ -119,7 +121,8 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
      read_ahead, _direct) = options
     path = archive.path
     if device:
-        raise unsupported(path, f"load_into(device={device!r})")
+        from ._portable_device import check_device
+        check_device(path, torch.device(device))
     entry_name = archive._file.bind_entry(entry)
     if training and archive.mode == "shared" and not allow_training:
         raise _error(path, "bind: the module is in training mode, whose layers (BatchNorm running "
@@ -241,7 +244,19 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
         bound = [m is not None for m in match]
     _check_nothing_stays_meta(items, mismatched_slots, bound, loose, path, entry_name)
 
-    # Every check passed: each matched tensor takes its view, in place.
+    # Every check passed. Onto a device: each matched storage copied there
+    # once (tsar/_portable_device.py), the tensors views of the copies.
+    bound_view = view
+    if device:
+        from ._portable_device import DeviceViews, STAGING
+        copies = DeviceViews(archive, [m for m in match if m is not None], torch.device(device),
+                             STAGING)
+
+        def bound_view(i):
+            v = copies.view(match[i])
+            return _chunk(v, world, splits[i], rank) if i in splits else v
+
+    # Each matched tensor takes its view, in place.
     names = []
     done = set()  # ids of tensors already bound (a tie binds once)
     swap = torch._C._swap_tensor_impl
@@ -262,9 +277,9 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
                 # requires_grad instead, keeping its __dict__, so it is still
                 # the module's object (torch.utils.swap_tensors, without moving
                 # the attributes).
-                swap(t, make_subclass(type(t), view(i), t.requires_grad))
+                swap(t, make_subclass(type(t), bound_view(i), t.requires_grad))
             else:
-                t.data = view(i)
+                t.data = bound_view(i)
     return names, missing, unexpected, mismatched, tied
 
 

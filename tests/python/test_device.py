@@ -25,7 +25,6 @@ def _source():
     return sd
 
 
-@pytest.mark.accelerator
 @pytest.mark.skipif(GPU, reason="checks the error where there is no GPU")
 def test_without_a_gpu_device_is_refused_saying_why(tmp_path):
     tsar.save(_source(), tmp_path / "m.tsar")
@@ -172,7 +171,7 @@ def _big_source():
 
 
 @needs_gpu
-@pytest.mark.parametrize("pin", ["stage", "register"])
+@pytest.mark.parametrize("pin", ["stage", pytest.param("register", marks=pytest.mark.accelerator)])
 def test_every_pin_arrives_bytes_exact_and_says_what_it_did(tmp_path, pin):
     sd = _big_source()
     tsar.save(sd, tmp_path / "m.tsar")
@@ -212,6 +211,7 @@ def test_staging_reads_the_file_or_the_mapping_and_a_private_mapping_from_memory
     assert c.device_stats["bytes_from_file"] == 0
 
 
+@pytest.mark.accelerator  # pin="register": the portable path refuses it
 @needs_gpu
 def test_load_into_with_pin_register_twice_keeps_the_parameter_objects_and_their_ties(tmp_path):
     torch.manual_seed(4)
@@ -231,6 +231,7 @@ def test_load_into_with_pin_register_twice_keeps_the_parameter_objects_and_their
         assert a.registration_seconds is not None
 
 
+@pytest.mark.accelerator  # pin="register": the portable path refuses it
 @needs_gpu
 def test_pin_register_copies_from_the_registered_mapping_bytes_exact_and_releases(tmp_path):
     sd = _source()
@@ -245,6 +246,7 @@ def test_pin_register_copies_from_the_registered_mapping_bytes_exact_and_release
     assert a.registration_seconds is None
 
 
+@pytest.mark.accelerator  # pin="register": the portable path refuses it
 @needs_gpu
 def test_two_processes_that_register_one_archive_still_share_its_pages(tmp_path):
     import subprocess

@@ -1,0 +1,144 @@
+// _tsar_portable.stage_to_device: python/src/portable_device.h.
+#include "python/src/portable_device.h"
+
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "loader/archive_core.h"
+#include "loader/device_pipeline.h"
+#include "loader/file_regions.h"
+#include "tsar/archive_file.h"
+#include "tsar/error.h"
+
+namespace py = pybind11;
+
+namespace tsar::python {
+namespace {
+
+// CopyEngine over a Python object (tsar/_portable_device.py's engines):
+// allocate(buffer, nbytes) -> address of pinned memory; copy(stream, src
+// address, target, offset, n), record(stream, buffer), wait(buffer),
+// finish(). RunPipeline calls them from the thread that runs it, which holds
+// no GIL while the fill threads copy; each call takes it.
+class PyEngine : public CopyEngine {
+ public:
+  explicit PyEngine(py::object engine)
+      : allocate_(engine.attr("allocate")),
+        copy_(engine.attr("copy")),
+        record_(engine.attr("record")),
+        wait_(engine.attr("wait")),
+        finish_(engine.attr("finish")) {}
+  ~PyEngine() override {
+    const py::gil_scoped_acquire gil;
+    allocate_ = copy_ = record_ = wait_ = finish_ = py::object();
+  }
+  void* AllocatePinned(int buffer, uint64_t bytes) override {
+    const py::gil_scoped_acquire gil;
+    return reinterpret_cast<void*>(allocate_(buffer, bytes).cast<uintptr_t>());
+  }
+  void CopyAsync(int stream, const void* src, uint32_t target, uint64_t offset,
+                 uint64_t n) override {
+    const py::gil_scoped_acquire gil;
+    copy_(stream, reinterpret_cast<uintptr_t>(src), target, offset, n);
+  }
+  void RecordDone(int stream, int buffer) override {
+    const py::gil_scoped_acquire gil;
+    record_(stream, buffer);
+  }
+  void WaitDone(int buffer) override {
+    const py::gil_scoped_acquire gil;
+    wait_(buffer);
+  }
+  void Finish() override {
+    const py::gil_scoped_acquire gil;
+    finish_();
+  }
+
+ private:
+  py::object allocate_, copy_, record_, wait_, finish_;
+};
+
+}  // namespace
+
+void DefPortableDevice(py::module_& m) {
+  // Copies the bytes of `storages` (archive storage numbers; storage k of
+  // the list is target k) through the staging pipeline. make_engine(sizes,
+  // streams) is called first, with the GIL, with each target's size in bytes
+  // and the number of streams the staging rule chose; it returns the engine
+  // (above), which owns the targets. options: (pinned_bytes, buffers,
+  // streams, fill_threads, stage_from_file), as DeviceOptions. Returns
+  // (bytes, bytes_direct, pinned_bytes, bytes_from_file, fill_threads,
+  // streams), as DeviceStats.
+  m.def(
+      "stage_to_device",
+      [](const ArchiveFile& file, const std::vector<uint32_t>& storages,
+         const py::object& make_engine,
+         const std::tuple<uint64_t, int, int, int, bool>& options) {
+        const auto [pinned_bytes, buffers, streams, fill_threads, from_file] = options;
+        if (buffers < 1 || streams < 0 || streams > 64 || fill_threads < 0 ||
+            fill_threads > 256) {
+          throw Error(ErrorCode::kInvalidArgument, file.path(), std::nullopt,
+                      "to_device: staging: expected at least 1 buffer, streams from 0 (by the "
+                      "staging rule) to 64 and fill_threads from 0 to 256, found " +
+                          std::to_string(buffers) + ", " + std::to_string(streams) + " and " +
+                          std::to_string(fill_threads));
+        }
+        const auto& records = file.core()->index.storages();
+        std::vector<uint64_t> sizes;
+        std::vector<CopyRange> ranges;
+        for (uint32_t s : storages) {
+          if (s >= records.size()) {
+            throw Error(ErrorCode::kNotFound, file.path(), std::nullopt,
+                        "storage #" + std::to_string(s) + ": the archive has " +
+                            std::to_string(records.size()) + " storages");
+          }
+          const uint64_t n = records[s].nbytes;
+          if (n > 0) {
+            ranges.push_back({static_cast<const uint8_t*>(file.storage_values(s)), n,
+                              static_cast<uint32_t>(sizes.size()), 0});
+          }
+          sizes.push_back(n);
+        }
+        PipelineOptions p;
+        p.pinned_bytes = pinned_bytes;
+        p.buffers = buffers;
+        p.streams = streams;
+        p.fill_threads = fill_threads;
+        p = StagingFor(p, std::thread::hardware_concurrency());
+        PyEngine engine(make_engine(sizes, p.streams));
+        // The fill: the archive's file where its mapping shows it, as the
+        // accelerator's to_device (loader/device.cc).
+        std::optional<FileRegions> files;
+        if (from_file) files.emplace(*file.core());
+        std::atomic<uint64_t> read{0};
+        std::function<void(void*, const uint8_t*, uint64_t)> fill;
+        if (files && !files->empty()) {
+          fill = [&](void* dst, const uint8_t* src, uint64_t n) {
+            if (files->Read(dst, src, n)) {
+              read.fetch_add(n, std::memory_order_relaxed);
+            } else {
+              std::memcpy(dst, src, n);
+            }
+          };
+        }
+        PipelineStats s;
+        {
+          const py::gil_scoped_release no_gil;
+          s = RunPipeline(ranges, engine, p, fill);
+        }
+        return std::make_tuple(s.bytes, s.bytes_direct, s.pinned_bytes, read.load(),
+                               s.fill_threads, p.streams);
+      },
+      py::arg("file"), py::arg("storages"), py::arg("make_engine"), py::arg("options"));
+}
+
+}  // namespace tsar::python

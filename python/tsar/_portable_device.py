@@ -1,0 +1,201 @@
+"""Copies onto a GPU on the portable path (``Archive.state_dict(device=)``,
+``load_into(device=)`` beside a torch the accelerator was not built for).
+
+The staging pipeline is the accelerator's own (loader/device_pipeline.h, run by
+``_tsar_portable.stage_to_device``, python/src/portable_device.h): host threads
+fill bounded pinned buffers from the archive's file (or its mapping) without
+the GIL, each buffer's transfer overlapping the next one's fill. What the
+accelerator does there in LibTorch's C++, an engine here does with torch's
+public Python API: pinned buffers from ``torch.empty(pin_memory=True)``, one
+device allocation per archive storage, ``copy_(non_blocking=True)`` on CUDA
+streams ordered after the caller's current stream, one event per buffer. The
+tensors are then views of their storage's device copy, so views and tied
+weights share one device storage again, bytes exact, as on the accelerator.
+
+Not here: ``pin="register"`` (page-locking the mapping needs the
+accelerator's CUDA runtime calls), refused as UNSUPPORTED.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Tuple
+
+import torch
+
+from . import _tsar_portable
+from ._errors import Error, ErrorCode
+
+
+class CudaEngine:
+    """The pipeline's copy engine on a CUDA device (the calls of
+    loader/device_pipeline.h's CopyEngine, from one thread)."""
+
+    def __init__(self, device: torch.device, sizes: List[int], streams: int):
+        caller = torch.cuda.current_stream(device)
+        # Allocated on the caller's stream, as the accelerator's targets; the
+        # copy streams start after everything queued there so far.
+        with torch.cuda.device(device):
+            self.targets = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
+        self._streams = [torch.cuda.Stream(device) for _ in range(streams)]
+        for s in self._streams:
+            s.wait_stream(caller)
+        self._pinned: List[torch.Tensor] = []
+        self._events: Dict[int, torch.cuda.Event] = {}
+
+    def allocate(self, buffer: int, nbytes: int) -> int:
+        b = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self._pinned.append(b)
+        return b.data_ptr()
+
+    def _slice(self, src: int, n: int) -> torch.Tensor:
+        for b in self._pinned:
+            base = b.data_ptr()
+            if base <= src and src + n <= base + b.numel():
+                return b[src - base:src - base + n]
+        raise Error("to_device: a transfer from outside the staging buffers",
+                    ErrorCode.INVALID_ARGUMENT)
+
+    def copy(self, stream: int, src: int, target: int, offset: int, n: int) -> None:
+        with torch.cuda.stream(self._streams[stream]):
+            self.targets[target][offset:offset + n].copy_(self._slice(src, n), non_blocking=True)
+
+    def record(self, stream: int, buffer: int) -> None:
+        event = torch.cuda.Event()
+        event.record(self._streams[stream])
+        self._events[buffer] = event
+
+    def wait(self, buffer: int) -> None:
+        self._events[buffer].synchronize()
+
+    def finish(self) -> None:
+        for s in self._streams:
+            s.synchronize()
+
+
+class HostEngine(CudaEngine):
+    """The same pipeline into host memory, synchronously: what the tests run
+    the portable device path through where no GPU is (targets on the CPU,
+    buffers not page-locked, every copy done when it returns)."""
+
+    def __init__(self, device: torch.device, sizes: List[int], streams: int):
+        self.targets = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+        self._pinned = []
+        self.streams = streams
+        self.copies = 0
+
+    def allocate(self, buffer: int, nbytes: int) -> int:
+        b = torch.empty(nbytes, dtype=torch.uint8)
+        self._pinned.append(b)
+        return b.data_ptr()
+
+    def copy(self, stream: int, src: int, target: int, offset: int, n: int) -> None:
+        assert 0 <= stream < self.streams
+        self.targets[target][offset:offset + n].copy_(self._slice(src, n))
+        self.copies += 1
+
+    def record(self, stream: int, buffer: int) -> None:
+        pass
+
+    def wait(self, buffer: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+# load_into(device=)'s staging, as the accelerator's (DeviceOptions' defaults):
+# (pinned_bytes, buffers, streams, fill_threads, stage_from_file).
+STAGING = (64 << 20, 4, 0, 0, True)
+
+# The engine for each device type: what a copy to that device runs (the tests
+# put HostEngine under "cuda" to run this path without a GPU).
+ENGINES: Dict[str, Callable] = {"cuda": CudaEngine}
+
+
+def check_device(path: str, device: torch.device) -> None:
+    """The accelerator's refusals (loader/device.cc CheckDevice) in its words."""
+    if device.type not in ENGINES:
+        raise Error(f"{path}: to_device: only cpu and cuda devices are supported, found {device}",
+                    ErrorCode.UNSUPPORTED, path)
+    if ENGINES[device.type] is not CudaEngine:
+        return
+    if not torch.cuda.is_available():
+        raise Error(f"{path}: to_device: this torch was built without CUDA (or no CUDA "
+                    "device/driver is present); use a CUDA build of torch on a machine with a "
+                    "GPU", ErrorCode.UNSUPPORTED, path)
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise Error(f"{path}: to_device: {device}: this machine has {count} CUDA "
+                    f"device{'' if count == 1 else 's'}", ErrorCode.INVALID_ARGUMENT, path)
+
+
+def copy_storages(archive, storages: List[int], device: torch.device,
+                  staging: Tuple[int, int, int, int, bool]) -> Tuple[List[torch.Tensor], dict]:
+    """Each of ``storages`` (archive storage numbers) copied once onto
+    ``device`` through the staging pipeline: ([a 1-d uint8 tensor of its
+    bytes per storage], the stats dict of Archive.device_stats). ``staging``:
+    (pinned_bytes, buffers, streams, fill_threads, stage_from_file)."""
+    check_device(archive.path, device)
+    made = []
+
+    def make_engine(sizes, streams):
+        made.append(ENGINES[device.type](device, sizes, streams))
+        return made[0]
+
+    stats = _tsar_portable.stage_to_device(archive._file, storages, make_engine, staging)
+    keys = ("bytes", "bytes_direct", "pinned_bytes", "bytes_from_file", "fill_threads", "streams")
+    return made[0].targets, dict(zip(keys, stats))
+
+
+class DeviceViews:
+    """The device copies of some of an archive's rows (PortableArchive.table),
+    each storage copied once: ``view(row)`` is the tensor ``row`` is, on the
+    device, a view of its storage's copy (no requires_grad)."""
+
+    def __init__(self, archive, rows, device: torch.device, staging):
+        from ._portable import _dtype
+
+        storages: Dict[int, int] = {}
+        for r in rows:
+            if type(r[1]) is str:
+                _dtype(r[1], archive.path)  # UNSUPPORTED before any copy
+            storages.setdefault(r[5], len(storages))
+        self._archive, self._device = archive, device
+        self._number = storages
+        self.targets, self.stats = copy_storages(archive, list(storages), device, staging)
+        self._flat: Dict[Tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def view(self, row) -> torch.Tensor:
+        name, dtype, sizes, strides, offset, storage = row[:6]
+        key = (storage, dtype)
+        flat = self._flat.get(key)
+        if flat is None:
+            raw = self.targets[self._number[storage]]
+            item = torch.empty((), dtype=dtype).element_size()
+            whole = raw.numel() - raw.numel() % item
+            flat = self._flat.setdefault(key, raw[:whole].view(dtype))
+        return flat.as_strided(sizes, strides, offset)
+
+
+def to_device(archive, device: str, entry: str, pinned_bytes: int, buffers: int, streams: int,
+              fill_threads: int, stage_from_file: bool, direct) -> Tuple[list, dict]:
+    """The accelerator's ``_tsar.Archive.to_device`` on the portable path:
+    ([(name, tensor on ``device``)] in file order, stats)."""
+    target = torch.device(device)
+    if tuple(direct) != (0, 0):  # pin="register" is refused before: never here
+        raise Error(f"{archive.path}: to_device: a locked range needs tsar's accelerator",
+                    ErrorCode.UNSUPPORTED, archive.path)
+    rows, _ = archive.table(entry)
+    dense = [r for r in rows if r[1] is not None]
+    views = DeviceViews(archive, dense, target,
+                        (int(pinned_bytes), int(buffers), int(streams), int(fill_threads),
+                         bool(stage_from_file)))
+    out = []
+    for r in rows:
+        if r[1] is None:  # sparse: its small component arrays by torch's own copy
+            t = archive.view(r).to(target)
+        else:
+            t = views.view(r)
+            if r[6]:
+                t.requires_grad_(True)
+        out.append((r[0], t))
+    return out, views.stats

@@ -1,0 +1,197 @@
+"""Copies onto a device on the portable path (tsar/_portable_device.py): the
+accelerator's staging pipeline (python/src/portable_device.h) driven by an
+engine over torch's Python API. Where no GPU is, the tests put the synchronous
+host engine under "cuda": the plan, the fill from the file or the mapping, the
+pieces across buffers and the views rebuilt from the copies are all checked,
+only the CUDA calls themselves (streams, events, pinned memory) are not.
+tests/python/test_device.py runs on a GPU on both paths."""
+import pytest
+import torch
+
+import tsar
+from tsar import _backend, _bind, _portable_device
+from tsar_testutil import DTYPES, make_tensor, same_tensor
+
+GPU = torch.cuda.is_available()
+
+
+@pytest.fixture
+def portable(monkeypatch):
+    """This process on the portable path (as beside another torch)."""
+    monkeypatch.setattr(_backend, "accelerator", None)
+    monkeypatch.setattr(_backend, "why_portable", "TSAR_PORTABLE is set")
+
+
+class CountingEngine(_portable_device.HostEngine):
+    made = []
+
+    def __init__(self, device, sizes, streams):
+        super().__init__(device, sizes, streams)
+        CountingEngine.made.append((list(sizes), streams))
+
+
+@pytest.fixture
+def host_engine(monkeypatch):
+    """A copy "onto cuda" lands in host memory through the whole pipeline."""
+    CountingEngine.made = []
+    monkeypatch.setitem(_portable_device.ENGINES, "cuda", CountingEngine)
+    monkeypatch.setattr(_bind, "_rest_to", lambda module, device: None)
+    return CountingEngine
+
+
+def _source():
+    """Every dtype, a view and a transposed tie of one storage, an empty
+    tensor, a parameter that requires grad, and storages larger than the
+    small staging buffers the tests ask for."""
+    sd = {f"t{i}": make_tensor(d, (33, 7), i) for i, d in enumerate(DTYPES)}
+    w = make_tensor(torch.float32, (300, 70), 99)
+    sd.update(w=w, w_t=w.t(), w_row=w[5], empty=torch.empty(0, 3),
+              big=make_tensor(torch.bfloat16, (1 << 19,), 7),
+              p=torch.nn.Parameter(torch.arange(6.0)))
+    return sd
+
+
+def test_state_dict_onto_a_device_arrives_bytes_exact_views_sharing_one_copy(
+        portable, host_engine, tmp_path):
+    sd = _source()
+    tsar.save(sd, tmp_path / "m.tsar")
+    with tsar.open(tmp_path / "m.tsar") as a:
+        got = a.state_dict(device="cuda", pinned_bytes=1 << 17, buffers=3, fill_threads=2)
+        mapped = a.state_dict()
+        stats = a.device_stats
+        assert list(got) == list(mapped)
+        for name, want in sd.items():
+            assert same_tensor(got[name], want.detach()) == "", name
+            if want.numel():  # a copy, not the mapping
+                assert got[name].data_ptr() != mapped[name].data_ptr(), name
+        assert got["p"].requires_grad and not got["w"].requires_grad
+        storage = got["w"].untyped_storage().data_ptr()
+        assert got["w_t"].untyped_storage().data_ptr() == storage
+        assert got["w_row"].untyped_storage().data_ptr() == storage
+        assert got["t0"].untyped_storage().data_ptr() != storage
+        # Each storage copied once: the bytes are the archive's storages'.
+        sizes, streams = host_engine.made[0]
+        assert stats["bytes"] == sum(sizes) > 1 << 20
+        assert len(sizes) == len(sd) - 2  # w_t and w_row are views of w's
+        assert stats["bytes_from_file"] == stats["bytes"]  # pread of the file
+        assert stats["pinned_bytes"] <= 1 << 17 and stats["fill_threads"] == 2
+        assert stats["streams"] == streams == 4 and stats["bytes_direct"] == 0
+
+        got = a.state_dict(device="cuda", pinned_bytes=1 << 16, buffers=1, stage_from="mapping")
+        assert a.device_stats["bytes_from_file"] == 0
+        assert all(same_tensor(got[n], sd[n].detach()) == "" for n in sd)
+
+
+def test_a_copy_on_write_archive_arrives_with_the_process_own_writes(
+        portable, host_engine, tmp_path):
+    tsar.save({"w": torch.zeros(1000)}, tmp_path / "m.tsar")
+    with tsar.open(tmp_path / "m.tsar", mode="copy_on_write") as a:
+        a["w"][:10] = 7.0  # private memory: the file still holds zeros
+        got = a.state_dict(device="cuda")
+        assert a.device_stats["bytes_from_file"] == 0
+        assert torch.equal(got["w"][:10], torch.full((10,), 7.0))
+        assert torch.equal(got["w"][10:], torch.zeros(990))
+
+
+def test_load_into_a_device_keeps_the_parameter_objects_and_their_ties(
+        portable, host_engine, tmp_path):
+    def make():
+        m = torch.nn.Sequential(torch.nn.Embedding(40, 8), torch.nn.Linear(8, 40, bias=False))
+        m[1].weight = m[0].weight
+        return m.eval()
+
+    torch.manual_seed(0)
+    ref = make()
+    tsar.save(ref, tmp_path / "tied.tsar")
+    with tsar.open(tmp_path / "tied.tsar") as a:
+        mapped = a["0.weight"].data_ptr()
+        for meta in (True, False):
+            if meta:
+                with torch.device("meta"):
+                    m = make()
+            else:
+                m = make()
+            p = m[0].weight
+            report = tsar.load_into(m, a, device="cuda")
+            assert report.bound == ["0.weight", "1.weight"] and report.missing == []
+            assert m[0].weight is p and m[1].weight is p and p.requires_grad
+            assert torch.equal(p.detach(), ref[0].weight.detach()) and p.data_ptr() != mapped
+        assert len(host_engine.made) == 2 and host_engine.made[0][0] == [40 * 8 * 4]
+
+
+def test_a_rank_of_a_tensor_parallel_archive_copies_its_tensors_onto_the_device(
+        portable, host_engine, tmp_path):
+    torch.manual_seed(1)
+    full = torch.nn.Linear(16, 12).eval()
+    tsar.save(full, tmp_path / "tp.tsar", tp=2, shard={"weight": 0})
+    for rank in range(2):
+        m = torch.nn.Linear(16, 6).eval()
+        tsar.load_into(m, tmp_path / "tp.tsar", rank=rank, world=2, device="cuda")
+        assert torch.equal(m.weight.detach(), full.weight.detach().chunk(2)[rank])
+        assert torch.equal(m.bias.detach(), full.bias.detach().chunk(2)[rank])  # stored whole
+
+
+def test_a_mismatch_is_refused_before_anything_is_copied(portable, host_engine, tmp_path):
+    tsar.save(torch.nn.Linear(4, 4), tmp_path / "m.tsar")
+    m = torch.nn.Linear(4, 5).eval()
+    before = m.weight.clone()
+    with pytest.raises(tsar.Error) as e:
+        tsar.load_into(m, tmp_path / "m.tsar", device="cuda")
+    assert e.value.code == tsar.ErrorCode.BIND_MISMATCH and "shape [5, 4] vs archive [4, 4]" in str(e.value)
+    assert host_engine.made == [] and torch.equal(m.weight, before)
+
+
+def test_an_engine_that_fails_reaches_the_caller_and_the_next_copy_works(
+        portable, monkeypatch, tmp_path):
+    class Failing(_portable_device.HostEngine):
+        def copy(self, stream, src, target, offset, n):
+            if self.copies == 2:
+                raise RuntimeError("the device went away")
+            super().copy(stream, src, target, offset, n)
+
+    sd = {f"w{i}": torch.full((70000,), float(i)) for i in range(4)}
+    tsar.save(sd, tmp_path / "m.tsar")
+    with tsar.open(tmp_path / "m.tsar") as a:
+        monkeypatch.setitem(_portable_device.ENGINES, "cuda", Failing)
+        with pytest.raises(RuntimeError, match="the device went away"):
+            a.state_dict(device="cuda", pinned_bytes=1 << 16, buffers=2)
+        monkeypatch.setitem(_portable_device.ENGINES, "cuda", _portable_device.HostEngine)
+        got = a.state_dict(device="cuda", pinned_bytes=1 << 16, buffers=2)
+        assert all(torch.equal(got[n], sd[n]) for n in sd)
+
+
+def test_staging_options_out_of_range_are_refused_naming_them(portable, host_engine, tmp_path):
+    tsar.save({"w": torch.ones(3)}, tmp_path / "m.tsar")
+    with tsar.open(tmp_path / "m.tsar") as a:
+        with pytest.raises(tsar.Error) as e:
+            a.state_dict(device="cuda", buffers=0)
+        assert e.value.code == tsar.ErrorCode.INVALID_ARGUMENT
+        assert "expected at least 1 buffer" in str(e.value) and "found 0, 0 and 0" in str(e.value)
+        assert host_engine.made == []
+
+
+def test_pin_register_is_refused_on_the_portable_path_before_locking_anything(portable, tmp_path):
+    tsar.save({"w": torch.ones(3)}, tmp_path / "m.tsar")
+    with tsar.open(tmp_path / "m.tsar") as a:
+        for call in (lambda: a.state_dict(device="cuda", pin="register"),
+                     lambda: tsar.load_into(torch.nn.Linear(2, 2).eval(), a, device="cuda",
+                                            pin="register")):
+            with pytest.raises(tsar.Error) as e:
+                call()
+            assert e.value.code == tsar.ErrorCode.UNSUPPORTED
+            assert 'pin="register")' in str(e.value) and "needs tsar's accelerator" in str(e.value)
+        assert a.registration_seconds is None and a.device_stats is None
+
+
+@pytest.mark.skipif(GPU, reason="checks the error where there is no GPU")
+def test_without_a_gpu_the_portable_path_says_why(portable, tmp_path):
+    tsar.save({"w": torch.ones(3)}, tmp_path / "m.tsar")
+    with tsar.open(tmp_path / "m.tsar") as a:
+        for call in (lambda: a.state_dict(device="cuda"),
+                     lambda: tsar.load_into(torch.nn.Linear(2, 2).eval(), a, device="cuda:0")):
+            with pytest.raises(tsar.Error) as e:
+                call()
+            assert e.value.code == tsar.ErrorCode.UNSUPPORTED
+            assert "no CUDA device/driver is present" in str(e.value)
+        with pytest.raises(tsar.Error, match="only cpu and cuda devices are supported, found mps"):
+            a.state_dict(device="mps")
