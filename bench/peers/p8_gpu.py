@@ -129,6 +129,20 @@ class TsarLoader:
                 f"read directly, {s.get('bytes_from_file', 0) / max(1, s['bytes']):.0%} read from the file")
 
 
+class TsarPortableLoader(TsarLoader):
+    """TsarLoader on the portable path (what a process runs beside another
+    torch than the accelerator's): the same staging pipeline, its copies made
+    by torch's Python API (tsar/_portable_device.py)."""
+
+    def __call__(self, path):
+        from tsar import _backend
+        accelerator, _backend.accelerator = _backend.accelerator, None
+        try:
+            return super().__call__(path)
+        finally:
+            _backend.accelerator = accelerator
+
+
 class RegisteredOnce:
     """tsar's ``pin="register"``: the archive opened once and its mapping
     registered at the first load, kept registered; later loads copy from it.
@@ -222,6 +236,9 @@ def rows() -> List[Row]:
         Row("tsar stage_from=\"mapping\" (filled from the mapping, not the file)",
             'tsar.open(p).state_dict(device="cuda", stage_from="mapping")', "tsar",
             TsarLoader(stage_from="mapping"), "tsar", "tsar", pinned="64 MiB"),
+        Row("tsar (portable path: the copies by torch's Python API)",
+            'tsar.open(p).state_dict(device="cuda")  # TSAR_PORTABLE=1, or another torch', "tsar",
+            TsarPortableLoader(), "tsar", "tsar", pinned="64 MiB"),
         Row("tsar pin=\"register\" (registered at the first load and kept; best: a later load)",
             'a = tsar.open(p); a.state_dict(device="cuda", pin="register")', "tsar",
             RegisteredOnce(), "tsar", "tsar", pinned="the whole file, once"),
