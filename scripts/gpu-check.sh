@@ -125,13 +125,19 @@ tail -1 "$build/build.log"
 
 step "GPU tests"
 failed=0
-rm -f "$out/gtest.json" "$out/pytest.xml" "$out/p8.md"  # no table from an earlier run
+rm -f "$out/gtest.json" "$out/pytest.xml" "$out/pytest-portable.xml" "$out/p8.md"  # no table from an earlier run
 "$build/tests/tsar_device_tests" --gtest_output=json:"$out/gtest.json" >"$out/gtest.log" 2>&1 || failed=1
 tail -3 "$out/gtest.log"
 if [ $python_package = 1 ]; then
   PYTHONPATH=$build/python:$lib "$py" -m pytest tests/python/test_device.py -q -rs -p no:cacheprovider \
     --junitxml="$out/pytest.xml" >"$out/pytest.log" 2>&1 || failed=1
   tail -5 "$out/pytest.log"
+  # The same tests on the portable path (what runs beside another torch): its
+  # own staging engine over torch's Python API (tsar/_portable_device.py).
+  TSAR_PORTABLE=1 PYTHONPATH=$build/python:$lib "$py" -m pytest tests/python/test_device.py \
+    tests/python/test_portable_device.py -q -rs -p no:cacheprovider \
+    --junitxml="$out/pytest-portable.xml" >"$out/pytest-portable.log" 2>&1 || failed=1
+  tail -3 "$out/pytest-portable.log"
 else
   echo "Python GPU tests and P8 not run: no Python package" | tee "$out/pytest.log"
   failed=1
@@ -158,13 +164,14 @@ try:
             rows.append((f"C++ {suite['name']}.{t['name']}", state))
 except (OSError, ValueError, KeyError):
     rows.append(("C++ tsar_device_tests", "did not run (see gtest.log)"))
-try:
-    for case in ET.parse(os.path.join(out, "pytest.xml")).iter("testcase"):
-        kids = {c.tag for c in case}
-        state = "failed" if kids & {"failure", "error"} else ("skipped" if "skipped" in kids else "passed")
-        rows.append((f"Python {case.get('name')}", state))
-except (OSError, ET.ParseError):
-    rows.append(("Python test_device.py", "did not run (see pytest.log)"))
+for xml, label in (("pytest.xml", "Python"), ("pytest-portable.xml", "Python (portable path)")):
+    try:
+        for case in ET.parse(os.path.join(out, xml)).iter("testcase"):
+            kids = {c.tag for c in case}
+            state = "failed" if kids & {"failure", "error"} else ("skipped" if "skipped" in kids else "passed")
+            rows.append((f"{label} {case.get('name')}", state))
+    except (OSError, ET.ParseError):
+        rows.append((f"{label} tests", f"did not run (see {xml[:-4]}.log)"))
 print("| GPU test | result |\n|---|---|")
 for name, state in rows:
     print(f"| {name} | {state} |")
