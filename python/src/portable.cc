@@ -146,7 +146,11 @@ PYBIND11_MODULE(_tsar_portable, m) {
                               std::to_string(storages.size()) + " storages");
             return StorageBytes{a, a.storage_values(i), storages[i].nbytes};
           },
-          py::arg("index"));
+          py::arg("index"))
+      // The whole mapping's bytes (what pin="register" locks), for a direct
+      // lane's copies (tsar/_portable_device.py).
+      .def("mapping_bytes",
+           [](const ArchiveFile& a) { return StorageBytes{a, a.data(), a.mapped_size()}; });
 
   // The format's dtype names (torch's own), for the caller's dtype table.
   m.def("dtype_names", [] {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -27,19 +28,35 @@ namespace {
 // CopyEngine over a Python object (tsar/_portable_device.py's engines):
 // allocate(buffer, nbytes) -> address of pinned memory; copy(stream, src
 // address, target, offset, n), record(stream, buffer), wait(buffer),
-// finish(). RunPipeline calls them from the thread that runs it, which holds
-// no GIL while the fill threads copy; each call takes it.
+// finish(); a direct lane's engine also enter_thread() and register(address,
+// n) -> bool. RunPipeline calls each engine from one thread (the staging
+// lane's: the one that runs it; a direct lane's: its own), which holds no GIL
+// while the fill threads copy; each call takes it.
 class PyEngine : public CopyEngine {
  public:
-  explicit PyEngine(py::object engine)
+  explicit PyEngine(py::object engine, bool direct = false)
       : allocate_(engine.attr("allocate")),
         copy_(engine.attr("copy")),
         record_(engine.attr("record")),
         wait_(engine.attr("wait")),
-        finish_(engine.attr("finish")) {}
+        finish_(engine.attr("finish")),
+        enter_(direct ? engine.attr("enter_thread") : py::object()),
+        register_(direct ? engine.attr("register") : py::object()) {}
   ~PyEngine() override {
     const py::gil_scoped_acquire gil;
-    allocate_ = copy_ = record_ = wait_ = finish_ = py::object();
+    allocate_ = copy_ = record_ = wait_ = finish_ = enter_ = register_ = py::object();
+  }
+  void EnterThread() override {
+    if (!enter_) return;
+    const py::gil_scoped_acquire gil;
+    enter_();
+  }
+  // Memory the caller locked already (pin="register"): the engine says
+  // whether [p, p + n) lies inside it; nothing is locked here.
+  bool Register(const void* p, uint64_t n) override {
+    if (!register_) return false;
+    const py::gil_scoped_acquire gil;
+    return register_(reinterpret_cast<uintptr_t>(p), n).cast<bool>();
   }
   void* AllocatePinned(int buffer, uint64_t bytes) override {
     const py::gil_scoped_acquire gil;
@@ -64,7 +81,7 @@ class PyEngine : public CopyEngine {
   }
 
  private:
-  py::object allocate_, copy_, record_, wait_, finish_;
+  py::object allocate_, copy_, record_, wait_, finish_, enter_, register_;
 };
 
 }  // namespace
@@ -75,14 +92,19 @@ void DefPortableDevice(py::module_& m) {
   // streams) is called first, with the GIL, with each target's size in bytes
   // and the number of streams the staging rule chose; it returns the engine
   // (above), which owns the targets. options: (pinned_bytes, buffers,
-  // streams, fill_threads, stage_from_file), as DeviceOptions. Returns
+  // streams, fill_threads, stage_from_file), as DeviceOptions. make_direct,
+  // where not None, makes the engine of a direct lane that has the GPU read
+  // memory the caller locked (pin="register": the archive's mapping) as it
+  // is: the staging lane then copies only what lies outside it, on one
+  // stream, as the accelerator's to_device (loader/device.cc). Returns
   // (bytes, bytes_direct, pinned_bytes, bytes_from_file, fill_threads,
   // streams), as DeviceStats.
   m.def(
       "stage_to_device",
       [](const ArchiveFile& file, const std::vector<uint32_t>& storages,
          const py::object& make_engine,
-         const std::tuple<uint64_t, int, int, int, bool>& options) {
+         const std::tuple<uint64_t, int, int, int, bool>& options,
+         const py::object& make_direct) {
         const auto [pinned_bytes, buffers, streams, fill_threads, from_file] = options;
         if (buffers < 1 || streams < 0 || streams > 64 || fill_threads < 0 ||
             fill_threads > 256) {
@@ -114,6 +136,17 @@ void DefPortableDevice(py::module_& m) {
         p.streams = streams;
         p.fill_threads = fill_threads;
         p = StagingFor(p, std::thread::hardware_concurrency());
+        EngineFactory direct;
+        if (!make_direct.is_none()) {
+          p.direct_lanes = 1;
+          p.staging = false;
+          p.streams = 1;
+          p.windows = 8;
+          direct = [&make_direct] {
+            const py::gil_scoped_acquire gil;
+            return std::unique_ptr<CopyEngine>(std::make_unique<PyEngine>(make_direct(), true));
+          };
+        }
         PyEngine engine(make_engine(sizes, p.streams));
         // The fill: the archive's file where its mapping shows it, as the
         // accelerator's to_device (loader/device.cc).
@@ -133,12 +166,13 @@ void DefPortableDevice(py::module_& m) {
         PipelineStats s;
         {
           const py::gil_scoped_release no_gil;
-          s = RunPipeline(ranges, engine, p, fill);
+          s = RunPipeline(ranges, engine, p, fill, direct);
         }
         return std::make_tuple(s.bytes, s.bytes_direct, s.pinned_bytes, read.load(),
                                s.fill_threads, p.streams);
       },
-      py::arg("file"), py::arg("storages"), py::arg("make_engine"), py::arg("options"));
+      py::arg("file"), py::arg("storages"), py::arg("make_engine"), py::arg("options"),
+      py::arg("make_direct") = py::none());
 }
 
 }  // namespace tsar::python

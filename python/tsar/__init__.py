@@ -32,9 +32,9 @@ def backend() -> str:
     """Which path this process runs, and why: ``"accelerator (...)"``, tsar's
     C++ loader built for exactly this torch, or ``"portable (...)"``, the path
     that links no LibTorch and works with any torch of the supported range but
-    leaves ``pin="register"``, TorchScript inputs to ``tsar.pack`` and its
-    ``arch=``, and saving sparse tensors to the accelerator (they raise
-    tsar.Error, UNSUPPORTED, naming it). GPU loads work on both. ``pip install --force-reinstall --no-deps <tsar
+    leaves TorchScript inputs to ``tsar.pack`` and its ``arch=``, and saving
+    sparse tensors to the accelerator (they raise tsar.Error, UNSUPPORTED,
+    naming it). GPU loads work on both. ``pip install --force-reinstall --no-deps <tsar
     source>`` builds the accelerator for the torch installed."""
     return _backend.describe()
 

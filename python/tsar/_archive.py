@@ -158,10 +158,6 @@ class Archive:
         if stage_from not in ("file", "mapping"):
             raise ValueError(f"stage_from: expected 'file' or 'mapping', found {stage_from!r}")
         if device is not None and torch.device(device).type != "cpu":
-            from . import _backend
-            if _backend.accelerator is None and pin == "register":
-                from ._portable import unsupported
-                raise unsupported(self.path, 'state_dict(device=, pin="register")')
             target = torch.device(device)
             if target.type == "cuda" and target.index is None and torch.cuda.is_available():
                 target = torch.device("cuda", torch.cuda.current_device())

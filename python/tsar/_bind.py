@@ -189,12 +189,7 @@ def load_into(
     from . import _device as device_pin
     device_pin.check_pin(pin)
     archive = path_or_archive if isinstance(path_or_archive, Archive) else _open(path_or_archive)
-    direct = device_pin.NO_LOCK
-    if target and _backend.accelerator is not None:
-        direct = device_pin.locked_range(archive, pin, target)
-    elif target and pin == "register":
-        from ._portable import unsupported
-        raise unsupported(archive.path, 'load_into(device=, pin="register")')
+    direct = device_pin.locked_range(archive, pin, target) if target else device_pin.NO_LOCK
     # The walk and the report make one tuple per tensor and no reference
     # cycle; left on, the collector promotes them and runs full collections
     # over the whole heap (a second model awaiting collection made binding

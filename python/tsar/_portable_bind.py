@@ -118,7 +118,7 @@ def _read_ahead(archive: PortableArchive, module, bound) -> None:
 def bind(archive: PortableArchive, items, training: bool, options, loose):
     """(bound, missing, unexpected, mismatched, tied), as ``_tsar.bind``."""
     (entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
-     read_ahead, _direct) = options
+     read_ahead, direct) = options
     path = archive.path
     if device:
         from ._portable_device import check_device
@@ -250,7 +250,7 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
     if device:
         from ._portable_device import DeviceViews, STAGING
         copies = DeviceViews(archive, [m for m in match if m is not None], torch.device(device),
-                             STAGING)
+                             STAGING, direct)
 
         def bound_view(i):
             v = copies.view(match[i])

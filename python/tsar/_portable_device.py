@@ -12,11 +12,14 @@ streams ordered after the caller's current stream, one event per buffer. The
 tensors are then views of their storage's device copy, so views and tied
 weights share one device storage again, bytes exact, as on the accelerator.
 
-Not here: ``pin="register"`` (page-locking the mapping needs the
-accelerator's CUDA runtime calls), refused as UNSUPPORTED.
+``pin="register"`` works as on the accelerator: the mapping, page-locked by
+tsar/_register.py, is read by the GPU directly on a direct lane (an engine of
+its own, on the lane's thread, copying from a CPU tensor over the mapping),
+and only what lies outside it is staged.
 """
 from __future__ import annotations
 
+import mmap
 from typing import Callable, Dict, List, Tuple
 
 import torch
@@ -29,17 +32,37 @@ class CudaEngine:
     """The pipeline's copy engine on a CUDA device (the calls of
     loader/device_pipeline.h's CopyEngine, from one thread)."""
 
-    def __init__(self, device: torch.device, sizes: List[int], streams: int):
+    def __init__(self, device: torch.device, sizes: List[int], streams: int, targets=None,
+                 locked=None):
         caller = torch.cuda.current_stream(device)
         # Allocated on the caller's stream, as the accelerator's targets; the
         # copy streams start after everything queued there so far.
-        with torch.cuda.device(device):
-            self.targets = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
+        if targets is None:
+            with torch.cuda.device(device):
+                targets = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
+        self.targets, self._device, self._locked = targets, device, locked
         self._streams = [torch.cuda.Stream(device) for _ in range(streams)]
         for s in self._streams:
             s.wait_stream(caller)
         self._pinned: List[torch.Tensor] = []
         self._events: Dict[int, torch.cuda.Event] = {}
+
+    def lane(self, locked: Tuple[torch.Tensor, int]) -> "CudaEngine":
+        """A direct lane's engine: the same targets, one stream, copies read
+        from ``locked`` (a uint8 CPU tensor over memory page-locked already,
+        and its address) instead of pinned buffers."""
+        return type(self)(self._device, [], 1, targets=self.targets, locked=locked)
+
+    def enter_thread(self) -> None:
+        torch.cuda.set_device(self._device)  # a new thread's device is 0
+
+    def register(self, address: int, n: int) -> bool:
+        """Whether [address, address + n), whole pages, lies in the locked
+        memory (the mapping's pages, its last one whole; nothing is locked
+        here: the lane reads only what pin="register" locked)."""
+        t, base = self._locked
+        end = base + -(-t.numel() // mmap.PAGESIZE) * mmap.PAGESIZE
+        return base <= address and address + n <= end
 
     def allocate(self, buffer: int, nbytes: int) -> int:
         b = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -47,6 +70,10 @@ class CudaEngine:
         return b.data_ptr()
 
     def _slice(self, src: int, n: int) -> torch.Tensor:
+        if self._locked is not None:
+            t, base = self._locked
+            if base <= src and src + n <= base + t.numel():
+                return t[src - base:src - base + n]
         for b in self._pinned:
             base = b.data_ptr()
             if base <= src and src + n <= base + b.numel():
@@ -76,11 +103,23 @@ class HostEngine(CudaEngine):
     the portable device path through where no GPU is (targets on the CPU,
     buffers not page-locked, every copy done when it returns)."""
 
-    def __init__(self, device: torch.device, sizes: List[int], streams: int):
-        self.targets = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+    def __init__(self, device: torch.device, sizes: List[int], streams: int, targets=None,
+                 locked=None):
+        self.targets = targets if targets is not None else [
+            torch.empty(n, dtype=torch.uint8) for n in sizes]
+        self._device, self._locked = device, locked
         self._pinned = []
         self.streams = streams
         self.copies = 0
+        self.lanes = []  # the direct lanes' engines made from this one
+
+    def lane(self, locked):
+        e = super().lane(locked)
+        self.lanes.append(e)
+        return e
+
+    def enter_thread(self) -> None:
+        pass
 
     def allocate(self, buffer: int, nbytes: int) -> int:
         b = torch.empty(nbytes, dtype=torch.uint8)
@@ -129,11 +168,14 @@ def check_device(path: str, device: torch.device) -> None:
 
 
 def copy_storages(archive, storages: List[int], device: torch.device,
-                  staging: Tuple[int, int, int, int, bool]) -> Tuple[List[torch.Tensor], dict]:
+                  staging: Tuple[int, int, int, int, bool],
+                  direct: Tuple[int, int] = (0, 0)) -> Tuple[List[torch.Tensor], dict]:
     """Each of ``storages`` (archive storage numbers) copied once onto
     ``device`` through the staging pipeline: ([a 1-d uint8 tensor of its
     bytes per storage], the stats dict of Archive.device_stats). ``staging``:
-    (pinned_bytes, buffers, streams, fill_threads, stage_from_file)."""
+    (pinned_bytes, buffers, streams, fill_threads, stage_from_file).
+    ``direct``: (address, size) of the archive's mapping page-locked
+    already (pin="register"), read by the GPU directly; (0, 0): none."""
     check_device(archive.path, device)
     made = []
 
@@ -141,7 +183,19 @@ def copy_storages(archive, storages: List[int], device: torch.device,
         made.append(ENGINES[device.type](device, sizes, streams))
         return made[0]
 
-    stats = _tsar_portable.stage_to_device(archive._file, storages, make_engine, staging)
+    make_direct = None
+    base, size = direct
+    if size:
+        mapping = torch.frombuffer(archive._file.mapping_bytes(), dtype=torch.uint8)
+        if mapping.data_ptr() != base or mapping.numel() != size:
+            raise Error(f"{archive.path}: to_device: the locked range is not this archive's "
+                        "mapping", ErrorCode.INVALID_ARGUMENT, archive.path)
+
+        def make_direct():
+            return made[0].lane((mapping, base))
+
+    stats = _tsar_portable.stage_to_device(archive._file, storages, make_engine, staging,
+                                           make_direct)
     keys = ("bytes", "bytes_direct", "pinned_bytes", "bytes_from_file", "fill_threads", "streams")
     return made[0].targets, dict(zip(keys, stats))
 
@@ -151,7 +205,7 @@ class DeviceViews:
     each storage copied once: ``view(row)`` is the tensor ``row`` is, on the
     device, a view of its storage's copy (no requires_grad)."""
 
-    def __init__(self, archive, rows, device: torch.device, staging):
+    def __init__(self, archive, rows, device: torch.device, staging, direct=(0, 0)):
         from ._portable import _dtype
 
         storages: Dict[int, int] = {}
@@ -161,7 +215,8 @@ class DeviceViews:
             storages.setdefault(r[5], len(storages))
         self._archive, self._device = archive, device
         self._number = storages
-        self.targets, self.stats = copy_storages(archive, list(storages), device, staging)
+        self.targets, self.stats = copy_storages(archive, list(storages), device, staging,
+                                                 direct)
         self._flat: Dict[Tuple[int, torch.dtype], torch.Tensor] = {}
 
     def view(self, row) -> torch.Tensor:
@@ -181,14 +236,11 @@ def to_device(archive, device: str, entry: str, pinned_bytes: int, buffers: int,
     """The accelerator's ``_tsar.Archive.to_device`` on the portable path:
     ([(name, tensor on ``device``)] in file order, stats)."""
     target = torch.device(device)
-    if tuple(direct) != (0, 0):  # pin="register" is refused before: never here
-        raise Error(f"{archive.path}: to_device: a locked range needs tsar's accelerator",
-                    ErrorCode.UNSUPPORTED, archive.path)
     rows, _ = archive.table(entry)
     dense = [r for r in rows if r[1] is not None]
     views = DeviceViews(archive, dense, target,
                         (int(pinned_bytes), int(buffers), int(streams), int(fill_threads),
-                         bool(stage_from_file)))
+                         bool(stage_from_file)), tuple(direct))
     out = []
     for r in rows:
         if r[1] is None:  # sparse: its small component arrays by torch's own copy

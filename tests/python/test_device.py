@@ -171,7 +171,7 @@ def _big_source():
 
 
 @needs_gpu
-@pytest.mark.parametrize("pin", ["stage", pytest.param("register", marks=pytest.mark.accelerator)])
+@pytest.mark.parametrize("pin", ["stage", "register"])
 def test_every_pin_arrives_bytes_exact_and_says_what_it_did(tmp_path, pin):
     sd = _big_source()
     tsar.save(sd, tmp_path / "m.tsar")
@@ -211,7 +211,6 @@ def test_staging_reads_the_file_or_the_mapping_and_a_private_mapping_from_memory
     assert c.device_stats["bytes_from_file"] == 0
 
 
-@pytest.mark.accelerator  # pin="register": the portable path refuses it
 @needs_gpu
 def test_load_into_with_pin_register_twice_keeps_the_parameter_objects_and_their_ties(tmp_path):
     torch.manual_seed(4)
@@ -231,7 +230,6 @@ def test_load_into_with_pin_register_twice_keeps_the_parameter_objects_and_their
         assert a.registration_seconds is not None
 
 
-@pytest.mark.accelerator  # pin="register": the portable path refuses it
 @needs_gpu
 def test_pin_register_copies_from_the_registered_mapping_bytes_exact_and_releases(tmp_path):
     sd = _source()
@@ -246,7 +244,6 @@ def test_pin_register_copies_from_the_registered_mapping_bytes_exact_and_release
     assert a.registration_seconds is None
 
 
-@pytest.mark.accelerator  # pin="register": the portable path refuses it
 @needs_gpu
 def test_two_processes_that_register_one_archive_still_share_its_pages(tmp_path):
     import subprocess

@@ -24,16 +24,19 @@ def portable(monkeypatch):
 
 class CountingEngine(_portable_device.HostEngine):
     made = []
+    instances = []
 
-    def __init__(self, device, sizes, streams):
-        super().__init__(device, sizes, streams)
-        CountingEngine.made.append((list(sizes), streams))
+    def __init__(self, device, sizes, streams, targets=None, locked=None):
+        super().__init__(device, sizes, streams, targets, locked)
+        if locked is None:  # not a direct lane's
+            CountingEngine.made.append((list(sizes), streams))
+            CountingEngine.instances.append(self)
 
 
 @pytest.fixture
 def host_engine(monkeypatch):
     """A copy "onto cuda" lands in host memory through the whole pipeline."""
-    CountingEngine.made = []
+    CountingEngine.made, CountingEngine.instances = [], []
     monkeypatch.setitem(_portable_device.ENGINES, "cuda", CountingEngine)
     monkeypatch.setattr(_bind, "_rest_to", lambda module, device: None)
     return CountingEngine
@@ -170,17 +173,40 @@ def test_staging_options_out_of_range_are_refused_naming_them(portable, host_eng
         assert host_engine.made == []
 
 
-def test_pin_register_is_refused_on_the_portable_path_before_locking_anything(portable, tmp_path):
-    tsar.save({"w": torch.ones(3)}, tmp_path / "m.tsar")
-    with tsar.open(tmp_path / "m.tsar") as a:
-        for call in (lambda: a.state_dict(device="cuda", pin="register"),
-                     lambda: tsar.load_into(torch.nn.Linear(2, 2).eval(), a, device="cuda",
-                                            pin="register")):
-            with pytest.raises(tsar.Error) as e:
-                call()
-            assert e.value.code == tsar.ErrorCode.UNSUPPORTED
-            assert 'pin="register")' in str(e.value) and "needs tsar's accelerator" in str(e.value)
-        assert a.registration_seconds is None and a.device_stats is None
+def test_a_locked_mapping_is_read_on_a_direct_lane_and_the_rest_staged(
+        portable, host_engine, tmp_path):
+    """pin="register"'s copy with the lock itself left out (it needs a GPU):
+    the pipeline's direct lane reads the mapping through the lane's own
+    engine, and a tensor-parallel archive's C-order copies, which lie
+    outside the mapping, are staged."""
+    torch.manual_seed(2)
+    full = torch.nn.Linear(64, 48).eval()
+    for tp, shard in ((0, None), (2, {"weight": 0})):
+        path = tmp_path / f"tp{tp}.tsar"
+        tsar.save(full, path, **({"tp": tp, "shard": shard} if tp else {}))
+        with tsar.open(path) as a:
+            impl = a._a()
+            locked = (int(impl.data_ptr), int(impl.mapped_size))
+            items, stats = _portable_device.to_device(impl, "cuda", "", 1 << 16, 2, 0, 0, True,
+                                                      locked)
+            got = dict(items)
+            assert torch.equal(got["weight"], full.weight.detach())
+            assert torch.equal(got["bias"], full.bias.detach())
+            assert stats["bytes"] == (64 * 48 + 48) * 4 and stats["streams"] == 1
+            lane = host_engine.made and _lanes(host_engine)
+            if tp:  # the sharded weight is a host copy: staged; the bias is read directly
+                assert stats["bytes_direct"] == 48 * 4 and stats["pinned_bytes"] > 0
+            else:
+                assert stats["bytes_direct"] == stats["bytes"] and stats["pinned_bytes"] == 0
+            assert lane and lane[-1].copies > 0  # the lane's own engine made the direct copies
+            with pytest.raises(tsar.Error, match="the locked range is not this archive's mapping"):
+                _portable_device.to_device(impl, "cuda", "", 1 << 16, 2, 0, 0, True,
+                                           (locked[0] + 4096, 4096))
+        CountingEngine.instances.clear()
+
+
+def _lanes(engine_class):
+    return [lane for e in engine_class.instances for lane in e.lanes]
 
 
 @pytest.mark.skipif(GPU, reason="checks the error where there is no GPU")
@@ -193,5 +219,8 @@ def test_without_a_gpu_the_portable_path_says_why(portable, tmp_path):
                 call()
             assert e.value.code == tsar.ErrorCode.UNSUPPORTED
             assert "no CUDA device/driver is present" in str(e.value)
+        with pytest.raises(tsar.Error, match='pin="register" needs a CUDA device'):
+            a.state_dict(device="cuda", pin="register")
+        assert a.registration_seconds is None and a.device_stats is None
         with pytest.raises(tsar.Error, match="only cpu and cuda devices are supported, found mps"):
             a.state_dict(device="mps")
