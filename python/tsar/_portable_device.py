@@ -34,6 +34,8 @@ class CudaEngine:
 
     def __init__(self, device: torch.device, sizes: List[int], streams: int, targets=None,
                  locked=None):
+        if device.index is None:  # "cuda": the calling thread's device, as the accelerator's
+            device = torch.device("cuda", torch.cuda.current_device())
         caller = torch.cuda.current_stream(device)
         # Allocated on the caller's stream, as the accelerator's targets; the
         # copy streams start after everything queued there so far.
