@@ -12,9 +12,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -280,25 +278,12 @@ std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10
             std::make_unique<TorchEngine>(device, p.streams, &targets, locked, size));
       };
     }
-    // The staging lane's fill: the archive's file where its mapping shows it
-    // (the files opened only when asked for).
-    std::optional<FileRegions> files;
-    if (options.stage_from_file) files.emplace(core);
-    std::atomic<uint64_t> from_file{0};
-    std::function<void(void*, const uint8_t*, uint64_t)> fill;
-    if (files && !files->empty()) {
-      fill = [&](void* dst, const uint8_t* src, uint64_t n) {
-        if (files->Read(dst, src, n)) {
-          from_file.fetch_add(n, std::memory_order_relaxed);
-        } else {
-          std::memcpy(dst, src, n);
-        }
-      };
-    }
-    const PipelineStats s = RunPipeline(ranges, engine, p, fill, direct);
+    // The staging lane's fill: the archive's file where its mapping shows it.
+    StagingFill fill(core, options.stage_from_file);
+    const PipelineStats s = RunPipeline(ranges, engine, p, fill.function(), direct);
     if (options.stats != nullptr) {
-      *options.stats = DeviceStats{s.bytes, s.bytes_direct, s.pinned_bytes, from_file.load(),
-                                   s.fill_threads, p.streams};
+      *options.stats = DeviceStats{s.bytes, s.bytes_direct, s.pinned_bytes,
+                                   fill.bytes_from_file(), s.fill_threads, p.streams};
     }
   }
   const std::vector<at::Tensor> device_bytes = targets.Take();

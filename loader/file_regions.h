@@ -16,7 +16,11 @@
 // descriptor.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +59,34 @@ class FileRegions {
     bool owned;  // opened by the constructor, closed by the destructor
   };
   std::vector<Region> regions_;  // few: one per file of a layer chain
+};
+
+// The staging lane's fill of a copy to a device (RunPipeline's `fill`), as
+// both to_device's run it (loader/device.cc, python/src/portable_device.cc):
+// the archive's file where its shared mapping shows the bytes (the files
+// opened only when `from_file` asks for it), memory elsewhere.
+class StagingFill {
+ public:
+  StagingFill(const ArchiveCore& core, bool from_file) {
+    if (from_file) files_.emplace(core);
+  }
+  // RunPipeline's fill; empty (its memcpy) where no file is read.
+  std::function<void(void*, const uint8_t*, uint64_t)> function() {
+    if (!files_ || files_->empty()) return {};
+    return [this](void* dst, const uint8_t* src, uint64_t n) {
+      if (files_->Read(dst, src, n)) {
+        from_file_.fetch_add(n, std::memory_order_relaxed);
+      } else {
+        std::memcpy(dst, src, n);
+      }
+    };
+  }
+  // Of the bytes filled, those read from the file.
+  uint64_t bytes_from_file() const { return from_file_.load(); }
+
+ private:
+  std::optional<FileRegions> files_;
+  std::atomic<uint64_t> from_file_{0};
 };
 
 }  // namespace tsar

@@ -3,12 +3,9 @@
 
 #include <pybind11/stl.h>
 
-#include <atomic>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -148,27 +145,14 @@ void DefPortableDevice(py::module_& m) {
           };
         }
         PyEngine engine(make_engine(sizes, p.streams));
-        // The fill: the archive's file where its mapping shows it, as the
-        // accelerator's to_device (loader/device.cc).
-        std::optional<FileRegions> files;
-        if (from_file) files.emplace(*file.core());
-        std::atomic<uint64_t> read{0};
-        std::function<void(void*, const uint8_t*, uint64_t)> fill;
-        if (files && !files->empty()) {
-          fill = [&](void* dst, const uint8_t* src, uint64_t n) {
-            if (files->Read(dst, src, n)) {
-              read.fetch_add(n, std::memory_order_relaxed);
-            } else {
-              std::memcpy(dst, src, n);
-            }
-          };
-        }
+        // The fill: the archive's file where its mapping shows it.
+        StagingFill fill(*file.core(), from_file);
         PipelineStats s;
         {
           const py::gil_scoped_release no_gil;
-          s = RunPipeline(ranges, engine, p, fill, direct);
+          s = RunPipeline(ranges, engine, p, fill.function(), direct);
         }
-        return std::make_tuple(s.bytes, s.bytes_direct, s.pinned_bytes, read.load(),
+        return std::make_tuple(s.bytes, s.bytes_direct, s.pinned_bytes, fill.bytes_from_file(),
                                s.fill_threads, p.streams);
       },
       py::arg("file"), py::arg("storages"), py::arg("make_engine"), py::arg("options"),
