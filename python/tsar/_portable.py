@@ -18,9 +18,10 @@ C++ where it can (python/src/portable_bind.h), tsar/_portable_bind.py
 otherwise. ``state_dict(device=)`` and ``load_into(device=)`` copy onto a GPU
 through the accelerator's staging pipeline (tsar/_portable_device.py). What it
 does not do raises tsar.Error (UNSUPPORTED) saying so: TorchScript inputs to
-tsar.pack and its arch=, and saving sparse tensors need the accelerator. A tensor-parallel rank's slice of a
-sharded tensor is a view of the whole tensor in C order (a copy the archive
-makes once), not of the rank's own run of the file.
+tsar.pack and its arch=, and saving sparse tensors need the accelerator. A
+tensor-parallel rank's slice of a sharded tensor is a view of the whole tensor
+in C order (a copy the archive makes once), not of the rank's own run of the
+file.
 """
 from __future__ import annotations
 
