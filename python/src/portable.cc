@@ -147,6 +147,18 @@ PYBIND11_MODULE(_tsar_portable, m) {
             return StorageBytes{a, a.storage_values(i), storages[i].nbytes};
           },
           py::arg("index"))
+      // state_dict()'s tensors that come through DLPack, None for the others
+      // (python/src/portable_bind.h).
+      .def(
+          "dlpack_tensors",
+          [](const ArchiveFile& a, const std::string& entry, const py::handle& from_dlpack,
+             const py::handle& first, const py::handle& dtypes) {
+            PyObject* r = python::DLPackTensors(a, entry, from_dlpack.ptr(), first.ptr(),
+                                                dtypes.ptr());
+            if (r == nullptr) throw py::error_already_set();
+            return py::reinterpret_steal<py::list>(r);
+          },
+          py::arg("entry"), py::arg("from_dlpack"), py::arg("first"), py::arg("dtypes"))
       // The whole mapping's bytes (what pin="register" locks), for a direct
       // lane's copies (tsar/_portable_device.py).
       .def("mapping_bytes",

@@ -96,20 +96,17 @@ void DeleteCapsule(PyObject* capsule) {
   if (m != nullptr && m->deleter != nullptr) m->deleter(m);
 }
 
-// Record `t` as a tensor of its own storage, through torch's DLPack import:
-// one call into torch per tensor, where frombuffer + as_strided take two
-// (and a view's autograd bookkeeping).
-PyObject* ViaDLPack(const ArchiveFile& file, const format::Index& index, uint32_t t,
-                    DLDataType type, PyObject* from_dlpack) {
-  const format::TensorRecord& r = index.tensors()[t];
-  auto held = std::make_unique<Held>(Held{file, {}, {}, {}});
-  held->shape.assign(index.sizes(r), index.sizes(r) + r.ndim);
-  held->strides.assign(index.strides(r), index.strides(r) + r.ndim);
+// A tensor over `data` of the given shape and strides, through torch's DLPack
+// import: one call into torch, where frombuffer + as_strided take two (and a
+// view's autograd bookkeeping). The capsule holds the archive, so the
+// mapping lives while torch's storage does.
+PyObject* ViaDLPack(const ArchiveFile& file, const void* data, std::vector<int64_t> shape,
+                    std::vector<int64_t> strides, DLDataType type, PyObject* from_dlpack) {
+  auto held = std::make_unique<Held>(Held{file, std::move(shape), std::move(strides), {}});
   DLTensor& dl = held->managed.dl_tensor;
-  dl.data = const_cast<uint8_t*>(static_cast<const uint8_t*>(file.storage_values(r.storage)) +
-                                 r.storage_offset * ElementSize(r.dtype));
+  dl.data = const_cast<void*>(data);
   dl.device = DLDevice{kDLCPU, 0};
-  dl.ndim = static_cast<int>(r.ndim);
+  dl.ndim = static_cast<int>(held->shape.size());
   dl.dtype = type;
   dl.shape = held->shape.data();
   dl.strides = held->strides.data();
@@ -120,6 +117,31 @@ PyObject* ViaDLPack(const ArchiveFile& file, const format::Index& index, uint32_
   if (capsule.p == nullptr) return nullptr;
   held.release();  // the capsule owns it now, then torch's storage
   return PyObject_CallOneArg(from_dlpack, capsule.p);
+}
+
+// Record `t` as a tensor of its own storage.
+PyObject* ViaDLPack(const ArchiveFile& file, const format::Index& index, uint32_t t,
+                    DLDataType type, PyObject* from_dlpack) {
+  const format::TensorRecord& r = index.tensors()[t];
+  return ViaDLPack(file,
+                   static_cast<const uint8_t*>(file.storage_values(r.storage)) +
+                       r.storage_offset * ElementSize(r.dtype),
+                   std::vector<int64_t>(index.sizes(r), index.sizes(r) + r.ndim),
+                   std::vector<int64_t>(index.strides(r), index.strides(r) + r.ndim), type,
+                   from_dlpack);
+}
+
+// The bytes record r's view spans from its first element (0 when empty),
+// or UINT64_MAX for a negative stride.
+uint64_t Extent(const format::Index& index, const format::TensorRecord& r) {
+  uint64_t last = 0;
+  for (uint32_t d = 0; d < r.ndim; ++d) {
+    const int64_t size = index.sizes(r)[d], stride = index.strides(r)[d];
+    if (size == 0) return 0;
+    if (stride < 0) return UINT64_MAX;
+    last += static_cast<uint64_t>(size - 1) * static_cast<uint64_t>(stride);
+  }
+  return (last + 1) * ElementSize(r.dtype);
 }
 
 enum class State : uint8_t { kMissing, kMatched, kTied };
@@ -333,6 +355,99 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
   Ref mismatched(PyList_New(0));
   if (mismatched.p == nullptr) return nullptr;
   return PyTuple_Pack(5, bound_names.p, missing.p, unexpected.p, mismatched.p, tied.p);
+}
+
+PyObject* DLPackTensors(const ArchiveFile& file, const std::string& entry, PyObject* from_dlpack,
+                        PyObject* first, PyObject* dtypes) {
+  static PyObject* const kAsStrided = PyUnicode_InternFromString("as_strided");
+  static PyObject* const kDType = PyUnicode_InternFromString("dtype");
+  static PyObject* const kDetach = PyUnicode_InternFromString("detach");
+  if (!PyDict_Check(first) || !PyDict_Check(dtypes)) {
+    PyErr_SetString(PyExc_TypeError, "dlpack_tensors: expected dicts");
+    return nullptr;
+  }
+  const ArchiveCore& core = *file.core();
+  const format::Index& index = core.index;
+  const uint32_t e = core.Entry(entry);
+  std::vector<uint32_t> users(index.storages().size(), 0);
+  for (const format::TensorRecord& r : index.tensors()) ++users[r.storage];
+  PyObject* dtype_of[format::kLastDTypeCode + 1] = {};  // borrowed from `dtypes`
+  for (DType d : kAllDTypes) {
+    const std::string_view name = DTypeName(d);
+    Ref key(PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size())));
+    if (key.p == nullptr) return nullptr;
+    dtype_of[static_cast<uint16_t>(d)] = PyDict_GetItemWithError(dtypes, key.p);
+    if (PyErr_Occurred()) return nullptr;
+  }
+  const auto ints = [](const int64_t* v, uint32_t n) -> PyObject* {
+    PyObject* out = PyTuple_New(n);
+    for (uint32_t d = 0; out != nullptr && d < n; ++d) {
+      PyObject* x = PyLong_FromLongLong(v[d]);
+      if (x == nullptr) {
+        Py_DECREF(out);
+        return nullptr;
+      }
+      PyTuple_SET_ITEM(out, d, x);
+    }
+    return out;
+  };
+  // The tensor of record t, a new reference; None where Python makes it;
+  // nullptr with an error set.
+  const auto make = [&](uint32_t t) -> PyObject* {
+    const format::TensorRecord& rec = index.tensors()[t];
+    const std::optional<DLDataType> type = DLPackType(rec.dtype);
+    PyObject* dtype = dtype_of[static_cast<uint16_t>(rec.dtype)];
+    if (!type || dtype == nullptr) Py_RETURN_NONE;
+    Ref key(PyLong_FromUnsignedLong(rec.storage));
+    if (key.p == nullptr) return nullptr;
+    PyObject* flat = PyDict_GetItemWithError(first, key.p);  // borrowed
+    if (flat == nullptr) {
+      if (PyErr_Occurred()) return nullptr;
+      const uint64_t nbytes = index.storages()[rec.storage].nbytes;
+      const uint64_t item = ElementSize(rec.dtype);
+      if (nbytes == 0 || nbytes % item != 0) Py_RETURN_NONE;  // _flat's other cases
+      // The storage is this tensor's alone and all of it: the tensor itself
+      // through DLPack (one call), its torch storage the archive storage's.
+      // Else the storage's flat tensor, as _flat makes it.
+      const bool alone =
+          users[rec.storage] == 1 && rec.storage_offset == 0 && Extent(index, rec) == nbytes;
+      Ref made(alone ? ViaDLPack(file, index, t, *type, from_dlpack)
+                     : ViaDLPack(file, file.storage_values(rec.storage),
+                                 {static_cast<int64_t>(nbytes / item)}, {1}, *type, from_dlpack));
+      if (made.p == nullptr) return nullptr;
+      // Kept: the tensor itself would carry the caller's requires_grad_()
+      // and in-place changes into every later view; an alias of it does not.
+      Ref kept(alone ? PyObject_CallMethodNoArgs(made.p, kDetach) : (Py_INCREF(made.p), made.p));
+      if (kept.p == nullptr) return nullptr;
+      // The first one made for this storage wins (as _flat's setdefault).
+      flat = PyDict_SetDefault(first, key.p, kept.p);
+      if (flat == nullptr) return nullptr;
+      if (alone && flat == kept.p) {
+        PyObject* tensor = made.p;
+        made.p = nullptr;
+        return tensor;
+      }
+    }
+    Ref flat_dtype(PyObject_GetAttr(flat, kDType));
+    if (flat_dtype.p == nullptr) return nullptr;
+    if (flat_dtype.p != dtype) Py_RETURN_NONE;  // another dtype's view: PortableArchive.view
+    Ref sizes(ints(index.sizes(rec), rec.ndim)), strides(ints(index.strides(rec), rec.ndim));
+    Ref offset(PyLong_FromUnsignedLongLong(rec.storage_offset));
+    if (sizes.p == nullptr || strides.p == nullptr || offset.p == nullptr) return nullptr;
+    return PyObject_CallMethodObjArgs(flat, kAsStrided, sizes.p, strides.p, offset.p, nullptr);
+  };
+  Ref out(PyList_New(0));
+  if (out.p == nullptr) return nullptr;
+  bool failed = false;
+  core.ForEachVisible(e, [&](std::string_view, uint32_t t, uint32_t) {
+    if (failed) return;
+    Ref tensor(t == format::kNone ? (Py_INCREF(Py_None), Py_None) : make(t));
+    failed = tensor.p == nullptr || PyList_Append(out.p, tensor.p) != 0;
+  });
+  if (failed) return nullptr;
+  PyObject* list = out.p;
+  out.p = nullptr;
+  return list;
 }
 
 }  // namespace tsar::python

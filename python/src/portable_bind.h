@@ -52,4 +52,19 @@ struct FastBindArgs {
 PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, bool training,
                    PyObject* loose, const FastBindArgs& args);
 
+// Archive.state_dict() on the portable path, as PortableArchive.view makes
+// each tensor, in C++: a list with one item per tensor of `entry` in
+// entry_table's order, or None where Python makes it (sparse tensors, a
+// dtype DLPack lacks, a storage first made in another dtype or whose size is
+// no whole number of elements). One torch storage per archive storage,
+// whoever makes it first, kept in first[storage] (PortableArchive._first):
+// - a storage that is one tensor's alone and all of it: that tensor through
+//   DLPack (one call into torch);
+// - any other: its flat tensor through DLPack, then `as_strided`;
+// - a storage made before: `as_strided` of its tensor.
+// No requires_grad. `dtypes`: torch's dtype objects by tsar's names. nullptr
+// with a Python error set.
+PyObject* DLPackTensors(const ArchiveFile& file, const std::string& entry, PyObject* from_dlpack,
+                        PyObject* first, PyObject* dtypes);
+
 }  // namespace tsar::python

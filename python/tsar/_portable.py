@@ -65,6 +65,9 @@ class PortableArchive:
     def __init__(self, file):
         self._file = file
         # storage -> a 1-d tensor over all its bytes (the dtype of its first view)
+        # storage -> a tensor over all its bytes: a 1-d one (the dtype of its
+        # first view), or the one tensor that is all of it (state_dict() in
+        # C++, python/src/portable_bind.h); views are as_strided of it
         self._first: Dict[int, torch.Tensor] = {}
         self._typed: Dict[Tuple[int, torch.dtype], torch.Tensor] = {}  # its other dtypes
         self._tables: Dict[str, Tuple[List[tuple], Dict[str, tuple]]] = {}
@@ -139,7 +142,9 @@ class PortableArchive:
             first = self._first.setdefault(storage, first)
             if first.dtype == dtype:
                 return first
-        raw = first.view(torch.uint8)
+        # All the storage's bytes, whatever the shape of the tensor kept.
+        raw = first.as_strided((first.untyped_storage().nbytes() // first.element_size(),), (1,),
+                               0).view(torch.uint8)
         item = torch.empty((), dtype=dtype).element_size()
         whole = raw.numel() - raw.numel() % item
         flat = (raw[:whole] if whole != raw.numel() else raw).view(dtype)
@@ -217,8 +222,20 @@ class PortableArchive:
         return self.make(row)
 
     def state_dict(self, entry):
+        """[(name, tensor)] in file order: view()'s tensors, made in C++
+        where it can (python/src/portable_bind.h: a storage's flat tensor
+        through DLPack, kept in _first as _flat keeps it, then as_strided),
+        the others by make()."""
         rows, _ = self.table(entry)
-        return [(r[0], self.make(r)) for r in rows]
+        fast = self._file.dlpack_tensors(entry, torch._C._from_dlpack, self._first, _DTYPES)
+        out = []
+        for r, t in zip(rows, fast):
+            if t is None:
+                t = self.make(r)
+            elif r[6]:  # requires_grad, as saved
+                t.requires_grad_(True)
+            out.append((r[0], t))
+        return out
 
     def shard(self, name, rank, world, dim, entry):
         """torch.chunk(full, world, dim)[rank], with the accelerator's checks

@@ -529,6 +529,37 @@ def test_threads_reading_at_once_share_one_storage_per_archive_storage(portable,
         assert len(ids) == 1 and all(torch.equal(r[name], want) for r in results), name
 
 
+def test_state_dict_and_single_tensors_share_one_storage_per_archive_storage(
+        portable, cli, tmp_path):
+    """state_dict() makes its tensors in C++ (a storage's flat tensor through
+    DLPack, then as_strided) and view() in Python: either way round, one torch
+    storage per archive storage, and each tensor its bytes."""
+    w = torch.arange(12.0).reshape(3, 4)
+    sd = {"w": w, "w_t": w.t(), "w_row": w[1], "h": torch.arange(6, dtype=torch.float16),
+          "b": torch.tensor([True, False]), "p": torch.nn.Parameter(torch.ones(2))}
+    path = pack(cli, tmp_path, sd)
+    for first in ("state_dict", "tensor"):
+        with tsar.open(path) as a:
+            single = {n: a[n] for n in sd} if first == "tensor" else None
+            got = a.state_dict()
+            single = single or {n: a[n] for n in sd}
+            for n, want in sd.items():
+                assert same_tensor(got[n], want.detach()) == "", (first, n)
+                assert (got[n].untyped_storage()._cdata
+                        == single[n].untyped_storage()._cdata), (first, n)
+                assert got[n].data_ptr() == single[n].data_ptr(), (first, n)
+            assert got["w_t"].untyped_storage()._cdata == got["w"].untyped_storage()._cdata
+            assert got["p"].requires_grad and not got["w"].requires_grad
+            again = a.state_dict()
+            assert all(again[n].untyped_storage()._cdata == got[n].untyped_storage()._cdata
+                       and again[n] is not got[n] for n in sd)
+            # What a caller does to a tensor it was given reaches no other one.
+            got["h"].requires_grad_(True)
+            got["b"].unsqueeze_(0)
+            assert not a["h"].requires_grad and a["h"].grad_fn is None
+            assert a["b"].shape == (2,) and a.state_dict()["b"].shape == (2,)
+
+
 @pytest.mark.skipif(ACCELERATOR is None, reason="the accelerator writes the sparse tensor")
 def test_sparse_indices_out_of_range_are_invalid_value_on_both_paths(tmp_path, monkeypatch):
     bad = torch.sparse_coo_tensor(torch.tensor([[0, 7], [1, 0]]), torch.ones(2), (3, 3),
