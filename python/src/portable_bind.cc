@@ -144,6 +144,31 @@ uint64_t Extent(const format::Index& index, const format::TensorRecord& r) {
   return (last + 1) * ElementSize(r.dtype);
 }
 
+// torch's dtype object of each tsar dtype this torch has, borrowed from the
+// caller's {tsar name: torch dtype} dict; nullptr for the others.
+struct DTypeObjects {
+  PyObject* of[format::kLastDTypeCode + 1] = {};
+  // false with a Python error set.
+  bool Fill(PyObject* dtypes) {
+    for (DType d : kAllDTypes) {
+      const std::string_view name = DTypeName(d);
+      Ref key(PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size())));
+      if (key.p == nullptr) return false;
+      of[static_cast<uint16_t>(d)] = PyDict_GetItemWithError(dtypes, key.p);
+      if (PyErr_Occurred()) return false;
+    }
+    return true;
+  }
+  PyObject* operator[](DType d) const { return of[static_cast<uint16_t>(d)]; }
+};
+
+// How many records view each storage (a storage of one is its tensor's own).
+std::vector<uint32_t> StorageUsers(const format::Index& index) {
+  std::vector<uint32_t> users(index.storages().size(), 0);
+  for (const format::TensorRecord& r : index.tensors()) ++users[r.storage];
+  return users;
+}
+
 enum class State : uint8_t { kMissing, kMatched, kTied };
 
 // Whether records a and b are one view of one storage (a tie the archive
@@ -194,15 +219,8 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
   if (walked.training && file.mode() == MapMode::kShared && !a.allow_training) Py_RETURN_NONE;
   std::vector<WalkedTensor>& slots = walked.slots;
 
-  // torch's dtype object of each tsar dtype this torch has (borrowed).
-  PyObject* dtype_of[format::kLastDTypeCode + 1] = {};
-  for (DType d : kAllDTypes) {
-    const std::string_view name = DTypeName(d);
-    Ref key(PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size())));
-    if (key.p == nullptr) return nullptr;
-    dtype_of[static_cast<uint16_t>(d)] = PyDict_GetItemWithError(a.dtypes, key.p);
-    if (PyErr_Occurred()) return nullptr;
-  }
+  DTypeObjects dtype_of;
+  if (!dtype_of.Fill(a.dtypes)) return nullptr;
 
   // The match: a record per slot, each checked as tsar/_portable_bind.py
   // checks it. Anything that one would report or refuse (a dtype or shape
@@ -238,7 +256,7 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     Ref layout(PyObject_GetAttr(t, k.layout)), dtype(PyObject_GetAttr(t, k.dtype)),
         shape(PyObject_GetAttr(t, k.shape));
     if (layout.p == nullptr || dtype.p == nullptr || shape.p == nullptr) return nullptr;
-    if (layout.p != a.strided || dtype.p != dtype_of[static_cast<uint16_t>(rec.dtype)])
+    if (layout.p != a.strided || dtype.p != dtype_of[rec.dtype])
       Py_RETURN_NONE;
     const int same = SameShape(shape.p, index.sizes(rec), rec.ndim);
     if (same <= 0) return same < 0 ? nullptr : (Py_INCREF(Py_None), Py_None);
@@ -312,8 +330,7 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
   // tensors share one torch storage.
   Ref entry_name(PyUnicode_FromStringAndSize(e.name.data(), static_cast<Py_ssize_t>(e.name.size())));
   if (entry_name.p == nullptr) return nullptr;
-  std::vector<uint32_t> users(index.storages().size(), 0);
-  for (const format::TensorRecord& r : index.tensors()) ++users[r.storage];
+  const std::vector<uint32_t> users = StorageUsers(index);
   for (size_t i = 0; i < slots.size(); ++i) {
     if (state[i] != State::kMatched) continue;
     if (!append(bound_names.p, slots[i].name)) return nullptr;
@@ -369,16 +386,9 @@ PyObject* DLPackTensors(const ArchiveFile& file, const std::string& entry, PyObj
   const ArchiveCore& core = *file.core();
   const format::Index& index = core.index;
   const uint32_t e = core.Entry(entry);
-  std::vector<uint32_t> users(index.storages().size(), 0);
-  for (const format::TensorRecord& r : index.tensors()) ++users[r.storage];
-  PyObject* dtype_of[format::kLastDTypeCode + 1] = {};  // borrowed from `dtypes`
-  for (DType d : kAllDTypes) {
-    const std::string_view name = DTypeName(d);
-    Ref key(PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size())));
-    if (key.p == nullptr) return nullptr;
-    dtype_of[static_cast<uint16_t>(d)] = PyDict_GetItemWithError(dtypes, key.p);
-    if (PyErr_Occurred()) return nullptr;
-  }
+  const std::vector<uint32_t> users = StorageUsers(index);
+  DTypeObjects dtype_of;
+  if (!dtype_of.Fill(dtypes)) return nullptr;
   const auto ints = [](const int64_t* v, uint32_t n) -> PyObject* {
     PyObject* out = PyTuple_New(n);
     for (uint32_t d = 0; out != nullptr && d < n; ++d) {
@@ -396,7 +406,7 @@ PyObject* DLPackTensors(const ArchiveFile& file, const std::string& entry, PyObj
   const auto make = [&](uint32_t t) -> PyObject* {
     const format::TensorRecord& rec = index.tensors()[t];
     const std::optional<DLDataType> type = DLPackType(rec.dtype);
-    PyObject* dtype = dtype_of[static_cast<uint16_t>(rec.dtype)];
+    PyObject* dtype = dtype_of[rec.dtype];
     if (!type || dtype == nullptr) Py_RETURN_NONE;
     Ref key(PyLong_FromUnsignedLong(rec.storage));
     if (key.p == nullptr) return nullptr;

@@ -34,8 +34,8 @@ def backend() -> str:
     that links no LibTorch and works with any torch of the supported range but
     leaves TorchScript inputs to ``tsar.pack`` and its ``arch=``, and saving
     sparse tensors to the accelerator (they raise tsar.Error, UNSUPPORTED,
-    naming it). GPU loads work on both. ``pip install --force-reinstall --no-deps <tsar
-    source>`` builds the accelerator for the torch installed."""
+    naming it). GPU loads work on both. ``pip install --force-reinstall
+    --no-deps <tsar source>`` builds the accelerator for the torch installed."""
     return _backend.describe()
 
 # Imported on first use: a worker that only opens and binds does not pay for

@@ -48,6 +48,14 @@ def _dtype(name: str, path: str) -> torch.dtype:
     return d
 
 
+def as_dtype(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The whole elements of ``dtype`` in the 1-d uint8 tensor ``raw``, as a
+    1-d view of the same storage (bytes past the last whole one left out)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    whole = raw.numel() - raw.numel() % item
+    return (raw[:whole] if whole != raw.numel() else raw).view(dtype)
+
+
 def unsupported(path: str, what: str) -> Error:
     from . import _backend
 
@@ -64,7 +72,6 @@ class PortableArchive:
 
     def __init__(self, file):
         self._file = file
-        # storage -> a 1-d tensor over all its bytes (the dtype of its first view)
         # storage -> a tensor over all its bytes: a 1-d one (the dtype of its
         # first view), or the one tensor that is all of it (state_dict() in
         # C++, python/src/portable_bind.h); views are as_strided of it
@@ -145,10 +152,7 @@ class PortableArchive:
         # All the storage's bytes, whatever the shape of the tensor kept.
         raw = first.as_strided((first.untyped_storage().nbytes() // first.element_size(),), (1,),
                                0).view(torch.uint8)
-        item = torch.empty((), dtype=dtype).element_size()
-        whole = raw.numel() - raw.numel() % item
-        flat = (raw[:whole] if whole != raw.numel() else raw).view(dtype)
-        return self._typed.setdefault((storage, dtype), flat)
+        return self._typed.setdefault((storage, dtype), as_dtype(raw, dtype))
 
     def bind_api(self, plain_cache, plain) -> tuple:
         """What ``_tsar_portable.bind_fast`` calls into torch with

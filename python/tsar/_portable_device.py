@@ -26,6 +26,7 @@ import torch
 
 from . import _tsar_portable
 from ._errors import Error, ErrorCode
+from ._portable import _dtype, as_dtype
 
 
 class CudaEngine:
@@ -208,28 +209,22 @@ class DeviceViews:
     device, a view of its storage's copy (no requires_grad)."""
 
     def __init__(self, archive, rows, device: torch.device, staging, direct=(0, 0)):
-        from ._portable import _dtype
-
         storages: Dict[int, int] = {}
         for r in rows:
             if type(r[1]) is str:
                 _dtype(r[1], archive.path)  # UNSUPPORTED before any copy
             storages.setdefault(r[5], len(storages))
-        self._archive, self._device = archive, device
         self._number = storages
         self.targets, self.stats = copy_storages(archive, list(storages), device, staging,
                                                  direct)
         self._flat: Dict[Tuple[int, torch.dtype], torch.Tensor] = {}
 
     def view(self, row) -> torch.Tensor:
-        name, dtype, sizes, strides, offset, storage = row[:6]
+        _, dtype, sizes, strides, offset, storage = row[:6]
         key = (storage, dtype)
         flat = self._flat.get(key)
         if flat is None:
-            raw = self.targets[self._number[storage]]
-            item = torch.empty((), dtype=dtype).element_size()
-            whole = raw.numel() - raw.numel() % item
-            flat = self._flat.setdefault(key, raw[:whole].view(dtype))
+            flat = self._flat.setdefault(key, as_dtype(self.targets[self._number[storage]], dtype))
         return flat.as_strided(sizes, strides, offset)
 
 
