@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <unordered_map>
 
 #include <unistd.h>
@@ -173,14 +172,10 @@ class TorchEngine : public CopyEngine {
 void CheckDevice(c10::Device device, const std::string& path, const char* what,
                  const DeviceOptions& options) {
   if (device.is_cpu()) return;
-  if (options.buffers < 1 || options.streams < 0 || options.streams > 64 ||
-      options.fill_threads < 0 || options.fill_threads > 256) {
-    throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
-                std::string(what) + ": staging: expected at least 1 buffer, streams from 0 "
-                    "(by the staging rule) to 64 and fill_threads from 0 to 256, found " +
-                    std::to_string(options.buffers) + ", " +
-                    std::to_string(options.streams) + " and " +
-                    std::to_string(options.fill_threads));
+  if (const std::string bad =
+          StagingOptionsError(options.buffers, options.streams, options.fill_threads);
+      !bad.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, path, std::nullopt, std::string(what) + ": " + bad);
   }
   if (!device.is_cuda()) {
     throw Error(ErrorCode::kUnsupported, path, std::nullopt,
@@ -249,25 +244,12 @@ std::vector<at::Tensor> CopyToDevice(const std::vector<at::Tensor>& sources, c10
   }
   DeviceTargets targets(device, std::move(sizes));
   {
-    PipelineOptions p;
-    p.pinned_bytes = options.pinned_bytes;
-    p.buffers = options.buffers;
-    p.streams = options.streams;
-    p.fill_threads = options.fill_threads;
-    p = StagingFor(p, std::thread::hardware_concurrency());
     // Memory locked already (the mapping, whole pages): one direct lane reads
     // it, and the staging lane takes only what lies outside it.
     const auto* locked = static_cast<const uint8_t*>(options.locked_base);
     const bool read_locked = locked != nullptr && options.locked_size > 0;
-    if (read_locked) {
-      p.direct_lanes = 1;
-      p.staging = false;
-      // One stream, every window's copies back to back: the form of the
-      // per-storage copies that measured 0.97x of the link on an H100
-      // (2026-11-26); 4 streams measured 0.91-0.92x (2026-11-27).
-      p.streams = 1;
-      p.windows = 8;
-    }
+    const PipelineOptions p = LoadPipeline(options.pinned_bytes, options.buffers, options.streams,
+                                           options.fill_threads, read_locked);
     TorchEngine engine(device, p.streams, &targets);
     EngineFactory direct;
     if (read_locked) {

@@ -281,6 +281,32 @@ PipelineOptions StagingFor(const PipelineOptions& asked, unsigned cores) {
   return o;
 }
 
+std::string StagingOptionsError(int buffers, int streams, int fill_threads) {
+  if (buffers >= 1 && streams >= 0 && streams <= 64 && fill_threads >= 0 && fill_threads <= 256)
+    return {};
+  return "staging: expected at least 1 buffer, streams from 0 (by the staging rule) to 64 and "
+         "fill_threads from 0 to 256, found " +
+         std::to_string(buffers) + ", " + std::to_string(streams) + " and " +
+         std::to_string(fill_threads);
+}
+
+PipelineOptions LoadPipeline(uint64_t pinned_bytes, int buffers, int streams, int fill_threads,
+                             bool read_locked) {
+  PipelineOptions p;
+  p.pinned_bytes = pinned_bytes;
+  p.buffers = buffers;
+  p.streams = streams;
+  p.fill_threads = fill_threads;
+  p = StagingFor(p, std::thread::hardware_concurrency());
+  if (read_locked) {
+    p.direct_lanes = 1;
+    p.staging = false;
+    p.streams = 1;
+    p.windows = 8;
+  }
+  return p;
+}
+
 PipelineStats RunPipeline(const std::vector<CopyRange>& ranges, CopyEngine& engine,
                           const PipelineOptions& asked,
                           const std::function<void(void*, const uint8_t*, uint64_t)>& fill,

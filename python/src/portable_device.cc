@@ -7,7 +7,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -103,13 +102,10 @@ void DefPortableDevice(py::module_& m) {
          const std::tuple<uint64_t, int, int, int, bool>& options,
          const py::object& make_direct) {
         const auto [pinned_bytes, buffers, streams, fill_threads, from_file] = options;
-        if (buffers < 1 || streams < 0 || streams > 64 || fill_threads < 0 ||
-            fill_threads > 256) {
+        if (const std::string bad = StagingOptionsError(buffers, streams, fill_threads);
+            !bad.empty()) {
           throw Error(ErrorCode::kInvalidArgument, file.path(), std::nullopt,
-                      "to_device: staging: expected at least 1 buffer, streams from 0 (by the "
-                      "staging rule) to 64 and fill_threads from 0 to 256, found " +
-                          std::to_string(buffers) + ", " + std::to_string(streams) + " and " +
-                          std::to_string(fill_threads));
+                      "to_device: " + bad);
         }
         const auto& records = file.core()->index.storages();
         std::vector<uint64_t> sizes;
@@ -127,18 +123,10 @@ void DefPortableDevice(py::module_& m) {
           }
           sizes.push_back(n);
         }
-        PipelineOptions p;
-        p.pinned_bytes = pinned_bytes;
-        p.buffers = buffers;
-        p.streams = streams;
-        p.fill_threads = fill_threads;
-        p = StagingFor(p, std::thread::hardware_concurrency());
+        const PipelineOptions p = LoadPipeline(pinned_bytes, buffers, streams, fill_threads,
+                                               !make_direct.is_none());
         EngineFactory direct;
         if (!make_direct.is_none()) {
-          p.direct_lanes = 1;
-          p.staging = false;
-          p.streams = 1;
-          p.windows = 8;
           direct = [&make_direct] {
             const py::gil_scoped_acquire gil;
             return std::unique_ptr<CopyEngine>(std::make_unique<PyEngine>(make_direct(), true));

@@ -21,6 +21,7 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include <unistd.h>
 
@@ -491,6 +492,37 @@ TEST(DevicePipeline, AStagingLaneFilledFromTheFileMovesEveryByteOnce) {
   munmap(shown, size);
   close(fd);
   unlink(tmpl);
+}
+
+TEST(DevicePipeline, ALoadAsksTheRuleAndReadsLockedMemoryOnOneDirectLane) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  const PipelineOptions staged = LoadPipeline(uint64_t{32} << 20, 3, 0, 0, false);
+  EXPECT_EQ(staged.pinned_bytes, uint64_t{32} << 20);
+  EXPECT_EQ(staged.buffers, 3);
+  EXPECT_EQ(staged.streams, StagingFor({}, cores).streams);
+  EXPECT_EQ(staged.fill_threads, StagingFor({}, cores).fill_threads);
+  EXPECT_EQ(staged.direct_lanes, 0);
+  EXPECT_TRUE(staged.staging);
+
+  const PipelineOptions locked = LoadPipeline(uint64_t{64} << 20, 4, 4, 2, true);
+  EXPECT_EQ(locked.direct_lanes, 1);
+  EXPECT_FALSE(locked.staging);
+  EXPECT_EQ(locked.streams, 1) << "the locked lane's copies run back to back on one stream";
+  EXPECT_EQ(locked.windows, 8);
+  EXPECT_EQ(locked.fill_threads, 2) << "asked for, kept";
+}
+
+TEST(DevicePipeline, StagingOptionsOutOfRangeAreNamed) {
+  EXPECT_EQ(StagingOptionsError(1, 0, 0), "");
+  EXPECT_EQ(StagingOptionsError(4, 64, 256), "");
+  for (const auto& [buffers, streams, threads] :
+       std::vector<std::tuple<int, int, int>>{{0, 0, 0}, {1, -1, 0}, {1, 65, 0}, {1, 0, -1}, {1, 0, 257}}) {
+    const std::string bad = StagingOptionsError(buffers, streams, threads);
+    EXPECT_EQ(bad, "staging: expected at least 1 buffer, streams from 0 (by the staging rule) to 64 "
+                   "and fill_threads from 0 to 256, found " +
+                       std::to_string(buffers) + ", " + std::to_string(streams) + " and " +
+                       std::to_string(threads));
+  }
 }
 
 TEST(DevicePipeline, RefusesNoBufferOrNoStream) {
