@@ -18,7 +18,9 @@
 # xxHash inlined (XXH_INLINE_ALL), minizip and zlib from their static
 # archives, hidden inside each shared object (--exclude-libs), and no HDF5
 # (whose library brings about 30 others: curl, TLS, Kerberos, LDAP): HDF5
-# files are packed by a tsar built from source, which says so.
+# files are packed by a tsar built from source, which says so. Two functions
+# are bound to their older symbol versions (cmake/symbol_versions.h): the
+# wheel is manylinux_2_34, not 2_35.
 set(TSAR_DEPS_DIR "" CACHE PATH "Headers and sources from scripts/gpu-deps.sh instead of Debian's packages")
 option(TSAR_SELF_CONTAINED "Inline xxHash, link minizip and zlib statically, leave HDF5 out (the wheel)" OFF)
 option(TSAR_WITH_ZIP "Read torch.save and TorchScript zips (minizip)" ON)
@@ -28,6 +30,9 @@ if(TSAR_SELF_CONTAINED)
   # Static archives' symbols stay inside each shared object that links them.
   add_link_options($<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,SHARED_LIBRARY>:-Wl,--exclude-libs,ALL>
                    $<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,MODULE_LIBRARY>:-Wl,--exclude-libs,ALL>)
+  # The older versions of the two functions that would raise the wheel's
+  # tag to manylinux_2_35 (cmake/symbol_versions.h says which and why).
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:SHELL:-include ${PROJECT_SOURCE_DIR}/cmake/symbol_versions.h>")
 endif()
 
 # A library that is missing stops the configure with one line naming it and

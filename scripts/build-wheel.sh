@@ -7,8 +7,9 @@
 #    beyond glibc, libstdc++ and torch inside its own files: xxHash inlined,
 #    minizip and zlib static, no HDF5.
 # 2. `auditwheel repair`: grafts nothing, and tags the wheel with the oldest
-#    manylinux its glibc and libstdc++ symbols allow (manylinux_2_35 from
-#    Debian 12's GCC 12 and glibc 2.36). torch's libraries stay the torch
+#    manylinux its glibc and libstdc++ symbols allow (manylinux_2_34 from
+#    Debian 12's GCC 12 and glibc 2.36, with cmake/symbol_versions.h's older
+#    versions of two functions). torch's libraries stay the torch
 #    wheel's (excluded): the wheel requires torch.
 # 3. scripts/check_wheel_libs.py: every library each ELF file needs is the
 #    wheel's, glibc's, the C++ runtime's or that torch's; its size and tag.
