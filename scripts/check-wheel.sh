@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # check-wheel.sh PYTHON SOURCE_DIR [BUILD_DIR]: builds the wheel as it ships
 # (scripts/build-wheel.sh: pip wheel, auditwheel repair, its libraries
-# checked to be the wheel's, glibc's, the C++ runtime's or torch's only), then
+# checked to be the wheel's, glibc's, the C++ runtime's or torch's only, its
+# tag manylinux_2_34 or older), then
 # installs it into a fresh
 # virtual environment that has the same torch (PYTHON's site-packages linked in,
 # not reinstalled) and checks there: tsar.__version__, a save and a zero-copy
@@ -19,6 +20,11 @@ trap 'rm -rf "$tmp"' EXIT
 # its libraries checked); BUILD_DIR as build-wheel.sh takes it.
 "$src/scripts/build-wheel.sh" "$python" "$src" "$tmp/dist" ${3:+"$3"} | tee "$tmp/build.log"
 wheel=$(tail -1 "$tmp/build.log")
+# For RHEL 9 and Amazon Linux 2023 (glibc 2.34, GCC 11): a symbol that needs
+# newer libraries raises the tag auditwheel gives (cmake/symbol_versions.h).
+glibc=$(basename "$wheel" | sed -n 's/.*-manylinux_2_\([0-9]*\)_x86_64\.whl$/\1/p')
+[ -n "$glibc" ] && [ "$glibc" -le 34 ] ||
+  { echo "FAIL: $(basename "$wheel") is not manylinux_2_34 or older: objdump -T shows which symbol needs more"; exit 1; }
 
 # A fresh venv beside the same torch, the wheel installed.
 "$src/scripts/install-wheel-beside.sh" "$python" "$wheel" "$tmp/v"
