@@ -26,6 +26,7 @@
 #include "python/src/common.h"
 #include "python/src/portable_bind.h"
 #include "python/src/portable_device.h"
+#include "python/src/portable_refs.h"
 #include "tsar/archive_file.h"
 #include "tsar/pack_options.h"
 #include "writer/archive_writer.h"
@@ -184,11 +185,10 @@ PYBIND11_MODULE(_tsar_portable, m) {
 
   // tsar.save on the portable path (python/tsar/_portable_save.py): the
   // accelerator's writer (writer::ArchiveWriter, the same bytes for the same
-  // tensors) fed from Python. entries: [(entry, [(name, role, dtype name,
-  // sizes, strides, storage_offset, requires_grad, storage)])], storage being
-  // (key, host address, nbytes, device type, device index): tensors with one
-  // key share a storage, and the caller keeps the bytes alive and unchanged
-  // until this returns. metadata: [(entry, key, value)].
+  // tensors) fed from Python. entries: [(entry, [item])], each item a dense or
+  // sparse tensor as python/src/portable_refs.h reads it; the caller keeps
+  // the bytes alive and unchanged until this returns. metadata: [(entry, key,
+  // value)].
   m.def(
       "save",
       [](const std::string& path, const py::list& entries, const py::list& metadata,
@@ -196,37 +196,11 @@ PYBIND11_MODULE(_tsar_portable, m) {
          uint32_t tp, const std::vector<std::pair<std::string, int64_t>>& shard) {
         writer::ArchiveWriter w(path,
                                 python::MakePackOptions(alignment, dtype, base, durable, tp, shard));
-        std::map<int64_t, std::shared_ptr<const writer::Storage>> storages;
+        python::PyTensorRefs refs(path, py::none());  // the caller keeps its tensors
         for (const auto& e : entries) {
           const auto entry = e.cast<py::tuple>();
           w.add_entry(entry[0].cast<std::string>());
-          for (const auto& item : entry[1].cast<py::list>()) {
-            const auto t = item.cast<py::tuple>();
-            const auto st = t[7].cast<py::tuple>();
-            std::shared_ptr<const writer::Storage>& slot = storages[st[0].cast<int64_t>()];
-            if (!slot) {
-              auto s = std::make_shared<writer::Storage>();
-              s->data = reinterpret_cast<const uint8_t*>(st[1].cast<uintptr_t>());
-              s->nbytes = st[2].cast<uint64_t>();
-              s->device_type = static_cast<format::DeviceType>(st[3].cast<int>());
-              s->device_index = st[4].cast<uint16_t>();
-              slot = std::move(s);
-            }
-            const auto name = t[0].cast<std::string>();
-            const std::optional<DType> d = DTypeFromName(t[2].cast<std::string>());
-            if (!d)
-              throw Error(ErrorCode::kInvalidArgument, path, std::nullopt,
-                          "tensor " + name + ": dtype " + t[2].cast<std::string>() +
-                              " has no tsar code");
-            writer::TensorRef r;
-            r.storage = slot;
-            r.dtype = *d;
-            r.sizes = t[3].cast<std::vector<int64_t>>();
-            r.strides = t[4].cast<std::vector<int64_t>>();
-            r.storage_offset = t[5].cast<uint64_t>();
-            r.requires_grad = t[6].cast<bool>();
-            w.add(name, std::move(r), static_cast<Role>(t[1].cast<int>()));
-          }
+          for (const auto& item : entry[1].cast<py::list>()) refs.AddTo(w, item);
         }
         python::AddMetadata(w, metadata);
         py::gil_scoped_release unlocked;

@@ -2,58 +2,92 @@
 (writer::ArchiveWriter, in tsar._tsar_portable) fed from Python, so that the
 same tensors give the same bytes whichever path wrote them. Each tensor goes
 over as its dtype's name, sizes, strides, offset and its storage's host
-address: no copy of a CPU tensor's bytes. A CUDA storage is copied to the host
-first (the archive still records the device, as the accelerator's does).
-Sparse tensors need the accelerator."""
+address (python/src/portable_refs.h): no copy of a CPU tensor's bytes. A CUDA
+storage is copied to the host first (the archive still records the device, as
+the accelerator's does). A sparse COO, CSR or CSC tensor goes over as its
+component tensors, in the order and under the names tsar::Writer gives them."""
 from __future__ import annotations
 
 import torch
 
 from . import _tsar_portable
 from ._errors import Error, ErrorCode
-from ._portable import unsupported
 
 _CUDA = 2  # format::DeviceType::kCuda
+# format::SparseLayout, and each layout's components as tsar::Writer names them.
+_SPARSE = {
+    torch.sparse_coo: (1, (("indices", "_indices"), ("values", "_values"))),
+    torch.sparse_csr: (2, (("crow_indices", "crow_indices"), ("col_indices", "col_indices"),
+                           ("values", "values"))),
+    torch.sparse_csc: (3, (("ccol_indices", "ccol_indices"), ("row_indices", "row_indices"),
+                           ("values", "values"))),
+}
 
 
 def _refuse(path, name, why, code=ErrorCode.UNSUPPORTED):
     return Error(f'{path}: tensor "{name}": {why}', code, path)
 
 
+class Tensors:
+    """Items for python/src/portable_refs.h, one per tensor; ``keep`` holds
+    what owns their bytes (the tensors, host copies of CUDA storages)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.keep = []
+        # c10::StorageImpl address (what the accelerator keys storages by) ->
+        # (key, host address, nbytes, device type, device index)
+        self._storages = {}
+
+    def item(self, name: str, t: torch.Tensor, role: int):
+        if t.layout in _SPARSE:
+            return self._sparse(name, t, role)
+        if t.layout != torch.strided:
+            raise _refuse(self.path, name, f"layout {t.layout} is not supported "
+                          "(strided, sparse COO, CSR, CSC are)")
+        return self._dense(name, t, role)
+
+    def _dense(self, name, t, role):
+        if t.is_quantized:
+            raise _refuse(self.path, name, "quantized tensors are not supported; dequantize() first")
+        if t.device.type not in ("cpu", "cuda"):
+            raise _refuse(self.path, name, f"tensors on {t.device} cannot be packed")
+        dtype_name = str(t.dtype).replace("torch.", "")
+        if t.is_conj() or t.is_neg():  # the bits another view would read differently
+            t = t.resolve_conj().resolve_neg()
+        s = t.untyped_storage()
+        st = self._storages.get(s._cdata)
+        if st is None:
+            if t.device.type == "cuda":
+                host = s.cpu()
+                self.keep.append(host)
+                st = (len(self._storages), host.data_ptr(), host.nbytes(), _CUDA, t.device.index)
+            else:
+                st = (len(self._storages), s.data_ptr(), s.nbytes(), 0, 0)
+            self._storages[s._cdata] = st
+        self.keep.append(t)
+        return (name, int(role), dtype_name, tuple(t.shape), tuple(t.stride()),
+                t.storage_offset(), t.requires_grad, st)
+
+    def _sparse(self, name, t, role):
+        layout, parts = _SPARSE[t.layout]
+        coalesced = t.layout == torch.sparse_coo and t.is_coalesced()
+        components = []
+        for suffix, method in parts:
+            part = getattr(t, method)()
+            if part.layout != torch.strided or part.is_quantized or \
+                    part.device.type not in ("cpu", "cuda"):
+                raise _refuse(self.path, f"{name}.{suffix}",
+                              "component of an unsupported dtype or device")
+            components.append((f".{suffix}", self._dense(f"{name}.{suffix}", part, role)))
+        return (name, int(role), layout, coalesced, tuple(t.shape), components)
+
+
 def save(path: str, entries, metadata, alignment: int, dtype: str, base: str, durable: bool,
          world: int, plan):
     """As ``_tsar.save`` (python/src/module.cc), with the same arguments."""
-    keep = []  # host copies of CUDA storages, alive until the write is done
-    # c10::StorageImpl address (what the accelerator keys storages by) ->
-    # (key, host address, nbytes, device type, device index)
-    storages = {}
-    out = []
-    for entry, tensors in entries:
-        items = []
-        for name, t, role in tensors:
-            if t.layout != torch.strided:
-                raise unsupported(path, f"saving sparse tensor {name!r}")
-            if t.is_quantized:
-                raise _refuse(path, name, "quantized tensors are not supported; dequantize() first")
-            if t.device.type not in ("cpu", "cuda"):
-                raise _refuse(path, name, f"tensors on {t.device} cannot be packed")
-            dtype_name = str(t.dtype).replace("torch.", "")
-            if t.is_conj() or t.is_neg():  # the bits another view would read differently
-                t = t.resolve_conj().resolve_neg()
-            s = t.untyped_storage()
-            key = s._cdata
-            st = storages.get(key)
-            if st is None:
-                if t.device.type == "cuda":
-                    host = s.cpu()
-                    keep.append(host)
-                    st = (len(storages), host.data_ptr(), host.nbytes(), _CUDA, t.device.index)
-                else:
-                    st = (len(storages), s.data_ptr(), s.nbytes(), 0, 0)
-                storages[key] = st
-            keep.append(t)
-            items.append((name, int(role), dtype_name, tuple(t.shape), tuple(t.stride()),
-                          t.storage_offset(), t.requires_grad, st))
-        out.append((entry, items))
+    tensors = Tensors(path)
+    out = [(entry, [tensors.item(name, t, role) for name, t, role in items])
+           for entry, items in entries]
     _tsar_portable.save(path, out, metadata, alignment, dtype, base, durable, world, plan)
-    del keep
+    del tensors
