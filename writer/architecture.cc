@@ -10,14 +10,13 @@
 #include <unordered_set>
 
 #include "tsar/error.h"
-#include "writer/atomic_file.h"
+#include "writer/architecture_file.h"
 #include "writer/importer.h"
 
 namespace tsar::writer {
 
 struct Architecture::State {
-  explicit State(const std::string& output) : file(output) {}
-  AtomicFile file;
+  std::function<void(bool)> publish;
 };
 
 namespace {
@@ -32,7 +31,7 @@ void Strip(at::Tensor t) {
 }  // namespace
 
 Architecture::Architecture(const std::string& torchscript, const std::string& output)
-    : state_(std::make_unique<State>(output)) {
+    : state_(std::make_unique<State>()) {
   torch::jit::Module m;
   try {
     m = torch::jit::load(torchscript, c10::Device(c10::kCPU));
@@ -60,14 +59,11 @@ Architecture::Architecture(const std::string& torchscript, const std::string& ou
     throw Error(ErrorCode::kIo, output, std::nullopt,
                 "--arch: could not save the architecture: " + importer::FirstLine(e));
   }
-  const std::string data = std::move(bytes).str();
-  state_->file.CheckSpace(data.size());
-  state_->file.Resize(data.size());
-  state_->file.WriteAt(0, data.data(), data.size());
+  state_->publish = WriteArchitecture(output, std::move(bytes).str());
 }
 
 Architecture::~Architecture() = default;
 
-void Architecture::Publish(bool durable) { state_->file.Publish(durable); }
+void Architecture::Publish(bool durable) { state_->publish(durable); }
 
 }  // namespace tsar::writer

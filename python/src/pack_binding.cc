@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "python/src/common.h"
+#include "python/src/portable_torchscript.h"
 
 namespace py = pybind11;
 
@@ -22,7 +23,8 @@ void DefPack(py::module_& m, TorchSupport torch) {
               const std::vector<std::string>& only, const std::vector<std::string>& exclude,
               const std::string& strip_prefix, const std::string& architecture,
               const std::string& base, uint32_t tp,
-              const std::vector<std::pair<std::string, int64_t>>& shard, bool follow_symlinks) {
+              const std::vector<std::pair<std::string, int64_t>>& shard, bool follow_symlinks,
+              const py::object& torch_hooks) {
         PackFilesOptions o;
         o.follow_symlinks = follow_symlinks;
         o.pack.tp = tp;
@@ -36,7 +38,9 @@ void DefPack(py::module_& m, TorchSupport torch) {
         o.exclude = exclude;
         o.strip_prefix = strip_prefix;
         o.architecture = architecture;
-        o.torch = torch;
+        // Where this module has no LibTorch, the process's torch through
+        // Python (python/tsar/_portable_torchscript.py) when given.
+        o.torch = torch_hooks.is_none() ? torch : PythonTorchSupport(torch_hooks);
         for (const auto& item : metadata) {
           const auto t = item.cast<py::tuple>();
           const auto key = t[0].cast<std::string>();
@@ -55,7 +59,7 @@ void DefPack(py::module_& m, TorchSupport torch) {
       py::arg("metadata"), py::arg("dtype"), py::arg("only"), py::arg("exclude"),
       py::arg("strip_prefix"), py::arg("architecture"), py::arg("base") = std::string(),
       py::arg("tp") = 0, py::arg("shard") = std::vector<std::pair<std::string, int64_t>>(),
-      py::arg("follow_symlinks") = false);
+      py::arg("follow_symlinks") = false, py::arg("torch_hooks") = py::none());
 }
 
 }  // namespace tsar::python

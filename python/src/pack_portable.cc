@@ -1,8 +1,10 @@
 // tsar._tsar_pack_portable: tsar.pack on the portable path (no LibTorch, any
 // torch): the same readers as the `tsar` command (torch.save, safetensors,
 // HDF5, TensorDict, transformers directories, .tsar), the same bytes as
-// tsar._tsar_pack. A TorchScript input (which only LibTorch reads) is
-// UNSUPPORTED, saying so; tsar/_save.py refuses arch= before it gets here.
+// tsar._tsar_pack. A TorchScript input and arch= are read and written by the
+// process's torch through Python (tsar/_save.py passes
+// tsar/_portable_torchscript.py as torch_hooks); without that, a TorchScript
+// input is UNSUPPORTED, saying so.
 #include <pybind11/pybind11.h>
 
 #include <optional>

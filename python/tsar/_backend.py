@@ -4,9 +4,8 @@
   linked against the LibTorch of one torch build, the one tsar was built
   beside. Binds 268 tensors in about 0.4 ms; loads onto GPUs; writes archives.
 - The portable path, ``tsar._tsar_portable`` + tsar/_portable.py: links no
-  LibTorch and works with any torch of the supported range; reads archives and
-  binds modules on the CPU (tsar/_portable.py says what it leaves to the
-  accelerator).
+  LibTorch and works with any torch of the supported range: everything the
+  accelerator does, binding at about half its speed (docs/python.md).
 
 The accelerator is used when the torch imported is exactly the one it was
 built against and it imports; otherwise the portable path, silently (see
@@ -43,22 +42,3 @@ def describe() -> str:
     if accelerator is not None:
         return f"accelerator (tsar._tsar, built for torch {built_against})"
     return f"portable (torch {torch.__version__}: {why_portable})"
-
-
-def advice() -> str:
-    """How to get the accelerator here (what an UNSUPPORTED error of the
-    portable path ends with)."""
-    if accelerator is not None:
-        return ""
-    if why_portable == "TSAR_PORTABLE is set":
-        return "unset TSAR_PORTABLE to use the accelerator"
-    rebuild = ("rebuild tsar in this environment (pip install --force-reinstall --no-deps "
-               "<tsar source folder>)")
-    if not built_against or not why_portable.startswith("its accelerator was built"):
-        return rebuild
-    # pip refuses a local version ("2.15.0+cu132") from the package index: name
-    # the public one, and where the local build comes from.
-    public, _, local = built_against.partition("+")
-    return (f"{rebuild}, or install torch=={public}"
-            + (f" (tsar was built against its {local} build: pip install torch=={public} "
-               f"--index-url https://download.pytorch.org/whl/{local})" if local else ""))

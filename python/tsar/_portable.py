@@ -16,10 +16,10 @@ variable TSAR_PORTABLE=1 asks for it. ``tsar.save`` works too
 (tsar._tsar_pack_portable: the `tsar` command's readers). load_into runs in
 C++ where it can (python/src/portable_bind.h), tsar/_portable_bind.py
 otherwise. ``state_dict(device=)`` and ``load_into(device=)`` copy onto a GPU
-through the accelerator's staging pipeline (tsar/_portable_device.py). What it
-does not do raises tsar.Error (UNSUPPORTED) saying so: TorchScript inputs to
-tsar.pack and its arch=, and saving sparse tensors need the accelerator. A
-tensor-parallel rank's slice of a sharded tensor is a view of the whole tensor
+through the accelerator's staging pipeline (tsar/_portable_device.py).
+TorchScript inputs to tsar.pack and its arch= go through this torch's
+torch.jit (tsar/_portable_torchscript.py), sparse tensors through their
+components (tsar/_portable_save.py). A tensor-parallel rank's slice of a sharded tensor is a view of the whole tensor
 in C order (a copy the archive makes once), not of the rank's own run of the
 file.
 """
@@ -54,13 +54,6 @@ def as_dtype(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     item = torch.empty((), dtype=dtype).element_size()
     whole = raw.numel() - raw.numel() % item
     return (raw[:whole] if whole != raw.numel() else raw).view(dtype)
-
-
-def unsupported(path: str, what: str) -> Error:
-    from . import _backend
-
-    return Error(f"{path}: {what} needs tsar's accelerator, and this process runs the portable "
-                 f"path ({_backend.describe()}): {_backend.advice()}", ErrorCode.UNSUPPORTED, path)
 
 
 class PortableArchive:

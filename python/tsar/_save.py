@@ -195,16 +195,6 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[
         _portable_save.save(*args)
 
 
-def _accelerator(path, what):
-    """tsar._tsar, or tsar.Error (UNSUPPORTED) on the portable path: tsar.pack's
-    readers (tsar._tsar_pack) link LibTorch."""
-    if _backend.accelerator is None:
-        from ._portable import unsupported
-
-        raise unsupported(os.fspath(path), what)
-    return _backend.accelerator
-
-
 class PackSummary(NamedTuple):
     tensors: int  # tensors written
     entries: List[str]  # entry names, in file order
@@ -273,13 +263,14 @@ def pack(
         sources = [("", os.fspath(s)) for s in src]
     world, plan = _shard_plan(tp, shard)
     # The readers (HDF5, the zip reader) load here, not at `import tsar`. On
-    # the portable path they are the `tsar` command's, without LibTorch: all
-    # but TorchScript inputs and arch=.
+    # the portable path they are the `tsar` command's, without LibTorch.
+    # TorchScript inputs and arch= (which LibTorch reads and writes there)
+    # go through this process's torch (tsar/_portable_torchscript.py).
+    hooks = None
     if _backend.accelerator is not None:
         from . import _tsar_pack as packer
     else:
-        if arch is not None:
-            _accelerator(dst, "tsar.pack(arch=), which LibTorch writes,")
+        from . import _portable_torchscript as hooks
         from . import _tsar_pack_portable as packer
 
     tensors, entries, nbytes, notes = packer.pack(
@@ -287,6 +278,6 @@ def pack(
         _metadata_items(metadata),
         _dtype_name(dtype), [str(x) for x in only], [str(x) for x in exclude], str(strip_prefix),
         "" if arch is None else os.fspath(arch), "" if base is None else os.fspath(base),
-        world, plan, bool(follow_symlinks),
+        world, plan, bool(follow_symlinks), hooks,
     )
     return PackSummary(tensors, entries, nbytes, notes)
