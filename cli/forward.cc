@@ -60,7 +60,11 @@ void CheckTheTorchBeside(const std::string& dir, const std::string& command,
                   built + ", and this environment has torch " + here +
                   ": rebuild tsar here (pip install --force-reinstall --no-deps <tsar source>), "
                   "install torch " + built.substr(0, built.find('+')) +
-                  ", or save the weights with torch.save(model.state_dict()) and pack that file");
+                  ", or save the weights with torch.save(model.state_dict()) and pack that file" +
+                  (command == "pack"
+                       ? "; the Python package packs TorchScript and --arch with this torch: "
+                         "python -c 'import tsar; tsar.pack(\"IN.pt\", \"OUT.tsar\", arch=None)'"
+                       : ""));
 #else
   (void)dir, (void)command, (void)why;
 #endif

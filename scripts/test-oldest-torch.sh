@@ -11,7 +11,10 @@
 #     with its own tsar command (tests of the accelerator's own behaviour and
 #     of HDF5, which the wheel leaves out, skip: @pytest.mark.accelerator,
 #     @pytest.mark.hdf5); its tsar refuses to start tsar-torch, built for
-#     .venv's torch, beside this one (it would crash) and says why.
+#     .venv's torch, beside this one (it would crash) and says why;
+#  3. the same .whl installed beside .venv's torch, the newest supported,
+#     where its accelerator runs: the whole Python suite again (issue 43:
+#     one wheel, both ends of the range).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
@@ -40,4 +43,12 @@ fi
 grep -q "built for torch .*, and this environment has torch 2.7" "$tmp/err" ||
   { echo "FAIL: the wheel's tsar beside another torch said:"; cat "$tmp/err"; exit 1; }
 echo "oldest torch: the wheel's tsar refuses tsar-torch beside it: $(cut -c1-100 "$tmp/err")..."
-echo "oldest torch: all tests passed in $(( $(date +%s) - start )) s"
+oldest=$(.venv-oldest/bin/python -c 'import torch; print(torch.__version__)')
+newest=$(.venv/bin/python -c 'import torch; print(torch.__version__)')
+scripts/install-wheel-beside.sh "$PWD/.venv/bin/python" "$(tail -1 "$tmp/build.log")" "$tmp/n"
+"$tmp/n/bin/python" -c 'import tsar; b = tsar.backend(); print("newest torch: the wheel runs", b)
+assert b.startswith("accelerator"), "the wheel beside the torch it was built for: " + b'
+TSAR_CLI="$tmp/n/bin/tsar" TSAR_SAMPLES="$PWD/samples" "$tmp/n/bin/python" -m pytest -q \
+  -p no:cacheprovider tests/python
+echo "oldest torch: all tests passed in $(( $(date +%s) - start )) s, the same wheel beside" \
+  "torch $oldest and $newest"
