@@ -9,10 +9,13 @@ The tensors come in writer/torchscript.cc's order (per module its
 parameters, its buffers, then its children; a tie under each of its names)
 and the architecture is writer/architecture.cc's (every weight a stride-0
 view of one zero, saved to a stream), so the same torch gives the same bytes
-on either path."""
+on either path. torch.jit's deprecation warnings are not shown: the caller
+asked tsar, not torch.jit, and the accelerator's LibTorch gives none."""
 from __future__ import annotations
 
+import contextlib
 import io
+import warnings
 
 import torch
 
@@ -22,9 +25,17 @@ from ._portable_save import Tensors
 _ROLE_PARAMETER, _ROLE_BUFFER = 1, 2  # format::Role
 
 
+@contextlib.contextmanager
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
 def _load(path: str, what: str):
     try:
-        return torch.jit.load(path, map_location="cpu")
+        with _quiet():
+            return torch.jit.load(path, map_location="cpu")
     except Exception as e:  # torch raises RuntimeError, ValueError...
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raise Error(f"{path}: {what}not a loadable TorchScript archive: {first}",
@@ -53,9 +64,7 @@ def tensors(path: str):
 def _strip(module) -> None:
     """Each parameter and buffer of ``module`` (every submodule's, any dtype)
     a stride-0 view of one zero of its dtype, its sizes kept, in place (so
-    every reference to it sees the same object). A function of its own: the
-    Python objects it makes are gone when it returns, and a tensor something
-    still references is one that torch.jit.save memoizes."""
+    every reference to it sees the same object)."""
     done = set()
     with torch.no_grad():  # set_ on a leaf that requires grad
         for _, t in [*module.named_parameters(remove_duplicate=False),
@@ -74,7 +83,8 @@ def architecture(path: str) -> bytes:
     module = _load(path, "--arch: ")
     _strip(module)
     buffer = io.BytesIO()
-    torch.jit.save(module, buffer)
+    with _quiet():
+        torch.jit.save(module, buffer)
     # torch.jit.save memoizes every object something else still references,
     # and Python's objects do: the tensors _strip touched, and every
     # submodule, which torch.jit.load wraps in Python. So the stripped bytes
