@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test-oldest-torch.sh: tsar against the oldest torch it supports
 # (scripts/requirements-oldest.txt, in .venv-oldest, made once and kept like
-# .venv). Two checks:
+# .venv), and the wheel at both ends of the range. Three checks:
 #  1. the C++ side and the accelerator built against that torch's LibTorch
 #     (build-oldest/) and the main suite run there: the C++ tests and the
 #     Python tests (python.pytest);
