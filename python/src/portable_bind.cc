@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "format/extent.h"
 #include "format/index.h"
 #include "format/spec.h"
 #include "loader/archive_core.h"
@@ -129,19 +130,6 @@ PyObject* ViaDLPack(const ArchiveFile& file, const format::Index& index, uint32_
                    std::vector<int64_t>(index.sizes(r), index.sizes(r) + r.ndim),
                    std::vector<int64_t>(index.strides(r), index.strides(r) + r.ndim), type,
                    from_dlpack);
-}
-
-// The bytes record r's view spans from its first element (0 when empty),
-// or UINT64_MAX for a negative stride.
-uint64_t Extent(const format::Index& index, const format::TensorRecord& r) {
-  uint64_t last = 0;
-  for (uint32_t d = 0; d < r.ndim; ++d) {
-    const int64_t size = index.sizes(r)[d], stride = index.strides(r)[d];
-    if (size == 0) return 0;
-    if (stride < 0) return UINT64_MAX;
-    last += static_cast<uint64_t>(size - 1) * static_cast<uint64_t>(stride);
-  }
-  return (last + 1) * ElementSize(r.dtype);
 }
 
 // torch's dtype object of each tsar dtype this torch has, borrowed from the
@@ -419,8 +407,11 @@ PyObject* DLPackTensors(const ArchiveFile& file, const std::string& entry, PyObj
       // The storage is this tensor's alone and all of it: the tensor itself
       // through DLPack (one call), its torch storage the archive storage's.
       // Else the storage's flat tensor, as _flat makes it.
-      const bool alone =
-          users[rec.storage] == 1 && rec.storage_offset == 0 && Extent(index, rec) == nbytes;
+      // (A decoded record's view passed R48-R53: ComputeViewExtent has no fault.)
+      const bool alone = users[rec.storage] == 1 && rec.storage_offset == 0 &&
+                         format::ComputeViewExtent(index.sizes(rec), index.strides(rec), rec.ndim,
+                                                   0, ElementSize(rec.dtype))
+                                 .end == nbytes;
       Ref made(alone ? ViaDLPack(file, index, t, *type, from_dlpack)
                      : ViaDLPack(file, file.storage_values(rec.storage),
                                  {static_cast<int64_t>(nbytes / item)}, {1}, *type, from_dlpack));
