@@ -35,7 +35,13 @@ Imported Import(const std::string& path, const ImportOptions& options) {
                   "given (ImportOptions::torchscript); save the weights with "
                   "torch.save(model.state_dict(), ...) or as safetensors instead");
     }
-    return options.torchscript(path, options);
+    Imported out = options.torchscript(path, options);
+    // Whichever reader (LibTorch's, or Python's torch on the portable path).
+    if (out.entries.empty() || out.entries.front().tensors.empty()) {
+      throw Error(ErrorCode::kBadInput, path, std::nullopt,
+                  "expected parameters or buffers in the TorchScript module, found none");
+    }
+    return out;
   }
   // TensorDict's meta.json, named as such, stands for its directory; so does
   // the config.json of a transformers directory.

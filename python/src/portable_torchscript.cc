@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "python/src/portable_refs.h"
-#include "tsar/error.h"
 #include "writer/architecture_file.h"
 
 namespace py = pybind11;
@@ -32,11 +31,7 @@ TorchSupport PythonTorchSupport(const py::object& hooks) {
       const auto i = item.cast<py::tuple>();
       e.tensors.push_back({i[0].cast<std::string>(), refs.Ref(i), static_cast<Role>(i[1].cast<int>())});
     }
-    if (e.tensors.empty()) {  // as writer/torchscript.cc says it
-      throw Error(ErrorCode::kBadInput, path, std::nullopt,
-                  "expected parameters or buffers in the TorchScript module, found none");
-    }
-    out.entries.push_back(std::move(e));
+    out.entries.push_back(std::move(e));  // none at all: importer::Import refuses it
     return out;
   };
   t.architecture = [h](const std::string& input, const std::string& output) {

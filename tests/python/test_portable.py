@@ -450,6 +450,17 @@ def test_a_torchscript_input_this_torch_cannot_load_is_bad_input_and_nothing_is_
         assert e.value.code == tsar.ErrorCode.BAD_INPUT and e.value.path == str(tmp_path / "bad.pt")
         assert "not a loadable TorchScript archive: " in str(e.value), e.value
         assert sorted(os.listdir(tmp_path)) == ["bad.pt", "ts.pt"]
+    # A module without parameters or buffers: refused as the accelerator
+    # refuses it (importer::Import, whichever reader read it).
+    torch.jit.save(torch.jit.script(torch.nn.ReLU()), tmp_path / "relu.pt")
+    for accelerator in {ACCELERATOR, None}:
+        _backend.accelerator = accelerator  # (the fixture puts it back after the test)
+        with pytest.raises(tsar.Error) as e:
+            tsar.pack(tmp_path / "relu.pt", tmp_path / "x.tsar")
+        assert e.value.code == tsar.ErrorCode.BAD_INPUT and e.value.path == str(tmp_path / "relu.pt")
+        assert "expected parameters or buffers in the TorchScript module, found none" in str(e.value)
+    _backend.accelerator = None
+    os.remove(tmp_path / "relu.pt")
     torch.save({"w": torch.ones(2)}, tmp_path / "sd.pt")
     with pytest.raises(tsar.Error, match="--arch: this is a torch.save file, which holds weights only"):
         tsar.pack(tmp_path / "sd.pt", tmp_path / "x.tsar", arch=tmp_path / "x.arch")
