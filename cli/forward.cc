@@ -63,7 +63,8 @@ void CheckTheTorchBeside(const std::string& dir, const std::string& command,
                   ", or save the weights with torch.save(model.state_dict()) and pack that file" +
                   (command == "pack"
                        ? "; the Python package packs TorchScript and --arch with this torch: "
-                         "python -c 'import tsar; tsar.pack(\"IN.pt\", \"OUT.tsar\", arch=None)'"
+                         "python -c 'import tsar; tsar.pack(\"IN.pt\", \"OUT.tsar\")' "
+                         "(arch=\"ARCH.pt\" for --arch)"
                        : ""));
 #else
   (void)dir, (void)command, (void)why;

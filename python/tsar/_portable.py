@@ -19,9 +19,9 @@ otherwise. ``state_dict(device=)`` and ``load_into(device=)`` copy onto a GPU
 through the accelerator's staging pipeline (tsar/_portable_device.py).
 TorchScript inputs to tsar.pack and its arch= go through this torch's
 torch.jit (tsar/_portable_torchscript.py), sparse tensors through their
-components (tsar/_portable_save.py). A tensor-parallel rank's slice of a sharded tensor is a view of the whole tensor
-in C order (a copy the archive makes once), not of the rank's own run of the
-file.
+components (tsar/_portable_save.py). A tensor-parallel rank's slice of a
+sharded tensor is a view of the whole tensor in C order (a copy the archive
+makes once), not of the rank's own run of the file.
 """
 from __future__ import annotations
 
