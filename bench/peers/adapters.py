@@ -584,7 +584,7 @@ class TsarPortable(Tsar):
     accelerator was built for."""
     name = "tsar (portable)"
     calls = ("tsar.load_into(module, path)  # the portable path (TSAR_PORTABLE=1, or another "
-             "torch): frombuffer + as_strided in Python")
+             "torch): the bind in C++ over the Python C API, tensors through DLPack")
 
     def bind(self, path, module):
         import tsar
