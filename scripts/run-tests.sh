@@ -10,10 +10,17 @@ cd "$(dirname "$0")/.."
 # folder not hashed): a clone in another folder (CI's) reuses what a build
 # here compiled, instead of a cold build of every LibTorch translation unit.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
-scripts/setup.sh build
-ctest --test-dir build --output-on-failure -j "$(nproc)"
-scripts/test-without-torch.sh build-notorch build/cli/tsar
-scripts/test-oldest-torch.sh
+# Each stage says how long it took: CI's budget is 45 minutes for all of them.
+stage() {
+  local name=$1 start=$SECONDS
+  shift
+  "$@"
+  echo "run-tests: $name took $((SECONDS - start)) s (${SECONDS} s in all)"
+}
+stage set-up scripts/setup.sh build
+stage "main suite" ctest --test-dir build --output-on-failure -j "$(nproc)"
+stage "without LibTorch" scripts/test-without-torch.sh build-notorch build/cli/tsar
+stage "oldest torch and the wheel" scripts/test-oldest-torch.sh
 
 # Sanitizers and fuzzing: everything again with clang, ASan + UBSan and
 # libFuzzer coverage (LibTorch-linked tests included), then each fuzzer for
@@ -21,6 +28,6 @@ scripts/test-oldest-torch.sh
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DTSAR_WITH_TORCH=ON -DTSAR_SANITIZE=ON -DTSAR_FUZZ=ON -DTSAR_FUZZ_SECONDS="${TSAR_FUZZ_SECONDS:-30}" > /dev/null
-cmake --build build-fuzz -j "$(nproc)"
-ctest --test-dir build-fuzz --output-on-failure -j "$(nproc)"
+stage "sanitizer build" cmake --build build-fuzz -j "$(nproc)"
+stage "sanitizer suite and fuzzers" ctest --test-dir build-fuzz --output-on-failure -j "$(nproc)"
 echo "run-tests: all tests passed"
