@@ -3,8 +3,8 @@
 // HDF5, TensorDict, transformers directories, .tsar), the same bytes as
 // tsar._tsar_pack. A TorchScript input and arch= are read and written by the
 // process's torch through Python (tsar/_save.py passes
-// tsar/_portable_torchscript.py as torch_hooks); without that, a TorchScript
-// input is UNSUPPORTED, saying so.
+// tsar/_portable_torchscript.py as torch_hooks); a direct call without them
+// gets UNSUPPORTED for a TorchScript input, naming tsar.pack().
 #include <pybind11/pybind11.h>
 
 #include <optional>
@@ -24,9 +24,9 @@ PYBIND11_MODULE(_tsar_pack_portable, m) {
   none.import_torchscript = [](const std::string& path, const importer::ImportOptions&)
       -> importer::Imported {
     throw Error(ErrorCode::kUnsupported, path, std::nullopt,
-                "a TorchScript archive, which only LibTorch reads: packing it needs tsar's "
-                "accelerator, and this process runs the portable path (tsar.backend() says why); "
-                "the `tsar pack` command reads it with the LibTorch it was built beside");
+                "a TorchScript archive, which this module reads only through the process's "
+                "torch, given as torch_hooks (tsar/_portable_torchscript.py): call "
+                "tsar.pack(), which passes them");
   };
   python::DefPack(m, none);
 }

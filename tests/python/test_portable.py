@@ -467,6 +467,16 @@ def test_a_torchscript_input_this_torch_cannot_load_is_bad_input_and_nothing_is_
     with pytest.raises(tsar.Error, match='tensor "m": tensors on meta cannot be packed'):
         tsar.save({"m": torch.empty(3, device="meta")}, tmp_path / "x.tsar")
     assert sorted(os.listdir(tmp_path)) == ["bad.pt", "sd.pt", "ts.pt"]
+    # The private packer called without the hooks tsar.pack passes: refused,
+    # naming tsar.pack().
+    from tsar import _tsar_pack_portable
+    with pytest.raises(tsar.Error) as e:
+        _tsar_pack_portable.pack([("", str(tmp_path / "ts.pt"))], str(tmp_path / "x.tsar"), "",
+                                 True, 4096, [], "", [], [], "", "")
+    assert e.value.code == tsar.ErrorCode.UNSUPPORTED and e.value.path == str(tmp_path / "ts.pt")
+    assert "only through the process's torch, given as torch_hooks" in str(e.value)
+    assert "call tsar.pack()" in str(e.value)
+    assert sorted(os.listdir(tmp_path)) == ["bad.pt", "sd.pt", "ts.pt"]
 
 
 def test_integrity_and_metadata_as_on_the_accelerator(portable, cli, tmp_path):
