@@ -27,6 +27,7 @@ std::string SelfDirectory() {
   return self.substr(0, self.rfind('/'));
 }
 
+#if defined(TSAR_WHEEL_TORCH_DIR) && defined(TSAR_BUILT_FOR_TORCH)
 // The torch.__version__ of the torch package at `torch_dir` (its version.py:
 // `__version__ = '2.7.1+cu126'`), or "" where there is none to read.
 std::string TorchVersionAt(const std::string& torch_dir) {
@@ -41,6 +42,7 @@ std::string TorchVersionAt(const std::string& torch_dir) {
   }
   return "";
 }
+#endif
 
 // In a wheel, tsar-torch finds LibTorch through a run path into the torch
 // package of the environment it is installed in (python/CMakeLists.txt),
