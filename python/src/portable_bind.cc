@@ -170,6 +170,90 @@ bool SameView(const format::Index& index, uint32_t a, uint32_t b) {
                     std::equal(index.strides(x), index.strides(x) + x.ndim, index.strides(y)));
 }
 
+// (v[0], ..., v[n-1]) as a tuple of ints; nullptr with an error set.
+PyObject* IntTuple(const int64_t* v, uint32_t n) {
+  PyObject* out = PyTuple_New(n);
+  for (uint32_t d = 0; out != nullptr && d < n; ++d) {
+    PyObject* x = PyLong_FromLongLong(v[d]);
+    if (x == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, d, x);
+  }
+  return out;
+}
+
+// flat.as_strided(sizes, strides, storage_offset) of record `rec`: its view of
+// the 1-d tensor `flat` over its whole storage (of the record's dtype).
+PyObject* AsStrided(PyObject* flat, const format::Index& index, const format::TensorRecord& rec) {
+  static PyObject* const kAsStrided = PyUnicode_InternFromString("as_strided");
+  Ref sizes(IntTuple(index.sizes(rec), rec.ndim)), strides(IntTuple(index.strides(rec), rec.ndim));
+  Ref offset(PyLong_FromUnsignedLongLong(rec.storage_offset));
+  if (sizes.p == nullptr || strides.p == nullptr || offset.p == nullptr) return nullptr;
+  return PyObject_CallMethodObjArgs(flat, kAsStrided, sizes.p, strides.p, offset.p, nullptr);
+}
+
+// The storages several records view (ties, views), each made once per bind
+// through DLPack as a 1-d tensor of its records' dtype, so that their tensors
+// share one torch storage as they share one archive storage. A storage that
+// records view as more than one dtype, or whose bytes are no whole number of
+// elements, is left whole to PortableArchive.view, which makes one torch
+// storage of it for every dtype (Get returns nullptr, no error).
+class SharedStorages {
+ public:
+  SharedStorages(const ArchiveFile& file, PyObject* from_dlpack)
+      : file_(file), from_dlpack_(from_dlpack) {}
+  // A borrowed reference, nullptr where Python makes it; false on an error.
+  bool Get(const format::Index& index, const format::TensorRecord& rec, DLDataType type,
+           PyObject** flat) {
+    *flat = nullptr;
+    for (const Made& m : made_) {
+      if (m.storage != rec.storage) continue;
+      *flat = m.tensor;
+      return true;
+    }
+    if (mixed_.empty()) FindMixed(index);  // once, and only for a module with a shared storage
+    const uint64_t nbytes = index.storages()[rec.storage].nbytes;
+    const uint64_t item = ElementSize(rec.dtype);
+    if (mixed_[rec.storage] || nbytes == 0 || nbytes % item != 0) return true;
+    PyObject* tensor = ViaDLPack(file_, file_.storage_values(rec.storage),
+                                 {static_cast<int64_t>(nbytes / item)}, {1}, type, from_dlpack_);
+    if (tensor == nullptr) return false;
+    made_.push_back({rec.storage, tensor});
+    *flat = tensor;
+    return true;
+  }
+  ~SharedStorages() {  // the GIL is held: FastBind's caller holds it
+    for (const Made& m : made_) Py_DECREF(m.tensor);
+  }
+  SharedStorages(const SharedStorages&) = delete;
+  SharedStorages& operator=(const SharedStorages&) = delete;
+
+ private:
+  void FindMixed(const format::Index& index) {
+    mixed_.assign(index.storages().size(), false);
+    std::vector<DType> first(index.storages().size(), DType::kBool);
+    std::vector<bool> seen(index.storages().size(), false);
+    for (const format::TensorRecord& r : index.tensors()) {
+      if (!seen[r.storage]) {
+        seen[r.storage] = true;
+        first[r.storage] = r.dtype;
+      } else if (first[r.storage] != r.dtype) {
+        mixed_[r.storage] = true;
+      }
+    }
+  }
+  struct Made {
+    uint32_t storage;
+    PyObject* tensor;  // owned
+  };
+  const ArchiveFile& file_;
+  PyObject* from_dlpack_;
+  std::vector<bool> mixed_;  // by storage: viewed as more than one dtype
+  std::vector<Made> made_;   // few: ties and views are rare
+};
+
 }  // namespace
 
 PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, bool training,
@@ -313,12 +397,14 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
   }
 
   // Every check passed: each matched tensor takes its view of the mapping in
-  // place. A storage no other record uses comes through DLPack; one that is
-  // shared (views, ties) is made once by PortableArchive.view, so its
-  // tensors share one torch storage.
+  // place. A storage no other record uses comes through DLPack as the tensor
+  // itself; one that is shared (views, ties) is made once, through DLPack as
+  // a flat tensor (SharedStorages) or by PortableArchive.view for the other
+  // dtypes, and its tensors are views of it: one torch storage.
   Ref entry_name(PyUnicode_FromStringAndSize(e.name.data(), static_cast<Py_ssize_t>(e.name.size())));
   if (entry_name.p == nullptr) return nullptr;
   const std::vector<uint32_t> users = StorageUsers(index);
+  SharedStorages shared(file, a.from_dlpack);
   for (size_t i = 0; i < slots.size(); ++i) {
     if (state[i] != State::kMatched) continue;
     if (!append(bound_names.p, slots[i].name)) return nullptr;
@@ -328,8 +414,12 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     const bool own =
         type && users[rec.storage] == 1 && index.storages()[rec.storage].nbytes != 0;
     Ref view;
+    PyObject* flat = nullptr;
+    if (!own && type && !shared.Get(index, rec, *type, &flat)) return nullptr;
     if (own) {
       view.p = ViaDLPack(file, index, match[i], *type, a.from_dlpack);
+    } else if (flat != nullptr) {
+      view.p = AsStrided(flat, index, rec);
     } else {
       Ref name(PyUnicode_FromStringAndSize(rec.name.data(),
                                            static_cast<Py_ssize_t>(rec.name.size())));
@@ -364,7 +454,6 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
 
 PyObject* DLPackTensors(const ArchiveFile& file, const std::string& entry, PyObject* from_dlpack,
                         PyObject* first, PyObject* dtypes) {
-  static PyObject* const kAsStrided = PyUnicode_InternFromString("as_strided");
   static PyObject* const kDType = PyUnicode_InternFromString("dtype");
   static PyObject* const kDetach = PyUnicode_InternFromString("detach");
   if (!PyDict_Check(first) || !PyDict_Check(dtypes)) {
@@ -377,18 +466,6 @@ PyObject* DLPackTensors(const ArchiveFile& file, const std::string& entry, PyObj
   const std::vector<uint32_t> users = StorageUsers(index);
   DTypeObjects dtype_of;
   if (!dtype_of.Fill(dtypes)) return nullptr;
-  const auto ints = [](const int64_t* v, uint32_t n) -> PyObject* {
-    PyObject* out = PyTuple_New(n);
-    for (uint32_t d = 0; out != nullptr && d < n; ++d) {
-      PyObject* x = PyLong_FromLongLong(v[d]);
-      if (x == nullptr) {
-        Py_DECREF(out);
-        return nullptr;
-      }
-      PyTuple_SET_ITEM(out, d, x);
-    }
-    return out;
-  };
   // The tensor of record t, a new reference; None where Python makes it;
   // nullptr with an error set.
   const auto make = [&](uint32_t t) -> PyObject* {
@@ -432,10 +509,7 @@ PyObject* DLPackTensors(const ArchiveFile& file, const std::string& entry, PyObj
     Ref flat_dtype(PyObject_GetAttr(flat, kDType));
     if (flat_dtype.p == nullptr) return nullptr;
     if (flat_dtype.p != dtype) Py_RETURN_NONE;  // another dtype's view: PortableArchive.view
-    Ref sizes(ints(index.sizes(rec), rec.ndim)), strides(ints(index.strides(rec), rec.ndim));
-    Ref offset(PyLong_FromUnsignedLongLong(rec.storage_offset));
-    if (sizes.p == nullptr || strides.p == nullptr || offset.p == nullptr) return nullptr;
-    return PyObject_CallMethodObjArgs(flat, kAsStrided, sizes.p, strides.p, offset.p, nullptr);
+    return AsStrided(flat, index, rec);
   };
   Ref out(PyList_New(0));
   if (out.p == nullptr) return nullptr;

@@ -238,7 +238,33 @@ def test_every_dtype_binds_onto_meta_bit_exact_with_its_strides(portable, cli, t
     for k, v in sd.items():
         got = getattr(fresh, k)
         assert got.device.type == "cpu" and same_tensor(got, v) == "", k
-    assert fresh.view_a.untyped_storage().data_ptr() == fresh.view_b.untyped_storage().data_ptr()
+    assert fresh.view_a.untyped_storage()._cdata == fresh.view_b.untyped_storage()._cdata
+    assert fresh.view_a.untyped_storage().nbytes() == 8 * 4  # the archive's storage, not the file
+
+
+def test_a_bind_makes_one_torch_storage_per_shared_archive_storage(portable, tmp_path):
+    # Views and a storage viewed as two dtypes (tsar.save keeps both; torch.save
+    # refuses them): on both paths, each archive storage the module's tensors
+    # share is one torch storage of its own size, and each tensor its bytes.
+    base, raw = torch.arange(8.0), torch.arange(8, dtype=torch.int32) * 3
+    sd = {"a": base[:4], "b": base[4:], "whole": base, "as_int": raw,
+          "as_float": raw.view(torch.float32), "alone": torch.ones(3)}
+    tsar.save(sd, tmp_path / "x.tsar")
+    for accelerator in {ACCELERATOR, None}:
+        _backend.accelerator = accelerator  # (the fixture puts it back after the test)
+        with torch.device("meta"):
+            fresh = Buffers({k: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
+                             for k, v in sd.items()}).eval()
+        assert sorted(tsar.load_into(fresh, tmp_path / "x.tsar").bound) == sorted(sd)
+        got = dict(fresh.named_buffers())
+        for k, v in sd.items():
+            assert same_tensor(got[k], v) == "", (accelerator, k)
+        storage = {k: (t.untyped_storage()._cdata, t.untyped_storage().nbytes())
+                   for k, t in got.items()}
+        assert storage["a"] == storage["b"] == storage["whole"], accelerator
+        assert storage["as_int"] == storage["as_float"], accelerator
+        assert storage["a"][1] == storage["as_int"][1] == 32 and storage["alone"][1] == 12
+        assert len({c for c, _ in storage.values()}) == 3, accelerator
 
 
 def test_a_bound_module_outlives_its_archive(portable, cli, tmp_path):
