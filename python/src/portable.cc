@@ -214,15 +214,16 @@ PYBIND11_MODULE(_tsar_portable, m) {
   // answer. options: (entry, archive_prefix, module_prefix, strict,
   // allow_training); api: (torch.Tensor, {dtype name: dtype}, torch.strided,
   // torch._C._from_dlpack, torch._C._swap_tensor_impl,
-  // torch.Tensor._make_subclass, view_of(archive name), plain_cache, plain).
+  // torch.Tensor._make_subclass, view_of(archive name), plain_cache, plain,
+  // first: {storage: flat tensor}).
   m.def(
       "bind_fast",
       [](const ArchiveFile& file, const py::handle& module, const py::handle& items,
          bool training, const py::handle& loose,
          const std::tuple<std::string, std::string, std::string, bool, bool>& options,
          const py::tuple& api) -> py::object {
-        if (api.size() != 9 || !PyType_Check(api[0].ptr()) || !PyDict_Check(api[1].ptr()) ||
-            !PyDict_Check(api[7].ptr()))
+        if (api.size() != 10 || !PyType_Check(api[0].ptr()) || !PyDict_Check(api[1].ptr()) ||
+            !PyDict_Check(api[7].ptr()) || !PyDict_Check(api[9].ptr()))
           throw py::type_error("bind_fast: api: expected tsar/_portable.py's _API");
         python::FastBindArgs a;
         std::tie(a.entry, a.archive_prefix, a.module_prefix, a.strict, a.allow_training) =
@@ -236,6 +237,7 @@ PYBIND11_MODULE(_tsar_portable, m) {
         a.view_of = api[6].ptr();
         a.plain_cache = api[7].ptr();
         a.plain = api[8].ptr();
+        a.first = api[9].ptr();
         PyObject* r = python::FastBind(file, module.ptr(), items.ptr(), training, loose.ptr(), a);
         if (r == nullptr) throw py::error_already_set();
         return py::reinterpret_steal<py::object>(r);

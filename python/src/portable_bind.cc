@@ -194,65 +194,34 @@ PyObject* AsStrided(PyObject* flat, const format::Index& index, const format::Te
   return PyObject_CallMethodObjArgs(flat, kAsStrided, sizes.p, strides.p, offset.p, nullptr);
 }
 
-// The storages several records view (ties, views), each made once per bind
-// through DLPack as a 1-d tensor of its records' dtype, so that their tensors
-// share one torch storage as they share one archive storage. A storage that
-// records view as more than one dtype, or whose bytes are no whole number of
-// elements, is left whole to PortableArchive.view, which makes one torch
-// storage of it for every dtype (Get returns nullptr, no error).
-class SharedStorages {
- public:
-  SharedStorages(const ArchiveFile& file, PyObject* from_dlpack)
-      : file_(file), from_dlpack_(from_dlpack) {}
-  // A borrowed reference, nullptr where Python makes it; false on an error.
-  bool Get(const format::Index& index, const format::TensorRecord& rec, DLDataType type,
-           PyObject** flat) {
-    *flat = nullptr;
-    for (const Made& m : made_) {
-      if (m.storage != rec.storage) continue;
-      *flat = m.tensor;
-      return true;
-    }
-    if (mixed_.empty()) FindMixed(index);  // once, and only for a module with a shared storage
+// Record rec's view of its storage's flat 1-d tensor: the one kept in `first`
+// ({storage: tensor}, PortableArchive._first, where its _flat keeps them),
+// or, where `flat` (first's entry, looked up by the caller) is nullptr, one
+// made through DLPack as rec's dtype and kept there (the first kept wins, as
+// _flat's setdefault). So a storage is one torch storage whoever makes it, and
+// PortableArchive.view's other-dtype views of it too. A new reference; None
+// where PortableArchive.view must make the view (the flat has another dtype
+// than `dtype`, rec's, or the storage is empty or no whole number of rec's
+// elements); nullptr with an error set.
+PyObject* ViewOfKept(const ArchiveFile& file, const format::Index& index,
+                     const format::TensorRecord& rec, DLDataType type, PyObject* dtype,
+                     PyObject* from_dlpack, PyObject* first, PyObject* key, PyObject* flat) {
+  static PyObject* const kDType = PyUnicode_InternFromString("dtype");
+  if (flat == nullptr) {
     const uint64_t nbytes = index.storages()[rec.storage].nbytes;
     const uint64_t item = ElementSize(rec.dtype);
-    if (mixed_[rec.storage] || nbytes == 0 || nbytes % item != 0) return true;
-    PyObject* tensor = ViaDLPack(file_, file_.storage_values(rec.storage),
-                                 {static_cast<int64_t>(nbytes / item)}, {1}, type, from_dlpack_);
-    if (tensor == nullptr) return false;
-    made_.push_back({rec.storage, tensor});
-    *flat = tensor;
-    return true;
+    if (nbytes == 0 || nbytes % item != 0) Py_RETURN_NONE;  // _flat's other cases
+    Ref made(ViaDLPack(file, file.storage_values(rec.storage),
+                       {static_cast<int64_t>(nbytes / item)}, {1}, type, from_dlpack));
+    if (made.p == nullptr) return nullptr;
+    flat = PyDict_SetDefault(first, key, made.p);  // borrowed
+    if (flat == nullptr) return nullptr;
   }
-  ~SharedStorages() {  // the GIL is held: FastBind's caller holds it
-    for (const Made& m : made_) Py_DECREF(m.tensor);
-  }
-  SharedStorages(const SharedStorages&) = delete;
-  SharedStorages& operator=(const SharedStorages&) = delete;
-
- private:
-  void FindMixed(const format::Index& index) {
-    mixed_.assign(index.storages().size(), false);
-    std::vector<DType> first(index.storages().size(), DType::kBool);
-    std::vector<bool> seen(index.storages().size(), false);
-    for (const format::TensorRecord& r : index.tensors()) {
-      if (!seen[r.storage]) {
-        seen[r.storage] = true;
-        first[r.storage] = r.dtype;
-      } else if (first[r.storage] != r.dtype) {
-        mixed_[r.storage] = true;
-      }
-    }
-  }
-  struct Made {
-    uint32_t storage;
-    PyObject* tensor;  // owned
-  };
-  const ArchiveFile& file_;
-  PyObject* from_dlpack_;
-  std::vector<bool> mixed_;  // by storage: viewed as more than one dtype
-  std::vector<Made> made_;   // few: ties and views are rare
-};
+  Ref flat_dtype(PyObject_GetAttr(flat, kDType));
+  if (flat_dtype.p == nullptr) return nullptr;
+  if (flat_dtype.p != dtype) Py_RETURN_NONE;  // another dtype's view: PortableArchive.view
+  return AsStrided(flat, index, rec);
+}
 
 }  // namespace
 
@@ -398,13 +367,12 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
 
   // Every check passed: each matched tensor takes its view of the mapping in
   // place. A storage no other record uses comes through DLPack as the tensor
-  // itself; one that is shared (views, ties) is made once, through DLPack as
-  // a flat tensor (SharedStorages) or by PortableArchive.view for the other
-  // dtypes, and its tensors are views of it: one torch storage.
+  // itself; the tensors of one that is shared (views, ties) are views of its
+  // flat tensor kept in PortableArchive._first (ViewOfKept), or come from
+  // PortableArchive.view in another dtype: one torch storage either way.
   Ref entry_name(PyUnicode_FromStringAndSize(e.name.data(), static_cast<Py_ssize_t>(e.name.size())));
   if (entry_name.p == nullptr) return nullptr;
   const std::vector<uint32_t> users = StorageUsers(index);
-  SharedStorages shared(file, a.from_dlpack);
   for (size_t i = 0; i < slots.size(); ++i) {
     if (state[i] != State::kMatched) continue;
     if (!append(bound_names.p, slots[i].name)) return nullptr;
@@ -414,13 +382,23 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     const bool own =
         type && users[rec.storage] == 1 && index.storages()[rec.storage].nbytes != 0;
     Ref view;
-    PyObject* flat = nullptr;
-    if (!own && type && !shared.Get(index, rec, *type, &flat)) return nullptr;
     if (own) {
       view.p = ViaDLPack(file, index, match[i], *type, a.from_dlpack);
-    } else if (flat != nullptr) {
-      view.p = AsStrided(flat, index, rec);
-    } else {
+      if (view.p == nullptr) return nullptr;
+    } else if (type) {  // a shared storage: a view of its flat tensor, kept in first
+      Ref key(PyLong_FromUnsignedLong(rec.storage));
+      if (key.p == nullptr) return nullptr;
+      PyObject* flat = PyDict_GetItemWithError(a.first, key.p);  // borrowed
+      if (flat == nullptr && PyErr_Occurred()) return nullptr;
+      view.p = ViewOfKept(file, index, rec, *type, dtype_of[rec.dtype], a.from_dlpack, a.first,
+                          key.p, flat);
+      if (view.p == nullptr) return nullptr;
+      if (view.p == Py_None) {
+        Py_DECREF(view.p);
+        view.p = nullptr;
+      }
+    }
+    if (view.p == nullptr) {  // the other dtypes: PortableArchive.view
       Ref name(PyUnicode_FromStringAndSize(rec.name.data(),
                                            static_cast<Py_ssize_t>(rec.name.size())));
       if (name.p == nullptr) return nullptr;
@@ -454,7 +432,6 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
 
 PyObject* DLPackTensors(const ArchiveFile& file, const std::string& entry, PyObject* from_dlpack,
                         PyObject* first, PyObject* dtypes) {
-  static PyObject* const kDType = PyUnicode_InternFromString("dtype");
   static PyObject* const kDetach = PyUnicode_InternFromString("detach");
   if (!PyDict_Check(first) || !PyDict_Check(dtypes)) {
     PyErr_SetString(PyExc_TypeError, "dlpack_tensors: expected dicts");
@@ -476,40 +453,34 @@ PyObject* DLPackTensors(const ArchiveFile& file, const std::string& entry, PyObj
     Ref key(PyLong_FromUnsignedLong(rec.storage));
     if (key.p == nullptr) return nullptr;
     PyObject* flat = PyDict_GetItemWithError(first, key.p);  // borrowed
-    if (flat == nullptr) {
-      if (PyErr_Occurred()) return nullptr;
-      const uint64_t nbytes = index.storages()[rec.storage].nbytes;
-      const uint64_t item = ElementSize(rec.dtype);
-      if (nbytes == 0 || nbytes % item != 0) Py_RETURN_NONE;  // _flat's other cases
-      // The storage is this tensor's alone and all of it: the tensor itself
-      // through DLPack (one call), its torch storage the archive storage's.
-      // Else the storage's flat tensor, as _flat makes it.
-      // (A decoded record's view passed R48-R53: ComputeViewExtent has no fault.)
-      const bool alone = users[rec.storage] == 1 && rec.storage_offset == 0 &&
-                         format::ComputeViewExtent(index.sizes(rec), index.strides(rec), rec.ndim,
-                                                   0, ElementSize(rec.dtype))
-                                 .end == nbytes;
-      Ref made(alone ? ViaDLPack(file, index, t, *type, from_dlpack)
-                     : ViaDLPack(file, file.storage_values(rec.storage),
-                                 {static_cast<int64_t>(nbytes / item)}, {1}, *type, from_dlpack));
+    if (flat == nullptr && PyErr_Occurred()) return nullptr;
+    // The storage is this tensor's alone and all of it: the tensor itself
+    // through DLPack (one call), its torch storage the archive storage's.
+    // Else a view of the storage's flat tensor, as _flat makes it.
+    // (A decoded record's view passed R48-R53: ComputeViewExtent has no fault.)
+    const uint64_t nbytes = index.storages()[rec.storage].nbytes;
+    const bool alone = flat == nullptr && nbytes != 0 && users[rec.storage] == 1 &&
+                       rec.storage_offset == 0 &&
+                       format::ComputeViewExtent(index.sizes(rec), index.strides(rec), rec.ndim,
+                                                 0, ElementSize(rec.dtype))
+                               .end == nbytes;
+    if (alone) {
+      Ref made(ViaDLPack(file, index, t, *type, from_dlpack));
       if (made.p == nullptr) return nullptr;
       // Kept: the tensor itself would carry the caller's requires_grad_()
       // and in-place changes into every later view; an alias of it does not.
-      Ref kept(alone ? PyObject_CallMethodNoArgs(made.p, kDetach) : (Py_INCREF(made.p), made.p));
+      Ref kept(PyObject_CallMethodNoArgs(made.p, kDetach));
       if (kept.p == nullptr) return nullptr;
       // The first one made for this storage wins (as _flat's setdefault).
       flat = PyDict_SetDefault(first, key.p, kept.p);
       if (flat == nullptr) return nullptr;
-      if (alone && flat == kept.p) {
+      if (flat == kept.p) {
         PyObject* tensor = made.p;
         made.p = nullptr;
         return tensor;
       }
     }
-    Ref flat_dtype(PyObject_GetAttr(flat, kDType));
-    if (flat_dtype.p == nullptr) return nullptr;
-    if (flat_dtype.p != dtype) Py_RETURN_NONE;  // another dtype's view: PortableArchive.view
-    return AsStrided(flat, index, rec);
+    return ViewOfKept(file, index, rec, *type, dtype, from_dlpack, first, key.p, flat);
   };
   Ref out(PyList_New(0));
   if (out.p == nullptr) return nullptr;

@@ -6,12 +6,12 @@
 // against the entry's records, checks dtype, shape, device and layout, binds
 // ties, and rebinds every slot in place through torch's Python API: a tensor
 // whose storage is its own in the archive comes through torch's DLPack
-// import (one call); a shared storage (views, ties) is imported once as a
-// flat tensor and its tensors are `as_strided` views of it, or, for a storage
-// viewed as several dtypes or a dtype DLPack lacks, come from
-// PortableArchive.view (`view_of`): views and ties still share one torch
-// storage. A CPU tensor takes its view with `.data =`, a meta one by
-// torch._C._swap_tensor_impl.
+// import (one call); the tensors of a shared storage (views, ties) are
+// `as_strided` views of its flat tensor, the one PortableArchive keeps in
+// _first (imported through DLPack if none is kept yet), or, in another dtype
+// than that flat's or one DLPack lacks, come from PortableArchive.view
+// (`view_of`): views and ties still share one torch storage. A CPU tensor
+// takes its view with `.data =`, a meta one by torch._C._swap_tensor_impl.
 //
 // It returns None, having changed nothing, wherever the answer is not a
 // plain success: a mismatch, strict with names left over, a meta tensor left
@@ -43,6 +43,7 @@ struct FastBindArgs {
   PyObject* swap = nullptr;             // torch._C._swap_tensor_impl
   PyObject* make_subclass = nullptr;    // torch.Tensor._make_subclass
   PyObject* view_of = nullptr;          // (entry, archive name) -> the archive's view
+  PyObject* first = nullptr;            // {storage: flat tensor}: PortableArchive._first
   PyObject* plain_cache = nullptr;      // WalkModule's
   PyObject* plain = nullptr;
 };

@@ -155,7 +155,7 @@ class PortableArchive:
         server's old versions stayed mapped)."""
         return (torch.Tensor, _DTYPES, torch.strided, torch._C._from_dlpack,
                 torch._C._swap_tensor_impl, torch.Tensor._make_subclass, self._view_of,
-                plain_cache, plain)
+                plain_cache, plain, self._first)
 
     def _view_of(self, entry: str, name: str) -> torch.Tensor:
         return self.view(_row_of(self._file.info(name, entry)))
