@@ -39,9 +39,13 @@ def _state_items(module):
     C++ (``_tsar.bind_module``, python/src/module_walk.cc), which declines
     (None) exactly where this one calls state_dict()."""
     items, training, loose = [], False, []
-    stack = [("", module)]
+    stack = [("", module, 1)]
     while stack:
-        prefix, m = stack.pop()
+        prefix, m, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            raise _invalid(f"the module tree is more than {_MAX_DEPTH} levels deep at "
+                           f"{_shorten(prefix)!r}: a module that contains itself (state_dict() "
+                           f"cannot list it either: RecursionError)")
         if (m._state_dict_hooks or m._state_dict_pre_hooks or not _plain(type(m))):
             items = list(module.state_dict(keep_vars=True).items())
             listed = {id(t) for _, t in items}
@@ -60,9 +64,19 @@ def _state_items(module):
                 items.append((prefix + name, b))
             elif b is not None and b.is_meta:
                 loose.append((prefix + name, b))
-        children = [(prefix + name + ".", c) for name, c in m._modules.items() if c is not None]
+        children = [(prefix + name + ".", c, depth + 1) for name, c in m._modules.items()
+                    if c is not None]
         stack.extend(reversed(children))
     return items, training, loose
+
+
+# Python's own limit on nesting (state_dict() recurses): deeper is a cycle in
+# the module graph. python/src/module_walk.cc declines past the same depth.
+_MAX_DEPTH = 1000
+
+
+def _shorten(name: str, most: int = 120) -> str:
+    return name if len(name) <= most else f"{name[:most]}..."
 
 
 def _names(names: List[str], most: int = 8) -> str:

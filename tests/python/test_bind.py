@@ -229,3 +229,20 @@ def test_the_module_walk_lists_what_state_dict_lists(tmp_path):
     tsar.save(torch.nn.Sequential(torch.nn.Linear(2, 2)), path)
     assert tsar.load_into(hooked, path, strict=False).bound == ["0.weight"]
     assert tsar.load_into(m.eval(), str(path), strict=False).bound == []  # the C++ walk
+
+
+def test_a_module_that_contains_itself_is_refused_not_walked_forever(tmp_path):
+    """A cycle in the module graph (state_dict() raises RecursionError on it):
+    the C++ walk declines past Python's nesting limit and the Python walk
+    refuses with the path, where both once walked until memory ran out."""
+    path = tmp_path / "m.tsar"
+    tsar.save(torch.nn.Sequential(torch.nn.Linear(2, 2)), path)
+    m = torch.nn.Sequential(torch.nn.Linear(2, 2)).eval()
+    before, ptr = m[0].weight.detach().clone(), m[0].weight.data_ptr()
+    m.add_module("again", m)
+    with pytest.raises(tsar.Error) as e:
+        tsar.load_into(m, path, strict=False)
+    assert e.value.code == tsar.ErrorCode.INVALID_ARGUMENT
+    assert "more than 1000 levels deep at 'again.again." in str(e.value)
+    assert "contains itself" in str(e.value) and "Nothing was changed" in str(e.value)
+    assert m[0].weight.data_ptr() == ptr and torch.equal(m[0].weight, before)  # unchanged
