@@ -227,6 +227,10 @@ def test_every_dtype_binds_onto_meta_bit_exact_with_its_strides(portable, cli, t
     # for the rest (bool, float8...) and for views: each as torch made it.
     sd = {f"t{i}": make_tensor(d, (3, 4), seed=i) for i, d in enumerate(DTYPES)}
     sd["transposed"] = torch.arange(12.0).reshape(3, 4).t()
+    # No dimension, then the DLPack shape's inline room (8) and past it, strided.
+    sd["scalar"] = torch.tensor(3.5)
+    sd["dims8"] = torch.arange(256.0).reshape((2,) * 8)
+    sd["dims11"] = torch.arange(1536.0).reshape((3,) + (2,) * 9 + (1,)).transpose(0, 1)
     base = torch.arange(8.0)
     sd["view_a"], sd["view_b"] = base[:4], base[4:]
     path = pack(cli, tmp_path, sd)
