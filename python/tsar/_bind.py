@@ -47,7 +47,9 @@ def _state_items(module):
                            f"{_shorten(prefix)!r}: a module that contains itself (state_dict() "
                            f"cannot list it either: RecursionError)")
         if (m._state_dict_hooks or m._state_dict_pre_hooks or not _plain(type(m))):
-            items = list(module.state_dict(keep_vars=True).items())
+            # Not the extra state (get_extra_state()): no archive holds it.
+            items = [(n, t) for n, t in module.state_dict(keep_vars=True).items()
+                     if isinstance(t, torch.Tensor)]
             listed = {id(t) for _, t in items}
             loose = [(n, t) for n, t in module.named_parameters(remove_duplicate=False)
                      if t.is_meta and id(t) not in listed]
@@ -133,6 +135,9 @@ def load_into(
     to the embedding, which ``save_pretrained`` stores once) is bound through
     the tie, strict or not, and listed in ``BindReport.tied``; one tensor
     under two names the archive holds with different values is a mismatch.
+    A module's extra state (what its ``get_extra_state()`` puts in
+    state_dict(), not a tensor) is not weights: no archive holds it, and
+    load_into leaves it alone, strict or not.
 
     Over a ``mode="shared"`` archive the weights are read-only memory: a module
     with any submodule in training mode (BatchNorm writes its running stats)

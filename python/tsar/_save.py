@@ -38,10 +38,17 @@ def _metadata_items(metadata):
 def _module_tensors(module: torch.nn.Module):
     # state_dict(keep_vars=True): Python's own names and order (parameters, then
     # persistent buffers, module by module), the Parameter objects themselves.
-    return [
-        (name, t, _ROLE_PARAMETER if isinstance(t, torch.nn.Parameter) else _ROLE_BUFFER)
-        for name, t in module.state_dict(keep_vars=True).items()
-    ]
+    out = []
+    for name, t in module.state_dict(keep_vars=True).items():
+        if not isinstance(t, torch.Tensor):  # a submodule's get_extra_state()
+            raise TypeError(
+                f"save: the module's state_dict() holds {name!r}, a {type(t).__name__}, not a Tensor "
+                f"(extra state, from get_extra_state()): an archive holds tensors only. Save the "
+                f"tensors, tsar.save({{k: v for k, v in module.state_dict().items() if "
+                f"isinstance(v, torch.Tensor)}}, path), and keep the extra state apart; load_into "
+                f"binds such a module and leaves its extra state alone")
+        out.append((name, t, _ROLE_PARAMETER if isinstance(t, torch.nn.Parameter) else _ROLE_BUFFER))
+    return out
 
 
 def _state_dict_tensors(entry, sd):

@@ -246,3 +246,44 @@ def test_a_module_that_contains_itself_is_refused_not_walked_forever(tmp_path):
     assert "more than 1000 levels deep at 'again.again." in str(e.value)
     assert "contains itself" in str(e.value) and "Nothing was changed" in str(e.value)
     assert m[0].weight.data_ptr() == ptr and torch.equal(m[0].weight, before)  # unchanged
+
+
+class _WithExtraState(torch.nn.Module):
+    """A module with extra state: state_dict() holds a non-tensor under
+    '_extra_state' (as TransformerEngine's layers do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.state = {"scale": 2}
+
+    def get_extra_state(self):
+        return self.state
+
+    def set_extra_state(self, state):
+        self.state = state
+
+
+def test_extra_state_is_refused_by_save_and_left_alone_by_load_into(tmp_path):
+    """Both once failed with a raw TypeError or AttributeError from deep
+    inside (a dict where a tensor was expected)."""
+    m = torch.nn.Sequential(_WithExtraState()).eval()
+    assert "0._extra_state" in m.state_dict()
+    with pytest.raises(TypeError) as e:
+        tsar.save(m, tmp_path / "no.tsar")
+    assert "'0._extra_state', a dict, not a Tensor" in str(e.value)
+    assert "extra state" in str(e.value) and "isinstance(v, torch.Tensor)" in str(e.value)
+    assert not (tmp_path / "no.tsar").exists()
+    # The tensors saved as the message says, then bound: strict, the extra
+    # state neither missing nor touched.
+    path = tmp_path / "m.tsar"
+    tsar.save({k: v for k, v in m.state_dict().items() if isinstance(v, torch.Tensor)}, path)
+    for meta in (False, True):
+        with torch.device("meta" if meta else "cpu"):
+            fresh = torch.nn.Sequential(_WithExtraState()).eval()
+        fresh[0].state = {"scale": 3}
+        report = tsar.load_into(fresh, path)
+        assert sorted(report.bound) == ["0.lin.bias", "0.lin.weight"] and report.missing == []
+        assert fresh[0].state == {"scale": 3}
+        assert torch.equal(fresh[0].lin.weight, m[0].lin.weight)
+        assert in_mapping(fresh[0].lin.weight.data_ptr(), mapped_ranges(path))
