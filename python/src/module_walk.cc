@@ -97,7 +97,7 @@ struct Node {
   PyObject* params = nullptr, *buffers = nullptr, *skip = nullptr, *modules = nullptr;
   PyObject* hooks = nullptr, *pre_hooks = nullptr;
   uint32_t first_tensor = 0, n_tensors = 0;  // into the walk's tensors
-  uint32_t first_child = 0, n_children = 0;  // into nodes: one run of the next level
+  uint32_t first_child = 0, n_children = 0;  // into nodes: its children, side by side
   uint32_t depth = 1;
 };
 
