@@ -164,32 +164,35 @@ struct DTypeObjects {
 // shape), which a model built moments ago no longer has in the caches: one
 // wait per tensor, in turn. A hint to the CPU a few tensors ahead lets those
 // waits overlap (load_into of the LLaMA bench, A/B in one process: 0.92 ->
-// 0.88 ms). torch keeps a tensor object's TensorImpl* in its THPVariable at
-// kImplOffset; that is torch's layout, not its API, so the hint is given only
-// once `t._cdata` (torch's own address of the TensorImpl) has confirmed it
-// for this process, and it is only a hint: a prefetch reads nothing.
-constexpr size_t kImplOffset = 16;  // PyObject_HEAD, then cdata (torch 2.x)
-
-bool ImplHintsWork(PyObject* t, PyTypeObject* tensor_type) {
-  static int works = -1;  // unknown, no, yes: one torch per process
-  if (works < 0) {
-    if (!PyObject_TypeCheck(t, tensor_type)) return false;  // ask again with a tensor
+// 0.88 ms). torch keeps a tensor object's TensorImpl* in its THPVariable,
+// right after PyObject_HEAD (torch 2.15: offset 16) or after MaybeOwned's
+// flag (2.7: offset 24). That is torch's layout, not its API, so the hint
+// reads the offset that `t._cdata` (torch's own address of the TensorImpl)
+// confirmed once in this process, none if neither did; and it is only a
+// hint: a prefetch reads nothing.
+size_t ImplOffset(PyObject* t, PyTypeObject* tensor_type) {
+  static int offset = -1;  // unknown; 0: none; one torch per process
+  if (offset < 0) {
+    if (!PyObject_TypeCheck(t, tensor_type)) return 0;  // ask again with a tensor
     static PyObject* const kCData = PyUnicode_InternFromString("_cdata");
     Ref cdata(PyObject_GetAttr(t, kCData));
     const unsigned long long at = cdata.p != nullptr ? PyLong_AsUnsignedLongLong(cdata.p) : 0;
     if (PyErr_Occurred()) PyErr_Clear();
-    uintptr_t kept = 0;
-    std::memcpy(&kept, reinterpret_cast<const char*>(t) + kImplOffset, sizeof kept);
-    works = at != 0 && at == kept ? 1 : 0;
+    offset = 0;
+    for (const int candidate : {16, 24}) {
+      uintptr_t kept = 0;
+      std::memcpy(&kept, reinterpret_cast<const char*>(t) + candidate, sizeof kept);
+      if (at != 0 && kept == at) offset = candidate;
+    }
   }
-  return works == 1;
+  return static_cast<size_t>(offset);
 }
 
 // `t`: any object; only a tensor's is read.
-void HintImpl(PyObject* t, PyTypeObject* tensor_type) {
+void HintImpl(PyObject* t, size_t offset, PyTypeObject* tensor_type) {
   if (!PyObject_TypeCheck(t, tensor_type)) return;  // state_dict items from Python: anything
   const char* impl = nullptr;
-  std::memcpy(&impl, reinterpret_cast<const char*>(t) + kImplOffset, sizeof impl);
+  std::memcpy(&impl, reinterpret_cast<const char*>(t) + offset, sizeof impl);
   for (int line = 0; line < 4; ++line) __builtin_prefetch(impl + 64 * line);
 }
 
@@ -321,12 +324,13 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
   std::string key;
   uint32_t next = e.first_tensor;  // a module usually lists tensors in the archive's order
   constexpr size_t kAhead = 4;
-  const bool hints = !slots.empty() && ImplHintsWork(slots[0].tensor, a.tensor_type);
-  for (size_t i = 0; hints && i < std::min(kAhead, slots.size()); ++i)
-    HintImpl(slots[i].tensor, a.tensor_type);
+  const size_t impl_at = slots.empty() ? 0 : ImplOffset(slots[0].tensor, a.tensor_type);
+  for (size_t i = 0; impl_at != 0 && i < std::min(kAhead, slots.size()); ++i)
+    HintImpl(slots[i].tensor, impl_at, a.tensor_type);
   for (size_t i = 0; i < slots.size(); ++i) {
     PyObject* t = slots[i].tensor;
-    if (hints && i + kAhead < slots.size()) HintImpl(slots[i + kAhead].tensor, a.tensor_type);
+    if (impl_at != 0 && i + kAhead < slots.size())
+      HintImpl(slots[i + kAhead].tensor, impl_at, a.tensor_type);
     const int is_meta = IsTrue(t, k.is_meta);
     if (is_meta < 0) return nullptr;
     if (!is_meta) {
