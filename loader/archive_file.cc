@@ -340,6 +340,15 @@ std::vector<std::pair<std::string, MetadataValue>> ArchiveFile::metadata_items(
   return out;
 }
 
+std::vector<std::string> ArchiveFile::metadata_keys(const std::string& entry) const {
+  const uint32_t e = entry.empty() ? format::kNone : core_->Entry(entry);
+  std::vector<std::string> out;
+  for (const auto& m : core_->index.metadata()) {
+    if (m.entry == e) out.emplace_back(m.key);
+  }
+  return out;
+}
+
 namespace {
 
 std::vector<uint64_t> HashStorages(const ArchiveCore& core) {

@@ -162,6 +162,9 @@ class ArchiveFile {
                                         const std::string& entry = "") const;
   std::vector<std::pair<std::string, MetadataValue>> metadata_items(
       const std::string& entry = "") const;
+  // The keys alone, in the index's order: what metadata_items() gives
+  // without copying a value (attached files can be megabytes each).
+  std::vector<std::string> metadata_keys(const std::string& entry = "") const;
 
   // What was packed, as a typed tree (spec §4.10): for a checkpoint, its dicts
   // (key order kept), lists, tuples, numbers, strings, bytes, opaque objects,

@@ -101,6 +101,17 @@ void DefArchiveFileMembers(pybind11::class_<T>& c, DtypeOf dtype) {
             return out;
           },
           py::arg("entry"))
+      .def(
+          "metadata_keys", [](const T& a, const std::string& entry) { return a.metadata_keys(entry); },
+          py::arg("entry"))
+      .def(
+          "metadata_value",
+          [](const T& a, const std::string& key, const std::string& entry) -> py::object {
+            auto v = a.metadata(key, entry);
+            if (!v) return py::none();
+            return MetadataToPython(*v);
+          },
+          py::arg("key"), py::arg("entry"))
       .def("info", [info](const T& a, const std::string& name,
                           const std::string& entry) { return info(a.info(name, entry)); })
       .def("infos",
