@@ -246,10 +246,12 @@ BindReport BindSlots(std::vector<BindSlot>& slots, bool training, const Archive&
   if (training && archive.mode() == MapMode::kShared && !options.allow_training &&
       options.device.is_cpu()) {
     throw Error(ErrorCode::kInvalidArgument, archive.path(), std::nullopt,
-                "bind: the module is in training mode, whose layers (BatchNorm running stats) "
-                "write their buffers, and this archive is mapped read-only: call module.eval() "
-                "before binding, or open the archive copy-on-write (C++ MapMode::kCopyOnWrite, "
-                "Python mode=\"copy_on_write\")");
+                "bind: the module is in training mode and this archive is mapped read-only: "
+                "training writes the weights (an optimizer's step) and train() layers write "
+                "their buffers (BatchNorm's running stats), into pages of the file. To serve, "
+                "call module.eval() before binding; to train or fine-tune, open the archive "
+                "copy-on-write (C++ MapMode::kCopyOnWrite, Python mode=\"copy_on_write\": "
+                "writes stay private to the process)");
   }
 
   // §4.12: a rank's module, or an archive with sharded tensors: some slots

@@ -1,5 +1,6 @@
-// The opt-in SIGSEGV/SIGBUS diagnostic: names the archive and tensor a fault
-// hit before the process dies. Only async-signal-safe calls in the handler.
+// The SIGSEGV/SIGBUS diagnostic (Python's load_into installs it on its first
+// read-only bind; C++ opts in): names the archive and tensor a fault hit
+// before the process dies. Only async-signal-safe calls in the handler.
 #include <signal.h>
 #include <unistd.h>
 
@@ -73,8 +74,12 @@ void Handler(int sig, siginfo_t* info, void* ctx) {
       break;
     }
     Put(sig == SIGBUS ? " (was the file truncated while mapped?)\n"
-                      : " (open copy-on-write to modify weights: MapMode::kCopyOnWrite, Python "
-                        "mode=\"copy_on_write\"; or call eval())\n");
+                      : ". Its tensors are the file's pages, mapped read-only: an optimizer's "
+                        "step, backward() into them or any in-place write faults. To train or "
+                        "change weights, open the archive copy-on-write (Python: "
+                        "tsar.open(path, mode=\"copy_on_write\"), then load_into(module, that "
+                        "archive); C++ MapMode::kCopyOnWrite): writes stay private to the "
+                        "process\n");
     break;
   }
   // Re-raise with the previous disposition so the process dies as it would have.

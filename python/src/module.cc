@@ -79,10 +79,13 @@ py::tuple Bind(std::vector<BindSlot>& slots, bool training, const Archive& archi
 }
 
 // A module's slots as BindSlots takes them (python/src/module_walk.h walks
-// it): TensorImpls, and of its non-persistent buffers those on meta.
+// it): TensorImpls, and of its non-persistent buffers those on meta. The
+// TensorImpls are not owned: `refs` holds their tensor objects (and so the
+// TensorImpls) while the bind runs, the GIL released or not.
 struct ModuleSlots {
   std::vector<BindSlot> slots, loose;
   bool training = false;
+  python::WalkRefs refs;
 };
 std::optional<ModuleSlots> WalkModule(const py::handle& module, const py::dict& plain_cache,
                                       const py::handle& plain) {
@@ -97,7 +100,8 @@ std::optional<ModuleSlots> WalkModule(const py::handle& module, const py::dict& 
         } else if (t->device_type() == c10::DeviceType::Meta) {
           out.loose.push_back({std::move(name), t});
         }
-      });
+      },
+      out.refs);
   if (!training) return std::nullopt;
   out.training = *training;
   return out;

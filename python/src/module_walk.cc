@@ -1,6 +1,7 @@
 // WalkModule (python/src/module_walk.h).
 #include "python/src/module_walk.h"
 #include "python/src/py_ref.h"
+#include "tsar/error.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -40,15 +41,6 @@ PyObject* Item(PyObject* dict, PyObject* name) {
   return v;
 }
 
-// 1 true, 0 false, -1 undecidable (error cleared).
-int Truth(PyObject* dict, PyObject* name) {
-  PyObject* v = Item(dict, name);
-  if (v == nullptr) return -1;
-  const int t = PyObject_IsTrue(v);
-  if (t < 0) PyErr_Clear();
-  return t;
-}
-
 bool Plain(PyObject* module, PyObject* cache, PyObject* plain) {
   PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(module));
   PyObject* known = PyDict_GetItemWithError(cache, type);  // borrowed
@@ -80,8 +72,8 @@ inline void PrefetchTable(PyObject* dict) {
   if (d->ma_values != nullptr) Prefetch(d->ma_values);
 }
 
-// Python's own limit on nesting (state_dict() recurses): deeper is a cycle
-// in the module graph, which state_dict() reports as RecursionError.
+// Python's own limit on nesting (state_dict() recurses): deeper is refused
+// as state_dict() refuses it, with RecursionError (the Python walk's words).
 constexpr uint32_t kMaxDepth = 1000;
 
 // Modules taken through each step at a time: enough for the waits to
@@ -89,46 +81,82 @@ constexpr uint32_t kMaxDepth = 1000;
 // next (a level of 33,000 experts walked whole was slower than depth first).
 constexpr size_t kBatch = 64;
 
-// One module met in the walk: the module reached under one name (a module
-// under two names is two nodes, as state_dict lists it twice).
+// One module object met in the walk, read once however many paths reach it
+// (state_dict() lists its tensors under each path).
 struct Node {
-  PyObject* module;          // borrowed from its parent's _modules (the root: the caller's)
-  PyObject* key = nullptr;   // its name in the parent's _modules, borrowed; the root: none
+  PyObject* module;  // held
   PyObject* params = nullptr, *buffers = nullptr, *skip = nullptr, *modules = nullptr;
-  PyObject* hooks = nullptr, *pre_hooks = nullptr;
+  PyObject* hooks = nullptr, *pre_hooks = nullptr;  // all held
   uint32_t first_tensor = 0, n_tensors = 0;  // into the walk's tensors
-  uint32_t first_child = 0, n_children = 0;  // into nodes: its children, side by side
-  uint32_t depth = 1;
+  uint32_t first_child = 0, n_children = 0;  // into the walk's children
+};
+
+struct Child {
+  PyObject* key;  // its name in the parent's _modules, held
+  uint32_t node;
 };
 
 struct Entry {
-  PyObject* key;    // the name in _parameters or _buffers, borrowed
-  PyObject* value;  // the tensor, borrowed
+  PyObject* key;    // the name in _parameters or _buffers, held
+  PyObject* value;  // the tensor, held
   bool persistent;
 };
 
-// Appends dict's entries (None skipped) to `out`, those named in `skip` as
-// not persistent, and hints their objects; false where the dict is not a
+// Module object -> its node: open addressing over pointers (a lookup per
+// module, 133,000 in the largest bench, where a node-based map allocates).
+class NodeTable {
+ public:
+  // The node of `m`, or `fresh` (then recorded for m).
+  uint32_t FindOrAdd(PyObject* m, uint32_t fresh) {
+    if (2 * (used_ + 1) > slots_.size()) Grow();
+    size_t i = Hash(m) & (slots_.size() - 1);
+    while (slots_[i].first != nullptr) {
+      if (slots_[i].first == m) return slots_[i].second;
+      i = (i + 1) & (slots_.size() - 1);
+    }
+    slots_[i] = {m, fresh};
+    ++used_;
+    return fresh;
+  }
+
+ private:
+  static size_t Hash(PyObject* m) {
+    return static_cast<size_t>((reinterpret_cast<uintptr_t>(m) >> 4) * 0x9E3779B97F4A7C15ull >> 7);
+  }
+  void Grow() {
+    std::vector<std::pair<PyObject*, uint32_t>> old(std::max<size_t>(64, 2 * slots_.size()));
+    old.swap(slots_);
+    used_ = 0;
+    for (const auto& [m, n] : old)
+      if (m != nullptr) FindOrAdd(m, n);
+  }
+  std::vector<std::pair<PyObject*, uint32_t>> slots_;
+  size_t used_ = 0;
+};
+
+// Appends dict's entries (None skipped) to `out`, held, those named in `skip`
+// as not persistent, and hints their objects; false where the dict is not a
 // plain dict of str -> ... (the values' types are checked once they are in
 // the cache).
-bool Entries(PyObject* dict, PyObject* skip, std::vector<Entry>& out) {
+bool Entries(PyObject* dict, PyObject* skip, std::vector<Entry>& out, WalkRefs& refs) {
   if (!PyDict_CheckExact(dict)) return false;
   Py_ssize_t pos = 0;
   PyObject *key, *value;
   while (PyDict_Next(dict, &pos, &key, &value)) {
     if (value == Py_None) continue;
-    if (!PyUnicode_Check(key)) return false;
-    bool persistent = true;
+    if (!PyUnicode_CheckExact(key)) return false;
+    // Held before the set's lookup, which can run Python (an __eq__ of a
+    // member whose hash collides) that could drop them from the dict.
+    out.push_back({refs.Hold(key), refs.Hold(value), true});
     if (skip != nullptr) {
       const int in = PySet_Contains(skip, key);
       if (in < 0) {
         PyErr_Clear();
         return false;
       }
-      persistent = !in;
+      out.back().persistent = !in;
     }
     Prefetch(value);
-    out.push_back({key, value, persistent});
   }
   return true;
 }
@@ -138,6 +166,42 @@ const char* Utf8(PyObject* key, Py_ssize_t* n) {
   const char* s = PyUnicode_AsUTF8AndSize(key, n);
   if (s == nullptr) PyErr_Clear();
   return s;
+}
+
+// A hook dict as nn.Module makes it (an OrderedDict, or a dict), so that its
+// size is read without running Python.
+bool PlainHooks(PyObject* d) { return PyDict_CheckExact(d) || PyODict_CheckExact(d); }
+
+// How many names state_dict() lists below each node (its tensors, then each
+// child's under each path), saturated at kMaxWalkNames + 1; nullopt where a
+// module contains itself or nests deeper than kMaxDepth (state_dict()'s
+// RecursionError: the Python walk says so).
+std::optional<std::vector<uint64_t>> NameCounts(const std::vector<Node>& nodes,
+                                                const std::vector<Child>& children) {
+  constexpr uint64_t kCap = kMaxWalkNames + 1;
+  std::vector<uint64_t> count(nodes.size(), 0);
+  std::vector<uint8_t> state(nodes.size(), 0);  // 0 new, 1 on the path, 2 counted
+  std::vector<std::pair<uint32_t, uint32_t>> path{{0, 0}};  // (node, next child)
+  state[0] = 1;
+  while (!path.empty()) {
+    auto& [n, c] = path.back();
+    if (c < nodes[n].n_children) {
+      const uint32_t child = children[nodes[n].first_child + c++].node;
+      if (state[child] == 1 || path.size() >= kMaxDepth) return std::nullopt;
+      if (state[child] == 0) {
+        state[child] = 1;
+        path.emplace_back(child, 0);
+      }
+      continue;
+    }
+    uint64_t total = nodes[n].n_tensors;
+    for (uint32_t k = 0; k < nodes[n].n_children; ++k)
+      total = std::min(kCap, total + count[children[nodes[n].first_child + k].node]);
+    count[n] = total;
+    state[n] = 2;
+    path.pop_back();
+  }
+  return count;
 }
 
 }  // namespace
@@ -152,22 +216,24 @@ const char* Utf8(PyObject* key, Py_ssize_t* n) {
 // A/B in one process, 0.80 -> 0.59 ms (accelerator) and 1.13 -> 1.07 ms
 // (portable); of the 100,000-tensor mixture of experts 148 -> 131 and
 // 429 -> 362 ms. Then one pass in state_dict's order hands the tensors out.
+//
+// Everything read is held (`refs`) from the moment it is read: Plain() calls
+// Python, and so can a set lookup; code run there may change the module, and
+// what it drops stays alive until the caller is done. Each module object is
+// read once (a submodule reused on many paths is one node), so the work is
+// linear in the objects, and the names are counted before any is made.
 std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject* plain,
-                               PyTypeObject* tensor_type, const TensorSink& sink) {
+                               PyTypeObject* tensor_type, const TensorSink& sink,
+                               WalkRefs& refs) {
   if (!PyDict_Check(plain_cache)) return std::nullopt;
   const Names& k = N();
   bool any_training = false;
-  std::vector<Node> nodes{Node{module}};
-  struct Dicts {  // each module's __dict__, held while its items are borrowed
-    std::vector<PyObject*> p;
-    ~Dicts() {
-      for (PyObject* d : p) Py_DECREF(d);
-    }
-  } dicts;
+  std::vector<Node> nodes{Node{refs.Hold(module)}};
+  std::vector<PyObject*> dicts;  // each node's __dict__, held
+  std::vector<Child> children;
   std::vector<Entry> tensors;
-  // The frames borrow their modules: the parents' _modules dicts hold them,
-  // and nothing here runs Python code that could change them (attribute
-  // reads of plain modules, Plain()'s call only for a type not yet seen).
+  NodeTable seen;
+  seen.FindOrAdd(module, 0);
   for (size_t lo = 0; lo < nodes.size();) {
     const size_t hi = std::min(nodes.size(), lo + kBatch);
     const size_t first_tensor = tensors.size();
@@ -182,35 +248,35 @@ std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject
         PyErr_Clear();
         return std::nullopt;
       }
-      dicts.p.push_back(dict);
+      dicts.push_back(refs.Take(dict));
       Prefetch(dict);
     }
-    for (size_t i = lo; i < hi; ++i) PrefetchTable(dicts.p[i]);
-    for (size_t i = lo; i < hi; ++i) {  // its attributes
+    for (size_t i = lo; i < hi; ++i) PrefetchTable(dicts[i]);
+    for (size_t i = lo; i < hi; ++i) {  // its attributes, held
       Node& n = nodes[i];
-      PyObject* dict = dicts.p[i];
-      const int training = Truth(dict, k.training);
-      if (training < 0) return std::nullopt;
-      any_training = any_training || training;
-      n.hooks = Item(dict, k.hooks);
-      n.pre_hooks = Item(dict, k.pre_hooks);
-      n.params = Item(dict, k.parameters);
-      n.buffers = Item(dict, k.buffers);
-      n.skip = Item(dict, k.non_persistent);
-      n.modules = Item(dict, k.modules);
-      if (n.hooks == nullptr || n.pre_hooks == nullptr || n.params == nullptr ||
-          n.buffers == nullptr || n.skip == nullptr || n.modules == nullptr)
-        return std::nullopt;
-      for (PyObject* o : {n.hooks, n.pre_hooks, n.params, n.buffers, n.skip, n.modules}) Prefetch(o);
+      PyObject* dict = dicts[i];
+      PyObject* training = Item(dict, k.training);
+      if (training == nullptr || !PyBool_Check(training)) return std::nullopt;
+      any_training = any_training || training == Py_True;
+      PyObject** const fields[] = {&n.hooks, &n.pre_hooks, &n.params, &n.buffers, &n.skip,
+                                   &n.modules};
+      PyObject* const names[] = {k.hooks, k.pre_hooks, k.parameters, k.buffers,
+                                 k.non_persistent, k.modules};
+      for (size_t f = 0; f < 6; ++f) {
+        PyObject* v = Item(dict, names[f]);
+        if (v == nullptr) return std::nullopt;
+        *fields[f] = refs.Hold(v);
+        Prefetch(v);
+      }
     }
     for (size_t i = lo; i < hi; ++i) {  // no hooks; plain dicts; their tables
       const Node& n = nodes[i];
-      if (PyObject_IsTrue(n.hooks) != 0 || PyObject_IsTrue(n.pre_hooks) != 0) {
-        PyErr_Clear();
+      if (!PlainHooks(n.hooks) || !PlainHooks(n.pre_hooks) || PyDict_GET_SIZE(n.hooks) != 0 ||
+          PyDict_GET_SIZE(n.pre_hooks) != 0)
         return std::nullopt;
-      }
-      if (!PyAnySet_Check(n.skip) || !PyDict_CheckExact(n.modules) ||
-          !PyDict_CheckExact(n.params) || !PyDict_CheckExact(n.buffers))
+      if (!(PySet_CheckExact(n.skip) || PyFrozenSet_CheckExact(n.skip)) ||
+          !PyDict_CheckExact(n.modules) || !PyDict_CheckExact(n.params) ||
+          !PyDict_CheckExact(n.buffers))
         return std::nullopt;
       for (PyObject* d : {n.params, n.buffers, n.modules}) {
         if (PyDict_GET_SIZE(d) != 0) PrefetchTable(d);
@@ -219,23 +285,25 @@ std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject
     for (size_t i = lo; i < hi; ++i) {  // tensors and children, hinted for the next steps
       Node& n = nodes[i];
       n.first_tensor = static_cast<uint32_t>(tensors.size());
-      if (!Entries(n.params, nullptr, tensors) ||
-          !Entries(n.buffers, PyDict_GET_SIZE(n.buffers) != 0 ? n.skip : nullptr, tensors))
+      if (!Entries(n.params, nullptr, tensors, refs) ||
+          !Entries(n.buffers, PyDict_GET_SIZE(n.buffers) != 0 ? n.skip : nullptr, tensors, refs))
         return std::nullopt;
+      if (tensors.size() > UINT32_MAX) return std::nullopt;
       n.n_tensors = static_cast<uint32_t>(tensors.size()) - n.first_tensor;
-      n.first_child = static_cast<uint32_t>(nodes.size());
+      n.first_child = static_cast<uint32_t>(children.size());
       PyObject* const modules = n.modules;  // `n` moves as nodes grows
       Py_ssize_t pos = 0;
       PyObject *key, *child;
       while (PyDict_Next(modules, &pos, &key, &child)) {
         if (child == Py_None) continue;
-        if (!PyUnicode_Check(key)) return std::nullopt;
-        if (nodes[i].depth == kMaxDepth) return std::nullopt;
-        nodes.push_back(Node{child, key});
-        nodes.back().depth = nodes[i].depth + 1;
-        if (nodes.size() > UINT32_MAX) return std::nullopt;
+        if (!PyUnicode_CheckExact(key)) return std::nullopt;
+        const uint32_t fresh = static_cast<uint32_t>(nodes.size());
+        const uint32_t node = seen.FindOrAdd(child, fresh);
+        if (node == fresh) nodes.push_back(Node{refs.Hold(child)});
+        children.push_back({refs.Hold(key), node});
+        if (nodes.size() > UINT32_MAX || children.size() > UINT32_MAX) return std::nullopt;
       }
-      nodes[i].n_children = static_cast<uint32_t>(nodes.size()) - nodes[i].first_child;
+      nodes[i].n_children = static_cast<uint32_t>(children.size()) - nodes[i].first_child;
     }
     for (size_t t = first_tensor; t < tensors.size(); ++t) {  // hinted above
       if (!PyObject_TypeCheck(tensors[t].value, tensor_type)) return std::nullopt;
@@ -243,18 +311,34 @@ std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject
     lo = hi;
   }
 
+  const std::optional<std::vector<uint64_t>> counts = NameCounts(nodes, children);
+  if (!counts) return std::nullopt;
+  if ((*counts)[0] > kMaxWalkNames) {
+    throw Error(ErrorCode::kInvalidArgument, "load_into", std::nullopt,
+                "the module lists more than " + std::to_string(kMaxWalkNames) +
+                    " tensors by name in state_dict(): a submodule reached on many paths (" +
+                    std::to_string(nodes.size()) + " module objects; state_dict() names each "
+                    "tensor once per path). Bind a module whose submodules are reused on fewer "
+                    "paths");
+  }
+
   // state_dict's order: depth first, a module's own tensors, then its
   // children in _modules order, names prefixed by the path to them.
   std::string prefix;
-  std::vector<std::pair<uint32_t, size_t>> stack{{0, 0}};  // (node, its parent's prefix length)
+  struct Frame {
+    uint32_t node;
+    Child* via;  // how it was reached (the root: none)
+    size_t parent_len;
+  };
+  std::vector<Frame> stack{{0, nullptr, 0}};
   while (!stack.empty()) {
-    const auto [i, parent_len] = stack.back();
+    const Frame f = stack.back();
     stack.pop_back();
-    const Node& n = nodes[i];
-    prefix.resize(parent_len);
-    if (n.key != nullptr) {
+    const Node& n = nodes[f.node];
+    prefix.resize(f.parent_len);
+    if (f.via != nullptr) {
       Py_ssize_t len = 0;
-      const char* s = Utf8(n.key, &len);
+      const char* s = Utf8(f.via->key, &len);
       if (s == nullptr) return std::nullopt;
       prefix.append(s, static_cast<size_t>(len)).push_back('.');
     }
@@ -267,7 +351,10 @@ std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject
       name.append(prefix).append(s, static_cast<size_t>(len));
       sink(std::move(name), tensors[t].value, tensors[t].persistent);
     }
-    for (uint32_t c = n.n_children; c-- > 0;) stack.emplace_back(n.first_child + c, prefix.size());
+    for (uint32_t c = n.n_children; c-- > 0;) {
+      Child& child = children[n.first_child + c];
+      stack.push_back({child.node, &child, prefix.size()});
+    }
   }
   return any_training;
 }
@@ -279,7 +366,8 @@ std::optional<WalkedModule> WalkModule(PyObject* module, PyObject* plain_cache, 
       module, plain_cache, plain, tensor_type,
       [&](std::string&& name, PyObject* tensor, bool persistent) {
         (persistent ? out.slots : out.non_persistent).push_back({std::move(name), tensor});
-      });
+      },
+      out.refs);
   if (!training) return std::nullopt;
   out.training = *training;
   return out;

@@ -8,14 +8,52 @@
 
 #include <functional>
 #include <optional>
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tsar::python {
 
+// Owned references to every object a walk read (modules, their dicts, the
+// names and the tensors), released together when this is destroyed, which
+// must happen with the GIL held. A walk can run Python (a class's
+// state_dict lookup, a set's __eq__ on a colliding hash), and a bind runs
+// more: what such code drops from the module stays alive here until the bind
+// is done with it.
+class WalkRefs {
+ public:
+  WalkRefs() = default;
+  WalkRefs(WalkRefs&& o) noexcept : held_(std::move(o.held_)) { o.held_.clear(); }
+  WalkRefs& operator=(WalkRefs&& o) noexcept {
+    std::swap(held_, o.held_);
+    return *this;
+  }
+  WalkRefs(const WalkRefs&) = delete;
+  WalkRefs& operator=(const WalkRefs&) = delete;
+  ~WalkRefs() {
+    for (PyObject* o : held_) Py_DECREF(o);
+  }
+  // `o` (not null), now held here; returns it.
+  PyObject* Hold(PyObject* o) {
+    Py_INCREF(o);
+    held_.push_back(o);
+    return o;
+  }
+  // `o`, a new reference the caller gives up, now held here.
+  PyObject* Take(PyObject* o) {
+    held_.push_back(o);
+    return o;
+  }
+  void Reserve(size_t n) { held_.reserve(n); }
+
+ private:
+  std::vector<PyObject*> held_;
+};
+
 struct WalkedTensor {
   std::string name;  // as state_dict() names it
-  PyObject* tensor;  // borrowed: the module holds it through the bind
+  PyObject* tensor;  // held by the WalkedModule's refs
 };
 
 struct WalkedModule {
@@ -24,7 +62,13 @@ struct WalkedModule {
   // The non-persistent buffers (not in state_dict(), so in no archive): a
   // bind refuses to leave one on the meta device.
   std::vector<WalkedTensor> non_persistent;
+  WalkRefs refs;  // every tensor above, and what the walk read to find them
 };
+
+// The most tensor names one walk lists: a submodule reused on many paths
+// (twice at each of 30 levels: 2^30 names) is refused (tsar::Error) before
+// any name is made, where state_dict() would run out of memory.
+inline constexpr uint64_t kMaxWalkNames = uint64_t{1} << 24;
 
 // The names and tensors of module.state_dict(keep_vars=True), in its order,
 // read straight from each module's _parameters, _buffers and _modules dicts
@@ -34,19 +78,24 @@ struct WalkedModule {
 // nullopt where state_dict() must run itself: a module with state_dict hooks,
 // one whose class changes state_dict (`plain(type)` false; `plain_cache` is a
 // dict {type: bool} that `plain` fills), or containers that are not plain
-// dicts. Needs the GIL; raises nothing (a Python error is cleared, nullopt).
+// dicts, and every object on the way not exactly of the type nn.Module puts
+// there (`training` a bool, the hook dicts OrderedDicts, names str). Each
+// module object is read once, however many paths reach it; names are listed
+// per path, as state_dict() lists them. Needs the GIL; raises nothing (a
+// Python error is cleared, nullopt) but tsar::Error past kMaxWalkNames.
 std::optional<WalkedModule> WalkModule(PyObject* module, PyObject* plain_cache, PyObject* plain,
                                        PyTypeObject* tensor_type);
 
 // The same walk handing each tensor to `sink` in that order (name, the
-// tensor borrowed, whether state_dict() lists it) instead of collecting
+// tensor, held by `refs` until the caller drops them; whether state_dict()
+// lists it) instead of collecting
 // them: the accelerator reads each TensorImpl there, no second pass over the
 // slots (one cost it about a tenth of its bind of 100,000 tensors). Returns
 // whether any submodule is training, or nullopt (the sink may have been
 // called: discard what it gathered). Declines (nullopt) a module tree
-// deeper than Python's nesting limit: a module that contains itself.
+// deeper than Python's nesting limit and a module that contains itself.
 using TensorSink = std::function<void(std::string&& name, PyObject* tensor, bool persistent)>;
 std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject* plain,
-                               PyTypeObject* tensor_type, const TensorSink& sink);
+                               PyTypeObject* tensor_type, const TensorSink& sink, WalkRefs& refs);
 
 }  // namespace tsar::python

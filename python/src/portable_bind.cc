@@ -26,23 +26,80 @@ namespace {
 
 using Ref = PyRef;
 
-struct Names {  // interned once: attribute lookups compare pointers
-  PyObject* is_meta = PyUnicode_InternFromString("is_meta");
-  PyObject* is_cpu = PyUnicode_InternFromString("is_cpu");
-  PyObject* layout = PyUnicode_InternFromString("layout");
-  PyObject* dtype = PyUnicode_InternFromString("dtype");
-  PyObject* shape = PyUnicode_InternFromString("shape");
-  PyObject* requires_grad = PyUnicode_InternFromString("requires_grad");
-  PyObject* data = PyUnicode_InternFromString("data");
+// torch's own getters and setters of a tensor's attributes: the
+// descriptors of torch._C.TensorBase, found once on torch.Tensor (which
+// keeps them). Called directly, a subclass's property or __getattr__ of the
+// same name never runs: what is read is what the tensor is (a Parameter
+// subclass whose `shape` says [3, 4] while it holds 12 elements is read as
+// [12], as the accelerator reads its TensorImpl). torch's getter still asks
+// a subclass's own __torch_function__; Honest() declines those types.
+struct Attrs {
+  PyObject* is_meta = nullptr, *is_cpu = nullptr, *layout = nullptr, *dtype = nullptr,
+            *shape = nullptr, *requires_grad = nullptr, *data = nullptr;
+  PyObject* torch_function = nullptr;  // torch.Tensor's __torch_function__
+  PyObject* disabled = nullptr;        // torch._C._disabled_torch_function_impl (Parameter's)
+  PyTypeObject* tensor_type = nullptr;
+  // false with a Python error set.
+  bool Find(PyTypeObject* type) {
+    if (tensor_type == type) return true;
+    const auto find = [type](const char* name, bool settable) -> PyObject* {
+      Ref key(PyUnicode_InternFromString(name));
+      PyObject* d = key.p != nullptr ? _PyType_Lookup(type, key.p) : nullptr;  // borrowed
+      if (d == nullptr || Py_TYPE(d)->tp_descr_get == nullptr ||
+          (settable && Py_TYPE(d)->tp_descr_set == nullptr)) {
+        if (!PyErr_Occurred())
+          PyErr_Format(PyExc_TypeError, "bind_fast: torch.Tensor.%s is no descriptor", name);
+        return nullptr;
+      }
+      return d;
+    };
+    Ref c(PyImport_ImportModule("torch._C"));
+    Ref off(c.p != nullptr ? PyObject_GetAttrString(c.p, "_disabled_torch_function_impl")
+                           : nullptr);
+    Ref tf_name(PyUnicode_InternFromString("__torch_function__"));
+    if (off.p == nullptr || tf_name.p == nullptr) return false;
+    PyObject* tf = _PyType_Lookup(type, tf_name.p);
+    if (tf == nullptr) {
+      PyErr_SetString(PyExc_TypeError, "bind_fast: torch.Tensor has no __torch_function__");
+      return false;
+    }
+    if (!(is_meta = find("is_meta", false)) || !(is_cpu = find("is_cpu", false)) ||
+        !(layout = find("layout", false)) || !(dtype = find("dtype", false)) ||
+        !(shape = find("shape", false)) || !(requires_grad = find("requires_grad", true)) ||
+        !(data = find("data", true)))
+      return false;
+    torch_function = tf;
+    disabled = off.p;
+    Py_INCREF(disabled);  // kept for the process, with torch
+    tensor_type = type;
+    return true;
+  }
+  // The attribute as torch's getter gives it: a new reference, or nullptr
+  // with an error set.
+  static PyObject* Get(PyObject* descriptor, PyObject* t) {
+    return Py_TYPE(descriptor)->tp_descr_get(descriptor, t,
+                                             reinterpret_cast<PyObject*>(Py_TYPE(t)));
+  }
+  static int Set(PyObject* descriptor, PyObject* t, PyObject* value) {
+    return Py_TYPE(descriptor)->tp_descr_set(descriptor, t, value);
+  }
+  // Whether t's type leaves torch's getters alone: its __torch_function__
+  // is torch.Tensor's (which runs the getter itself) or disabled
+  // (nn.Parameter's). Another one could answer anything: declined.
+  bool Honest(PyObject* t) const {
+    static PyObject* const kName = PyUnicode_InternFromString("__torch_function__");
+    PyObject* tf = _PyType_Lookup(Py_TYPE(t), kName);
+    return tf == torch_function || tf == disabled;
+  }
 };
-const Names& N() {
-  static const Names names;  // first use holds the GIL
-  return names;
+Attrs& A() {
+  static Attrs attrs;  // filled under the GIL, one torch per process
+  return attrs;
 }
 
-// getattr(o, name) is True: 1, False (or anything else): 0, an error: -1.
-int IsTrue(PyObject* o, PyObject* name) {
-  Ref v(PyObject_GetAttr(o, name));
+// getattr(o, name) through torch's getter is True: 1, False: 0, an error: -1.
+int IsTrue(PyObject* o, PyObject* descriptor) {
+  Ref v(Attrs::Get(descriptor, o));
   if (v.p == nullptr) return -1;
   return v.p == Py_True ? 1 : 0;
 }
@@ -273,7 +330,8 @@ PyObject* ViewOfKept(const ArchiveFile& file, const format::Index& index,
 
 PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, bool training,
                    PyObject* loose, const FastBindArgs& a) {
-  const Names& k = N();
+  Attrs& k = A();
+  if (!k.Find(a.tensor_type)) return nullptr;
   const ArchiveCore& core = *file.core();
   const format::Index& index = core.index;
   if (index.tp_world() != 0) Py_RETURN_NONE;  // slices and C-order copies: tsar/_portable_bind.py
@@ -299,7 +357,9 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
           PyErr_Clear();
           Py_RETURN_NONE;
         }
-        to.push_back({std::string(s, static_cast<size_t>(n)), PyTuple_GET_ITEM(item, 1)});
+        // Held: the bind below calls into Python, which could drop the list's items.
+        to.push_back({std::string(s, static_cast<size_t>(n)),
+                      walked.refs.Hold(PyTuple_GET_ITEM(item, 1))});
       }
     }
   }
@@ -331,6 +391,7 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     PyObject* t = slots[i].tensor;
     if (impl_at != 0 && i + kAhead < slots.size())
       HintImpl(slots[i + kAhead].tensor, impl_at, a.tensor_type);
+    if (!PyObject_TypeCheck(t, a.tensor_type) || !k.Honest(t)) Py_RETURN_NONE;
     const int is_meta = IsTrue(t, k.is_meta);
     if (is_meta < 0) return nullptr;
     if (!is_meta) {
@@ -346,8 +407,8 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     if (r == format::kNone) continue;
     const format::TensorRecord& rec = index.tensors()[r];
     if (rec.role == format::Role::kSparseComponent) Py_RETURN_NONE;
-    Ref layout(PyObject_GetAttr(t, k.layout)), dtype(PyObject_GetAttr(t, k.dtype)),
-        shape(PyObject_GetAttr(t, k.shape));
+    Ref layout(Attrs::Get(k.layout, t)), dtype(Attrs::Get(k.dtype, t)),
+        shape(Attrs::Get(k.shape, t));
     if (layout.p == nullptr || dtype.p == nullptr || shape.p == nullptr) return nullptr;
     if (layout.p != a.strided || dtype.p != dtype_of[rec.dtype])
       Py_RETURN_NONE;
@@ -411,6 +472,7 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     if (bound[i]) bound_objects.push_back(slots[i].tensor);
   std::sort(bound_objects.begin(), bound_objects.end());
   for (const WalkedTensor& w : walked.non_persistent) {
+    if (!PyObject_TypeCheck(w.tensor, a.tensor_type) || !k.Honest(w.tensor)) Py_RETURN_NONE;
     const int is_meta = IsTrue(w.tensor, k.is_meta);
     if (is_meta < 0) return nullptr;
     if (is_meta && !std::binary_search(bound_objects.begin(), bound_objects.end(), w.tensor))
@@ -459,7 +521,7 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     if (view.p == nullptr) return nullptr;
     PyObject* t = slots[i].tensor;
     if (!meta[i]) {  // set_data: the same object and TensorImpl, the view's storage
-      if (PyObject_SetAttr(t, k.data, view.p) != 0) return nullptr;
+      if (Attrs::Set(k.data, t, view.p) != 0) return nullptr;
       continue;
     }
     // A meta tensor cannot take CPU data: the object takes the TensorImpl of
@@ -475,7 +537,7 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     if (!own && swapped.p == nullptr) return nullptr;
     Ref done(PyObject_CallFunctionObjArgs(a.swap, t, own ? view.p : swapped.p, nullptr));
     if (done.p == nullptr) return nullptr;
-    if (requires_grad && PyObject_SetAttr(t, k.requires_grad, Py_True) != 0) return nullptr;
+    if (requires_grad && Attrs::Set(k.requires_grad, t, Py_True) != 0) return nullptr;
   }
   Ref mismatched(PyList_New(0));
   if (mismatched.p == nullptr) return nullptr;

@@ -61,9 +61,13 @@ def _state_items(module):
         training = training or m.training
         for name, p in m._parameters.items():
             if p is not None:
+                if not isinstance(p, torch.Tensor):
+                    raise _not_a_tensor(prefix + name, "_parameters", p)
                 items.append((prefix + name, p))
         skip = m._non_persistent_buffers_set
         for name, b in m._buffers.items():
+            if b is not None and not isinstance(b, torch.Tensor):
+                raise _not_a_tensor(prefix + name, "_buffers", b)
             if b is not None and name not in skip:
                 items.append((prefix + name, b))
             elif b is not None and b.is_meta:
@@ -235,10 +239,21 @@ def load_into(
         bound, missing, unexpected, mismatched, tied = report
         if target:
             _rest_to(module, torch.device(target))
+        elif bound and archive.mode == "shared":
+            # A write into these tensors (training after a read-only bind)
+            # then dies naming the archive, the tensor and the way out, not
+            # with a bare SIGSEGV.
+            install_fault_handler()
         return BindReport(bound, missing, unexpected, mismatched, tied)
     finally:
         if collecting:
             gc.enable()
+
+
+def _not_a_tensor(name: str, where: str, value) -> Error:
+    return _invalid(f"{_shorten(name)!r} is a {type(value).__name__} in the module's {where}, "
+                    "where torch keeps tensors (an assignment that bypassed register_parameter or "
+                    "register_buffer?): tsar binds tensors")
 
 
 def _invalid(message: str) -> Error:
@@ -292,9 +307,13 @@ def load(path: Union[str, os.PathLike], entry: Optional[str] = None) -> Dict[str
 
 def install_fault_handler() -> None:
     """Installs a SIGSEGV/SIGBUS handler: a write into a read-only archive then
-    prints ``tsar: write to read-only archive <path>: storage #i used by tensor
-    "<name>"...`` before the process dies. Chains to any previous handler
-    (Python's faulthandler included) for other faults."""
+    prints ``tsar: write to read-only archive <path> at file offset <n>:
+    storage #i, tensor "<name>". ...`` with the way out (open the archive
+    ``mode="copy_on_write"``) before the process dies. Chains to the handler
+    installed before it (Python's faulthandler included) for every fault, so
+    that one still reports and the process dies as it would have.
+    :func:`load_into` calls it on its first read-only bind on the CPU; calling
+    it again does nothing."""
     if _backend.accelerator is not None:  # it knows the mappings of the path that made them
         _backend.accelerator.install_fault_handler()
     else:

@@ -13,9 +13,34 @@ import torch
 
 _META = torch.device("meta")
 _lock = threading.Lock()
-_depth = 0
-_original = None
-_inits = []  # what _patch_initializers replaced, while active
+_inside = 0  # threads' contexts open, all threads together
+_inits = []  # what _patch_initializers replaced, while any is open
+_original = torch.nn.Module.register_parameter  # what the first thread in found there
+_local = threading.local()  # .stack: this thread's open contexts' `made` dicts
+
+
+def _stack() -> list:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def _register_parameter(self, name, param):
+    """nn.Module.register_parameter while some thread is inside
+    empty_parameters(): for that thread, a parameter not yet on meta is
+    registered as its meta twin (one per object); for any other thread, and
+    for what torch itself refuses, torch's own."""
+    stack = getattr(_local, "stack", None)
+    if not stack or not isinstance(param, torch.Tensor) or param.device.type == "meta":
+        return _original(self, name, param)
+    made = stack[-1]
+    key = id(param)
+    known = made.get(key)
+    if known is None or known[0]() is not param:
+        known = (weakref.ref(param), _to_meta(param))
+        made[key] = known
+    return _original(self, name, known[1])
 
 
 def _to_meta(param: torch.nn.Parameter) -> torch.nn.Parameter:
@@ -111,40 +136,38 @@ def empty_parameters() -> Iterator[None]:
     CPU, as the constructor makes it, and is freed at once (untouched memory
     of large tensors is never faulted in).
 
-    While it is active it applies to every thread (it patches
-    ``torch.nn.Module.register_parameter`` and the initializers); it may be
-    nested.
+    It applies to the thread that entered it (and may be nested there);
+    other threads, inside one of their own or not, are unaffected, whatever
+    order threads enter and leave in (two threads calling
+    ``tsar.transformers.load_model`` at once each get a meta model). The
+    patches of ``torch.nn.Module.register_parameter`` and the initializers
+    are installed while any thread is inside and removed when the last one
+    leaves; a thread that is not inside gets torch's own behaviour from them.
     """
-    global _depth, _original, _inits
+    global _inside, _inits, _original
     # id(original) -> (weak reference to it, its meta Parameter): one meta
     # Parameter per object, without keeping the originals' memory alive.
     made = {}
-
-    def register_parameter(self, name, param):
-        if param is None or param.device.type == "meta":
-            return _original(self, name, param)
-        key = id(param)
-        known = made.get(key)
-        if known is None or known[0]() is not param:
-            known = (weakref.ref(param), _to_meta(param))
-            made[key] = known
-        return _original(self, name, known[1])
-
     with _lock:
-        if _depth == 0:
+        if _inside == 0:
             _original = torch.nn.Module.register_parameter
+            torch.nn.Module.register_parameter = _register_parameter
             _inits = _patch_initializers()
-        previous = torch.nn.Module.register_parameter
-        torch.nn.Module.register_parameter = register_parameter
-        _depth += 1
+        _inside += 1
+    stack = _stack()
+    stack.append(made)
     try:
         yield
     finally:
+        # This context's own entry, even if an inner one was abandoned open.
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is made:
+                del stack[i]
+                break
         with _lock:
-            _depth -= 1
-            torch.nn.Module.register_parameter = previous if _depth else _original
-            if _depth == 0:
-                _original = None
+            _inside -= 1
+            if _inside == 0:
+                torch.nn.Module.register_parameter = _original
                 _restore(_inits)
                 _inits = []
         made.clear()

@@ -61,3 +61,8 @@ class Error(RuntimeError):
 
     def __reduce__(self):  # picklable, e.g. across multiprocessing
         return (type(self), (str(self), int(self.code), self.path, self.offset))
+
+
+# Named as users meet them (tsar.Error, tsar.ErrorCode): a traceback prints
+# "tsar.Error: ...", not the private module that defines them.
+Error.__module__ = ErrorCode.__module__ = "tsar"

@@ -16,6 +16,21 @@ from . import _tsar_portable
 from ._portable import PortableArchive, _chunk, _chunk_size
 
 
+def _facts(name):
+    """torch's own getter of attribute ``name`` (torch._C.TensorBase's
+    descriptor): a subclass's property of the same name never runs, so the
+    bind reads what a tensor is, not what it says (a Parameter subclass whose
+    ``shape`` claims [3, 4] over 12 elements is [12] here, as the accelerator
+    reads its TensorImpl). :func:`bind` runs them with subclasses'
+    __torch_function__ disabled, which could answer anything too."""
+    return torch._C.TensorBase.__dict__[name].__get__
+
+
+_is_cpu, _is_meta, _device_of, _layout_of, _dtype_of, _shape_of, _requires_grad_of = map(
+    _facts, ("is_cpu", "is_meta", "device", "layout", "dtype", "shape", "requires_grad"))
+_set_data = torch._C.TensorBase.__dict__["data"].__set__
+
+
 def _error(path, message, code):
     """tsar.Error as the accelerator's: "PATH: message"."""
     return Error(f"{path}: {message}", code, path)
@@ -108,15 +123,22 @@ def _read_ahead(archive: PortableArchive, module, bound) -> None:
 
     names = set(bound)
     ranges = []
-    for name, t in _state_items(module)[0]:
-        if name in names and t.layout is torch.strided and t.numel() > 0:
-            last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-            ranges.append((t.data_ptr(), (last + 1) * t.element_size()))
+    base = torch._C.TensorBase
+    with torch._C.DisableTorchFunctionSubclass():  # what each tensor is (_facts)
+        for name, t in _state_items(module)[0]:
+            if name in names and _layout_of(t) is torch.strided and base.numel(t) > 0:
+                last = sum((n - 1) * s for n, s in zip(_shape_of(t), base.stride(t)))
+                ranges.append((base.data_ptr(t), (last + 1) * base.element_size(t)))
     _tsar_portable.read_ahead(archive._file, ranges)
 
 
 def bind(archive: PortableArchive, items, training: bool, options, loose):
     """(bound, missing, unexpected, mismatched, tied), as ``_tsar.bind``."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return _bind(archive, items, training, options, loose)
+
+
+def _bind(archive: PortableArchive, items, training: bool, options, loose):
     (entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
      read_ahead, direct) = options
     path = archive.path
@@ -125,10 +147,12 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
         check_device(path, torch.device(device))
     entry_name = archive._file.bind_entry(entry)
     if training and archive.mode == "shared" and not allow_training:
-        raise _error(path, "bind: the module is in training mode, whose layers (BatchNorm running "
-                     "stats) write their buffers, and this archive is mapped read-only: call "
-                     "module.eval() before binding, or open the archive copy-on-write (C++ "
-                     "MapMode::kCopyOnWrite, Python mode=\"copy_on_write\")",
+        raise _error(path, "bind: the module is in training mode and this archive is mapped "
+                     "read-only: training writes the weights (an optimizer's step) and train() "
+                     "layers write their buffers (BatchNorm's running stats), into pages of the "
+                     "file. To serve, call module.eval() before binding; to train or fine-tune, "
+                     "open the archive copy-on-write (C++ MapMode::kCopyOnWrite, Python "
+                     "mode=\"copy_on_write\": writes stay private to the process)",
                      ErrorCode.INVALID_ARGUMENT)
     if world < 0:
         raise _error(path, "bind: world: expected 0 or 1 (no tensor parallelism) or the number of "
@@ -159,8 +183,11 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
     for i, (name, t) in enumerate(items):
         if first_of.setdefault(id(t), i) != i:
             twins.append(i)
-        if not (t.is_cpu or t.is_meta):
-            raise _error(path, f"bind: {_quote(name)} is on {t.device}: tsar binds modules on cpu "
+        if not isinstance(t, torch.Tensor):
+            raise _error(path, f"bind: {_quote(name)} is a {type(t).__name__}, not a tensor: tsar "
+                         "binds tensors. Nothing was changed", ErrorCode.INVALID_ARGUMENT)
+        if not (_is_cpu(t) or _is_meta(t)):
+            raise _error(path, f"bind: {_quote(name)} is on {_device_of(t)}: tsar binds modules on cpu "
                          "or meta (built with torch.device(\"meta\")); move the module to cpu or "
                          "meta first. Nothing was changed", ErrorCode.INVALID_ARGUMENT)
         if renamed:
@@ -172,24 +199,25 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
         if row is None or row[1] is None:  # a sparse tensor is no record to bind (as C++)
             continue
         used.add(row[0])
-        if t.layout is not strided:
-            raise _error(path, f"bind: {_quote(name)} is a {t.layout} tensor: tsar binds strided "
+        layout, dtype, shape = _layout_of(t), _dtype_of(t), _shape_of(t)
+        if layout is not strided:
+            raise _error(path, f"bind: {_quote(name)} is a {layout} tensor: tsar binds strided "
                          "(dense) tensors, whose storage can be the archive's; make it dense first "
                          "(to_dense()). Nothing was changed", ErrorCode.INVALID_ARGUMENT)
         match[i] = row
         if tp:
-            split, w = _rank_shape(tuple(t.shape), row, rank, world)
+            split, w = _rank_shape(tuple(shape), row, rank, world)
             if split is not None:
                 splits[i] = split
             why = [w] if w else []
-        elif t.shape == row[2] and t.dtype is row[1]:
+        elif shape == row[2] and dtype is row[1]:
             continue
         else:
-            why = ([] if t.shape == row[2]
-                   else [f"shape {_shape(t.shape)} vs archive {_shape(row[2])}"])
-        if t.dtype is not row[1]:
+            why = ([] if shape == row[2]
+                   else [f"shape {_shape(shape)} vs archive {_shape(row[2])}"])
+        if dtype is not row[1]:
             theirs = str(row[1]).replace("torch.", "")
-            why.insert(0, f"dtype {str(t.dtype)[6:]} vs archive {theirs}")
+            why.insert(0, f"dtype {str(dtype)[6:]} vs archive {theirs}")
         if why:
             match[i] = None
             why_of.append((i, ", ".join(why)))
@@ -271,23 +299,23 @@ def bind(archive: PortableArchive, items, training: bool, options, loose):
                 if id(t) in done:
                     continue
                 done.add(id(t))
-            if t.is_meta:
+            if _is_meta(t):
                 # set_data refuses CPU data for a meta tensor: the object takes
                 # the TensorImpl of a CPU tensor of its own class and
                 # requires_grad instead, keeping its __dict__, so it is still
                 # the module's object (torch.utils.swap_tensors, without moving
                 # the attributes).
-                swap(t, make_subclass(type(t), bound_view(i), t.requires_grad))
+                swap(t, make_subclass(type(t), bound_view(i), _requires_grad_of(t)))
             else:
-                t.data = bound_view(i)
+                _set_data(t, bound_view(i))
     return names, missing, unexpected, mismatched, tied
 
 
 def _check_nothing_stays_meta(items, mismatched, bound, loose, path, entry_name):
     unbound = [name + (" (mismatched)" if i in mismatched else " (not in the archive)")
-               for i, (name, t) in enumerate(items) if not bound[i] and t.is_meta]
+               for i, (name, t) in enumerate(items) if not bound[i] and _is_meta(t)]
     bound_ids = {id(items[i][1]) for i in range(len(items)) if bound[i]} if loose else set()
-    buffers = [name for name, t in loose if t.is_meta and id(t) not in bound_ids]
+    buffers = [name for name, t in loose if _is_meta(t) and id(t) not in bound_ids]
     if not unbound and not buffers:
         return
     msg = ("bind: the module would keep tensors on the meta device, which the archive's entry "

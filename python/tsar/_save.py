@@ -9,6 +9,7 @@ from typing import List, NamedTuple, Optional, Sequence
 import torch
 
 from . import _backend
+from ._errors import Error, ErrorCode
 
 _ROLE_TENSOR, _ROLE_PARAMETER, _ROLE_BUFFER = 0, 1, 2
 _INT64 = (-(2**63), 2**63 - 1)
@@ -138,6 +139,22 @@ def _alignment(alignment, tp):
     return 2 << 20 if tp else 4096
 
 
+def _refuse_subclasses(entries) -> None:
+    """A tensor subclass made of inner tensors (``__tensor_flatten__``: a
+    torchao quantized weight, a DTensor...) has no storage of its own to
+    write: tsar.Error naming it, before anything is written."""
+    for entry_name, tensors in entries:
+        for name, t, _ in tensors:
+            cls = type(t)
+            if getattr(cls, "__tensor_flatten__", None) is not None:
+                raise Error(
+                    f"save: entry {entry_name!r}: {name!r} is a {cls.__module__}.{cls.__qualname__}, "
+                    "a tensor subclass made of inner tensors (__tensor_flatten__), which tsar does "
+                    "not store: its bytes are not one storage. Convert it to a plain tensor first "
+                    "(for a quantized weight: dequantize(), or save the model before quantizing "
+                    "and quantize after load_into). Nothing was written", ErrorCode.UNSUPPORTED)
+
+
 def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[int] = None,
          dtype=None, base=None, tp: Optional[int] = None, shard=None) -> None:
     """Writes ``obj`` as a .tsar archive at ``path``, atomically.
@@ -190,6 +207,7 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[
             (quantized or meta tensors), IO.
     """
     entries, entry_meta = _entries(obj, entry)
+    _refuse_subclasses(entries)
     meta = entry_meta + [("", k, v) for k, v in _metadata_items(metadata)]
     world, plan = _shard_plan(tp, shard)
     args = (os.fspath(path), entries, meta, _alignment(alignment, world), _dtype_name(dtype),
