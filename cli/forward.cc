@@ -56,18 +56,24 @@ void CheckTheTorchBeside(const std::string& dir, const std::string& command,
   const std::string here = TorchVersionAt(dir + "/../" + TSAR_WHEEL_TORCH_DIR);
   const std::string built = TSAR_BUILT_FOR_TORCH;
   if (here.empty() || here == built) return;
+  // The way round that fits the command run: pack reads TorchScript, export
+  // writes a torch.save file; the Python package does either with this torch.
+  const std::string instead =
+      command == "export"
+          ? ", or export to .safetensors, which this tsar writes without LibTorch; the "
+            "Python package saves the weights as a .pt with this torch: python -c 'import "
+            "tsar, torch; torch.save(tsar.load(\"IN.tsar\"), \"OUT.pt\")' (the first "
+            "entry's state_dict)"
+          : ", or save the weights with torch.save(model.state_dict()) and pack that file; the "
+            "Python package packs TorchScript and --arch with this torch: python -c 'import "
+            "tsar; tsar.pack(\"IN.pt\", \"OUT.tsar\")' (arch=\"ARCH.pt\" for --arch)";
   throw Error(ErrorCode::kUnsupported, "", std::nullopt,
               "tsar " + command + ": " + why +
                   " runs in tsar-torch, the part of tsar that links LibTorch, built for torch " +
                   built + ", and this environment has torch " + here +
                   ": rebuild tsar here (pip install --force-reinstall --no-deps <tsar source>), "
-                  "install torch " + built.substr(0, built.find('+')) +
-                  ", or save the weights with torch.save(model.state_dict()) and pack that file" +
-                  (command == "pack"
-                       ? "; the Python package packs TorchScript and --arch with this torch: "
-                         "python -c 'import tsar; tsar.pack(\"IN.pt\", \"OUT.tsar\")' "
-                         "(arch=\"ARCH.pt\" for --arch)"
-                       : ""));
+                  "install torch " +
+                  built.substr(0, built.find('+')) + instead);
 #else
   (void)dir, (void)command, (void)why;
 #endif

