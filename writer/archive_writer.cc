@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <optional>
+#include <string_view>
 #include <unordered_map>
+#include <variant>
 
+#include "format/attached_file.h"
 #include "format/checksum.h"
 #include "format/encode.h"
 #include "format/reader.h"
@@ -60,13 +63,14 @@ void WithPath(const std::string& path, F&& f) {
   }
 }
 
-format::MetadataSpec MetadataSpecOf(const std::string& key, const MetadataValue& value) {
+// Takes the value's bytes: an attached file is held once, not copied here.
+format::MetadataSpec MetadataSpecOf(const std::string& key, MetadataValue&& value) {
   format::MetadataSpec m;
   m.key = key;
   m.entry = format::kNone;
-  if (const auto* s = std::get_if<std::string>(&value)) {
+  if (auto* s = std::get_if<std::string>(&value)) {
     m.type = format::MetaType::kString;
-    m.bytes = *s;
+    m.bytes = std::move(*s);
   } else if (const auto* i = std::get_if<int64_t>(&value)) {
     m.type = format::MetaType::kInt;
     m.int_value = *i;
@@ -75,12 +79,44 @@ format::MetadataSpec MetadataSpecOf(const std::string& key, const MetadataValue&
     m.float_value = *d;
   } else {
     m.type = format::MetaType::kBytes;
-    m.bytes = std::get<Bytes>(value).data;
+    m.bytes = std::move(std::get<Bytes>(value).data);
   }
   return m;
 }
 
+const char* TypeName(const MetadataValue& value) {
+  if (std::holds_alternative<std::string>(value)) return "a str";
+  if (std::holds_alternative<int64_t>(value)) return "an int";
+  if (std::holds_alternative<double>(value)) return "a float";
+  return "bytes";
+}
+
 }  // namespace
+
+std::string FileKeyRefusal(const std::string& key, const MetadataValue& value,
+                           const std::string& entry) {
+  const std::string_view prefix = format::kAttachedFilePrefix;
+  if (key.compare(0, prefix.size(), prefix) != 0) return "";
+  const std::string_view name = std::string_view(key).substr(prefix.size());
+  if (name.empty()) return "an empty file name";
+  if (name.find('\0') != std::string_view::npos) return "a file name with a NUL byte";
+  if (name.front() == '/') return "an absolute file name";
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t slash = name.find('/', start);
+    if (slash == std::string_view::npos) slash = name.size();
+    const std::string_view part = name.substr(start, slash - start);
+    if (part.empty()) return "a file name with an empty component";
+    if (part == "." || part == "..")
+      return "a file name with a " + format::Quote(part) + " component";
+    start = slash + 1;
+  }
+  if (!std::holds_alternative<Bytes>(value))
+    return std::string(TypeName(value)) + " value (an attached file's value is bytes)";
+  if (!entry.empty())
+    return "a record of entry " + format::Quote(entry) + " (attached files are archive-level)";
+  return "";
+}
 
 ArchiveWriter::ArchiveWriter(std::string path, PackOptions options)
     : state_(std::make_unique<State>()) {
@@ -129,6 +165,14 @@ void ArchiveWriter::add_metadata(const std::string& key, MetadataValue value,
   if (!entry.empty() && !state_->entry_index.count(entry)) {
     throw Error(ErrorCode::kNotFound, state_->path, std::nullopt,
                 "metadata " + format::Quote(key) + ": no entry " + format::Quote(entry));
+  }
+  if (const std::string why = FileKeyRefusal(key, value, entry); !why.empty()) {
+    throw Error(ErrorCode::kInvalidValue, state_->path, std::nullopt,
+                "metadata " + format::Quote(key) +
+                    ": key: expected an attached file (spec §4.7.1: \"file:\" and a relative "
+                    "path without empty, \".\" or \"..\" components or NUL bytes, archive-level "
+                    "bytes), found " +
+                    why);
   }
   state_->metadata.push_back({entry, {key, std::move(value)}});
 }
@@ -269,8 +313,8 @@ void ArchiveWriter::finish() {
       ++tensor_index;
     }
   }
-  for (const auto& [entry, kv] : st.metadata) {
-    format::MetadataSpec m = MetadataSpecOf(kv.first, kv.second);
+  for (auto& [entry, kv] : st.metadata) {
+    format::MetadataSpec m = MetadataSpecOf(kv.first, std::move(kv.second));
     if (!entry.empty()) {
       auto it = st.entry_index.find(entry);
       if (it != st.entry_index.end()) m.entry = it->second;

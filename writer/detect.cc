@@ -86,7 +86,10 @@ std::string DirectoryListing(const std::string& dir) {
 }  // namespace
 
 std::string TransformersWeights(const std::string& dir) {
-  if (!IsRegularFile(dir + "/config.json")) return "";
+  // Any config.json (a FIFO, a link out, a directory): the directory is a
+  // transformers one by its weights, and the importer says what is wrong.
+  struct stat st;
+  if (lstat((dir + "/config.json").c_str(), &st) != 0) return "";
   for (const char* name : {"model.safetensors", "model.safetensors.index.json"}) {
     if (IsRegularFile(dir + "/" + name)) return name;
   }
@@ -105,10 +108,20 @@ InputKind DetectByBytes(const std::string& path) {
         "model.safetensors or model.safetensors.index.json) or one that TensorDict's memmap() "
         "wrote (meta.json), found " +
         DirectoryListing(path);
-    if (IsRegularFile(path + "/config.json")) {
+    struct stat config;
+    if (lstat((path + "/config.json").c_str(), &config) == 0) {
       what +=
           "; a transformers directory without safetensors weights: save it with "
           "save_pretrained(DIR) (safetensors is its default), or pack its weights file alone";
+    } else {
+      for (const char* weights : {"model.safetensors", "model.safetensors.index.json"}) {
+        if (!IsRegularFile(path + "/" + weights)) continue;
+        std::string file = path;
+        while (file.size() > 1 && file.back() == '/') file.pop_back();
+        what += std::string("; without config.json it is not a transformers directory: to pack ") +
+                "its weights alone, pack the file: tsar pack " + file + "/" + weights;
+        break;
+      }
     }
     throw Error(ErrorCode::kBadInput, path, std::nullopt, what);
   }

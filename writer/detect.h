@@ -37,7 +37,8 @@ InputKind DetectByBytes(const std::string& path);
 // order transformers' from_pretrained looks for them: "model.safetensors",
 // else "model.safetensors.index.json" (regular files, or symbolic links to
 // them as in the Hugging Face cache); "" when there is neither or `dir` has
-// no config.json. Throws nothing.
+// no config.json (of any type: the transformers importer refuses one that is
+// not a regular file it can read). Throws nothing.
 std::string TransformersWeights(const std::string& dir);
 
 // A zip whose central directory names TorchScript's records.

@@ -298,17 +298,22 @@ void AppendTensors(const Parsed& p, std::vector<Imported::Tensor>* out) {
   }
 }
 
-// True for a relative path without ".." components or NUL bytes.
-bool IsSafeRelativePath(const std::string& s) {
-  if (s.empty() || s[0] == '/' || s.find('\0') != std::string::npos) return false;
+// Why shard path `s` (from an index's weight_map) could name a file outside
+// the index's directory, or "" when it cannot: what it is, as the message
+// says it.
+std::string UnsafeRelativePath(const std::string& s) {
+  if (s.empty()) return "an empty path";
+  if (s.find('\0') != std::string::npos) return "a path with a NUL byte";
+  if (s[0] == '/') return "an absolute path";
   size_t start = 0;
   while (start <= s.size()) {
     size_t slash = s.find('/', start);
     if (slash == std::string::npos) slash = s.size();
-    if (s.compare(start, slash - start, "..") == 0 && slash - start == 2) return false;
+    if (s.compare(start, slash - start, "..") == 0 && slash - start == 2)
+      return "a path with a \"..\" component";
     start = slash + 1;
   }
-  return true;
+  return "";
 }
 
 }  // namespace
@@ -389,10 +394,12 @@ Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& op
                Describe(shard));
     }
     const std::string& file_name = shard.get_ref<const std::string&>();
-    if (!IsSafeRelativePath(file_name)) {
+    if (const std::string why = UnsafeRelativePath(file_name); !why.empty()) {
       Fail(path, std::nullopt,
            "weight_map: tensor " + Quote(name) +
-               ": expected a relative shard path without \"..\", found " + Quote(file_name));
+               ": expected a shard path relative to the index's directory, without \"..\", "
+               "found " +
+               why + " " + Quote(file_name));
     }
     if (shard_set.insert(file_name).second) shards.push_back(file_name);
   }

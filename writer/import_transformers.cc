@@ -4,13 +4,17 @@
 #include "writer/import_transformers.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "format/attached_file.h"
@@ -49,33 +53,70 @@ bool IsShardName(const std::string& name) {
 
 struct Listed {
   std::string name;
-  enum class Type { kRegular, kDirectory, kOther, kUnreadable } type;
+  enum class Type { kRegular, kDirectory, kOther, kLeaves, kUnreadable } type;
   uint64_t size = 0;
-  std::string error;  // kUnreadable: stat's error text
+  std::string what;  // kOther: what it is; kLeaves, kUnreadable: why
 };
 
-// The names in `dir`, sorted bytewise, with what stat (following symbolic
-// links, as the Hugging Face cache's snapshots need) says they are.
-std::vector<Listed> List(const std::string& dir) {
-  DIR* d = opendir(dir.c_str());
+// The names in directory `sub` below `top` ("" for `top` itself), sorted
+// bytewise, with what they reach: symbolic links are followed as the Hugging
+// Face cache's snapshots need, but only inside `top` (InputDir::Stat; with
+// --follow-symlinks, everywhere). `sub` must be a directory Stat found inside.
+std::vector<Listed> List(const InputDir& top, const std::string& sub) {
+  const std::string shown = sub.empty() ? top.dir() : top.Path(sub);
+  int fd = -1;
+  DIR* d = nullptr;
+  struct stat st;
+  if (!sub.empty()) {
+    // Opened as the walk found it: a directory swapped for a link to another
+    // since then is not listed.
+    const InputDir::Found f = top.Stat(sub);
+    fd = open(shown.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != f.st.st_dev || st.st_ino != f.st.st_ino ||
+                    f.kind != InputDir::Found::Kind::kDirectory)) {
+      close(fd);
+      throw Error(ErrorCode::kBadInput, shown, std::nullopt,
+                  "changed while being read (another directory took its name)");
+    }
+  } else {
+    fd = open(shown.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  }
+  if (fd >= 0) d = fdopendir(fd);
   if (d == nullptr) {
-    throw Error(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, dir, std::nullopt,
-                std::string("cannot read the directory: ") + std::strerror(errno));
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, shown, std::nullopt,
+                std::string("cannot read the directory: ") + std::strerror(err));
   }
   std::vector<Listed> out;
   while (const dirent* e = readdir(d)) {
     Listed l;
     l.name = e->d_name;
     if (l.name == "." || l.name == "..") continue;
-    struct stat st;
-    if (stat((dir + "/" + l.name).c_str(), &st) != 0) {
-      l.type = Listed::Type::kUnreadable;
-      l.error = std::strerror(errno);
-    } else if (S_ISREG(st.st_mode)) {
-      l.type = Listed::Type::kRegular;
-      l.size = static_cast<uint64_t>(st.st_size);
-    } else {
-      l.type = S_ISDIR(st.st_mode) ? Listed::Type::kDirectory : Listed::Type::kOther;
+    try {
+      const InputDir::Found f = top.Stat(sub.empty() ? l.name : sub + "/" + l.name);
+      switch (f.kind) {
+        case InputDir::Found::Kind::kRegular:
+          l.type = Listed::Type::kRegular;
+          l.size = static_cast<uint64_t>(f.st.st_size);
+          break;
+        case InputDir::Found::Kind::kDirectory:
+          l.type = Listed::Type::kDirectory;
+          break;
+        case InputDir::Found::Kind::kOther:
+          l.type = Listed::Type::kOther;
+          l.what = f.Describe();
+          break;
+        case InputDir::Found::Kind::kAbsent:  // gone since readdir, or a dangling link
+          l.type = Listed::Type::kUnreadable;
+          l.what = f.Describe();
+          break;
+      }
+    } catch (const Error& err) {
+      // A link that leaves (or a loop of links): kBadInput; stat failing: kIo.
+      l.type =
+          err.code() == ErrorCode::kBadInput ? Listed::Type::kLeaves : Listed::Type::kUnreadable;
+      l.what = err.what();
     }
     out.push_back(std::move(l));
   }
@@ -86,7 +127,8 @@ std::vector<Listed> List(const std::string& dir) {
 }
 
 // The whole of the regular file open at `fd` (named `path` in messages),
-// which must still have `size` bytes; closes `fd`.
+// which must still have `size` bytes; closes `fd`. The one copy of its bytes
+// `tsar pack` makes: it is moved, never copied, into the archive's head.
 std::string ReadWhole(int fd, const struct stat& st, const std::string& path, uint64_t size) {
   if (static_cast<uint64_t>(st.st_size) != size) {
     close(fd);
@@ -113,20 +155,53 @@ std::string ReadWhole(int fd, const struct stat& st, const std::string& path, ui
   return bytes;
 }
 
+// What the attached files of one directory have taken so far.
+struct Attaching {
+  const InputDir& top;
+  uint64_t total = 0;  // bytes, at most kMaxAttachedTotal
+  Imported* out;
+};
+
+// Reads `name` (open at `fd`, `st` its fstat) as attached file "file:<name>"
+// of `a.out`, within kMaxAttachedTotal.
+void Attach(Attaching& a, const std::string& name, int fd, const struct stat& st) {
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > kMaxAttachedTotal - a.total) {
+    close(fd);
+    throw Error(ErrorCode::kBadInput, a.top.Path(name), std::nullopt,
+                "size: " + std::to_string(size) + " bytes would bring the files attached to " +
+                    std::to_string(a.total + size) + " bytes, over the " +
+                    std::to_string(kMaxAttachedTotal) +
+                    " (256 MiB) tsar pack attaches from one directory in all; move the files "
+                    "the model does not need out of it, or pack its weights file alone");
+  }
+  a.total += size;
+  a.out->metadata.push_back({"", std::string(format::kAttachedFilePrefix) + name,
+                             Bytes{ReadWhole(fd, st, a.top.Path(name), size)}});
+}
+
 // Attaches `l` (named `name` in the archive and below `top`) or records why
 // not.
-void Consider(const InputDir& top, const Listed& l, const std::string& name, Imported* out) {
-  if (l.type == Listed::Type::kUnreadable) {
-    out->skipped.push_back(Quote(name) + ": not attached: cannot stat: " + l.error);
-    return;
-  }
-  if (l.type == Listed::Type::kOther) {
-    out->skipped.push_back(Quote(name) + ": not attached: not a regular file");
-    return;
+void Consider(Attaching& a, const Listed& l, const std::string& name) {
+  std::vector<std::string>& skipped = a.out->skipped;
+  switch (l.type) {
+    case Listed::Type::kUnreadable:
+      skipped.push_back(Quote(name) + ": not attached: " + l.what);
+      return;
+    case Listed::Type::kLeaves:
+      skipped.push_back(Quote(name) +
+                        ": not attached: a symbolic link that leaves the directory (" + l.what +
+                        ")");
+      return;
+    case Listed::Type::kOther:
+      skipped.push_back(Quote(name) + ": not attached: not a regular file (" + l.what + ")");
+      return;
+    default:
+      break;
   }
   const std::string why = AttachRefusal(l.name, l.size);
   if (!why.empty()) {
-    out->skipped.push_back(Quote(name) + ": not attached: " + why);
+    skipped.push_back(Quote(name) + ": not attached: " + why);
     return;
   }
   // Opened below the directory, component by component (safe_open.h): a
@@ -134,20 +209,112 @@ void Consider(const InputDir& top, const Listed& l, const std::string& name, Imp
   struct stat st;
   int fd = -1;
   try {
-    fd = top.OpenFile(name, &st);
+    fd = a.top.OpenFile(name, &st);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kBadInput) throw;
-    out->skipped.push_back(Quote(name) +
-                           ": not attached: a symbolic link that leaves the "
-                           "directory, or not a regular file (" +
-                           e.what() + ")");
+    skipped.push_back(Quote(name) +
+                      ": not attached: a symbolic link that leaves the "
+                      "directory, or not a regular file (" +
+                      e.what() + ")");
     return;
   }
-  out->metadata.push_back({"", std::string(format::kAttachedFilePrefix) + name,
-                           Bytes{ReadWhole(fd, st, top.Path(name), l.size)}});
+  if (static_cast<uint64_t>(st.st_size) != l.size) {
+    close(fd);
+    throw Error(ErrorCode::kBadInput, a.top.Path(name), std::nullopt,
+                "size: expected " + std::to_string(l.size) + " bytes (as listed), found " +
+                    std::to_string(st.st_size) + ": the file changed while it was packed");
+  }
+  Attach(a, name, fd, st);
 }
 
+// config.json, which tsar.transformers.load_model builds the model from:
+// attached, or kBadInput naming it and saying why not.
+void AttachConfig(Attaching& a) {
+  const std::string name = "config.json";
+  const std::string path = a.top.Path(name);
+  const auto refuse = [&](const std::string& found) {
+    return Error(ErrorCode::kBadInput, path, std::nullopt,
+                 "expected the model's configuration (tsar.transformers.load_model builds the "
+                 "model from it): a regular file inside the directory of at most " +
+                     std::to_string(kMaxAttachedFileSize) + " bytes holding a JSON object, found " +
+                     found);
+  };
+  InputDir::Found f;
+  try {
+    f = a.top.Stat(name);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kBadInput) throw;
+    throw refuse("a symbolic link that leaves it (" + std::string(e.what()) + ")");
+  }
+  if (f.kind != InputDir::Found::Kind::kRegular) throw refuse(f.Describe());
+  struct stat st;
+  const int fd = a.top.OpenFile(name, &st);
+  if (static_cast<uint64_t>(st.st_size) > kMaxAttachedFileSize) {
+    close(fd);
+    throw refuse(std::to_string(st.st_size) + " bytes");
+  }
+  Attach(a, name, fd, st);
+  const auto& text = std::get<Bytes>(a.out->metadata.back().value).data;
+  if (const std::string why = ConfigRefusal(text); !why.empty()) throw refuse(why);
+}
+
+// Checks a JSON text as Python's json.loads would take it, without building a
+// tree: records the root's type and refuses nesting past kMaxConfigDepth
+// (nlohmann's parser is not recursive, so a deep text costs nothing first).
+class ConfigSax : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  using json = nlohmann::json;
+  std::string error;      // "" while the text is fine
+  const char* root = "";  // "an object", "an array", "a string", ...
+
+  bool null() override { return Value("null"); }
+  bool boolean(bool) override { return Value("a boolean"); }
+  bool number_integer(json::number_integer_t) override { return Value("a number"); }
+  bool number_unsigned(json::number_unsigned_t) override { return Value("a number"); }
+  bool number_float(json::number_float_t, const json::string_t&) override {
+    return Value("a number");
+  }
+  bool string(json::string_t&) override { return Value("a string"); }
+  bool binary(json::binary_t&) override { return Value("binary"); }
+  bool start_object(std::size_t) override { return Open("an object"); }
+  bool key(json::string_t&) override { return true; }
+  bool end_object() override { return --depth_, true; }
+  bool start_array(std::size_t) override { return Open("an array"); }
+  bool end_array() override { return --depth_, true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    error = std::string("text that is not JSON (") + e.what() + ")";
+    return false;
+  }
+
+ private:
+  bool Value(const char* what) {
+    if (!*root) root = what;
+    return true;
+  }
+  bool Open(const char* what) {
+    Value(what);
+    if (++depth_ <= kMaxConfigDepth) return true;
+    error = "JSON nested deeper than " + std::to_string(kMaxConfigDepth) + " levels";
+    return false;
+  }
+  int depth_ = 0;
+};
+
 }  // namespace
+
+std::string ConfigRefusal(std::string_view text) {
+  if (text.size() >= 3 && text.compare(0, 3, "\xEF\xBB\xBF") == 0)
+    return "a UTF-8 byte order mark before the JSON (Python's json.loads refuses one)";
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    return "a NUL byte at offset " + std::to_string(nul) + " (not JSON)";
+  if (!format::IsValidUtf8(text)) return "bytes that are not UTF-8 (JSON text is)";
+  ConfigSax sax;
+  const bool ok = nlohmann::json::sax_parse(text, &sax);
+  if (!sax.error.empty()) return sax.error;
+  if (!ok) return "text that is not JSON";
+  if (std::string_view(sax.root) != "an object") return std::string(sax.root) + ", not an object";
+  return "";
+}
 
 std::string AttachRefusal(const std::string& name, uint64_t size) {
   if (name.empty() || name[0] == '.') return "a hidden file";
@@ -184,8 +351,8 @@ Imported ImportTransformers(const std::string& path, const ImportOptions& option
         ErrorCode::kBadInput, path, std::nullopt,
         "expected a directory that transformers' save_pretrained wrote, with config.json "
         "and model.safetensors or model.safetensors.index.json, found " +
-            std::string(stat((dir + "/config.json").c_str(), &st) == 0 ? "no safetensors weights"
-                                                                       : "no config.json"));
+            std::string(lstat((dir + "/config.json").c_str(), &st) == 0 ? "no safetensors weights"
+                                                                        : "no config.json"));
   }
   const std::string weights_path = dir + "/" + weights;
   // Every file is opened below the directory (safe_open.h): the weights, the
@@ -218,8 +385,11 @@ Imported ImportTransformers(const std::string& path, const ImportOptions& option
   }
   out.metadata = std::move(kept);
   const bool sharded = weights != "model.safetensors";
-  for (const Listed& l : List(dir)) {
+  Attaching attaching{top, 0, &out};
+  AttachConfig(attaching);
+  for (const Listed& l : List(top, "")) {
     if (l.name == weights || (sharded && IsShardName(l.name))) continue;
+    if (l.name == "config.json") continue;              // attached first
     if (!l.name.empty() && l.name[0] == '.') continue;  // .git, .cache (huggingface_hub)
     if (l.type == Listed::Type::kDirectory) {
       if (l.name != kChatTemplatesDir) {
@@ -228,18 +398,24 @@ Imported ImportTransformers(const std::string& path, const ImportOptions& option
                               "directory and in additional_chat_templates/)");
         continue;
       }
-      const std::string sub = dir + "/" + l.name;
-      for (const Listed& t : List(sub)) {
+      for (const Listed& t : List(top, l.name)) {
         if (!t.name.empty() && t.name[0] == '.') continue;
         if (t.type == Listed::Type::kDirectory) {
           out.skipped.push_back(Quote(l.name + "/" + t.name + "/") + ": not read");
           continue;
         }
-        Consider(top, t, l.name + "/" + t.name, &out);
+        Consider(attaching, t, l.name + "/" + t.name);
       }
       continue;
     }
-    Consider(top, l, l.name, &out);
+    if (l.type == Listed::Type::kLeaves && l.name == kChatTemplatesDir) {
+      // Never listed: the names of what it leads to are not the directory's.
+      out.skipped.push_back(Quote(l.name + "/") +
+                            ": not read: a symbolic link that leaves the directory (" + l.what +
+                            ")");
+      continue;
+    }
+    Consider(attaching, l, l.name);
   }
   return out;
 }

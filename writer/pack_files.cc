@@ -298,6 +298,22 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
       summary.notes.push_back(s.path + ": " + what + " (packed as it is; --strict refuses it)");
       if (options.note) options.note(summary.notes.back());
     }
+    // §4.7.1: writers must not write a "file:" key that is not an attached
+    // file; an input's (a safetensors __metadata__ key, an older archive's
+    // record) stays out, with a note, before the tree is decided on.
+    for (auto it = in.metadata.begin(); it != in.metadata.end();) {
+      const std::string why = writer::FileKeyRefusal(it->key, it->value, it->entry);
+      if (why.empty()) {
+        ++it;
+        continue;
+      }
+      summary.notes.push_back(s.path + ": metadata " + format::Quote(it->key) +
+                              ": not written: a key starting with \"file:\" names an attached "
+                              "file (spec §4.7.1), and this one is not one: " +
+                              why);
+      if (options.note) options.note(summary.notes.back());
+      it = in.metadata.erase(it);
+    }
     const bool prefix = !s.entry.empty() && in.entries.size() > 1;
     if (prefix && in.value) {
       in.value = RenameEntries(*in.value, [&](const std::string& n) { return s.entry + "." + n; });
@@ -353,8 +369,10 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     }
     for (auto& m : in.metadata) {
       CheckInputName(s.path, "metadata", m.key, "key");
-      writer.add_metadata(m.key, m.value, m.entry);
+      // Moved: an attached file's bytes are held once (import_transformers.h).
+      writer.add_metadata(m.key, std::move(m.value), m.entry);
     }
+    in.metadata.clear();
     for (const auto& line : in.skipped) {
       summary.notes.push_back(s.path + ": " + line);
       if (options.note) options.note(summary.notes.back());

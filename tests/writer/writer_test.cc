@@ -8,8 +8,10 @@
 #include "format/index.h"
 #include "tests/loader/test_helpers.h"
 #include "tsar/tsar.h"
+#include "writer/archive_writer.h"
 #include "writer/atomic_file.h"
 #include "writer/exporter.h"
+#include "writer/import_transformers.h"
 #include "writer/pack_files.h"
 #include "writer/torchscript.h"
 
@@ -259,6 +261,71 @@ TEST_F(WriterTest, SequentialWriterGivesTheFileExactlyItsWrites) {
     file.Publish(/*durable=*/false);
   }
   EXPECT_EQ(testing::ReadAll(Path("seq")), want);
+}
+
+// Spec §4.7.1: a key starting with "file:" names an attached file, and
+// writers must not write one that is not (issue 56, item 14). Both savers of
+// the Python package and `tsar pack` go through writer::ArchiveWriter.
+TEST_F(WriterTest, MalformedAttachedFileKeysAreRefusedNamingTheKey) {
+  const Bytes one{"1"};
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"file:../../x.json", "a file name with a \"..\" component"},
+      {"file:", "an empty file name"},
+      {"file:/etc/cron.d/x", "an absolute file name"},
+      {"file:a//b", "an empty component"},
+      {"file:dir/", "an empty component"},
+      {"file:./x", "a file name with a \".\" component"},
+      {"file:a/../b", "a file name with a \"..\" component"},
+      {std::string("file:a\0b", 8), "a NUL byte"},
+  };
+  for (const auto& [key, why] : bad) {
+    writer::ArchiveWriter w(Path("k.tsar"), PackOptions{});
+    EXPECT_TRUE(Throws([&] { w.add_metadata(key, one); }, ErrorCode::kInvalidValue, why)) << key;
+    EXPECT_TRUE(Throws([&] { w.add_metadata(key, one); }, ErrorCode::kInvalidValue,
+                       "metadata " + format::Quote(key) + ": key: expected an attached file"))
+        << key;
+  }
+  writer::ArchiveWriter w(Path("k.tsar"), PackOptions{});
+  w.add_entry("model");
+  EXPECT_TRUE(Throws([&] { w.add_metadata("file:s.txt", std::string("text")); },
+                     ErrorCode::kInvalidValue, "a str value"));
+  EXPECT_TRUE(Throws([&] { w.add_metadata("file:e.txt", one, "model"); }, ErrorCode::kInvalidValue,
+                     "a record of entry \"model\""));
+  // What the grammar allows is written, and so is a key that only looks alike.
+  w.add_metadata("file:config.json", Bytes{"{}"});
+  w.add_metadata("file:additional_chat_templates/tool_use.jinja", one);
+  w.add_metadata("files", one);
+  w.finish();
+  const ArchiveFile a = ArchiveFile::open(Path("k.tsar"));
+  EXPECT_EQ(a.metadata_items().size(), 3u);
+  // The LibTorch writer refuses the same way.
+  Writer t(Path("t.tsar"));
+  EXPECT_TRUE(
+      Throws([&] { t.add_metadata("file:../x", one); }, ErrorCode::kInvalidValue, "\"file:../x\""));
+}
+
+// config.json is what tsar.transformers.load_model builds the model from:
+// `tsar pack DIR` refuses one that it could not read (issue 56, item 11).
+TEST(ConfigRefusal, SaysWhyAConfigIsUnusable) {
+  EXPECT_EQ(importer::ConfigRefusal("{\"model_type\": \"llama\", \"a\": [1, {\"b\": null}]}"), "");
+  EXPECT_EQ(importer::ConfigRefusal(" {} \n"), "");
+  EXPECT_NE(importer::ConfigRefusal("{\"a\": \"\xff\"}").find("not UTF-8"), std::string::npos);
+  EXPECT_NE(importer::ConfigRefusal("{not json").find("not JSON"), std::string::npos);
+  EXPECT_NE(importer::ConfigRefusal("").find("not JSON"), std::string::npos);
+  EXPECT_NE(importer::ConfigRefusal("{} {}").find("not JSON"), std::string::npos);
+  EXPECT_NE(importer::ConfigRefusal(std::string("{}\0", 3)).find("NUL byte at offset 2"),
+            std::string::npos);
+  EXPECT_NE(importer::ConfigRefusal("\xEF\xBB\xBF{}").find("byte order mark"), std::string::npos);
+  EXPECT_EQ(importer::ConfigRefusal("[1, 2]"), "an array, not an object");
+  EXPECT_EQ(importer::ConfigRefusal("\"x\""), "a string, not an object");
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += "{\"a\":";
+  deep += "1" + std::string(100000, '}');
+  EXPECT_NE(importer::ConfigRefusal(deep).find("nested deeper than 64"), std::string::npos);
+  std::string ok;
+  for (int i = 0; i < importer::kMaxConfigDepth; ++i) ok += "{\"a\":";
+  ok += "1" + std::string(importer::kMaxConfigDepth, '}');
+  EXPECT_EQ(importer::ConfigRefusal(ok), "");
 }
 
 }  // namespace
