@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+import collections.abc
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 
@@ -200,10 +201,21 @@ class Archive:
         """Metadata as a dict (str, int, float or bytes values); entry None = archive-level."""
         return dict(self._a().metadata_items(entry or ""))
 
-    def files(self) -> Dict[str, bytes]:
-        """The files attached to the archive, ``{name: bytes}`` in name order:
-        what ``tsar pack MODEL_DIR`` keeps of a transformers directory
-        (``config.json``, tokenizer files...), byte for byte.
+    def files(self) -> "AttachedFiles":
+        """The files attached to the archive: what ``tsar pack MODEL_DIR``
+        keeps of a transformers directory (``config.json``, tokenizer
+        files...), byte for byte, as a read-only mapping ``{name: bytes}``
+        in name order (``files()["config.json"]``, ``in``, ``get``, ``items``,
+        ``==`` with a dict; ``dict(archive.files())`` for a plain dict).
+
+        Nothing is copied up front: a file's bytes are read out of the
+        archive each time it is looked up, so a caller that wants one file
+        pays for that one, not for every attached file (a tokenizer of
+        hundreds of megabytes). Listing the names (iterating, ``len``)
+        looks at each file once, one at a time, to tell a file from a
+        ``file:`` key that holds no bytes; :meth:`file` and ``in`` look up
+        one name and read no other. The mapping keeps what it reads from
+        alive: it stays readable after :meth:`close`.
 
         They are archive-level bytes metadata under the key ``"file:" + name``
         (spec/FORMAT.md §4.7.1), so :meth:`metadata` holds them too. A name is
@@ -212,13 +224,17 @@ class Archive:
         directory, it stays inside it. A ``file:`` key that breaks that rule,
         or whose value is not bytes, is plain metadata, not a file.
         """
-        out = {}
-        for key, value in self._a().metadata_items(""):
-            if isinstance(value, bytes):
-                name = attached_file_name(key)
-                if name is not None:
-                    out[name] = value
-        return out
+        return AttachedFiles(self._a())
+
+    def file(self, name: str) -> Optional[bytes]:
+        """The bytes of the attached file ``name`` (see :meth:`files`), or
+        None where there is none: one lookup of its ``file:`` key, no other
+        attached file read."""
+        return _attached(self._a(), name)
+
+    def file_names(self) -> List[str]:
+        """The names of the attached files (see :meth:`files`), sorted."""
+        return _attached_names(self._a())
 
     def get(self, name: str, default=None):
         return self.tensor(name) if name in self else default
@@ -272,6 +288,90 @@ class Archive:
         if self._impl is None:
             return "<tsar.Archive closed>"
         return f"<tsar.Archive {self.path!r} mode={self.mode} entries={self.entries}>"
+
+
+def _metadata_lookup(impl):
+    """(keys(entry), value(key, entry)) of an archive implementation: the
+    extension's metadata_keys and metadata_value, which copy no value but the
+    one asked for."""
+    keys = getattr(impl, "metadata_keys", None)
+    value = getattr(impl, "metadata_value", None)
+    if keys is None or value is None:
+        # The portable path's wrapper (_portable.PortableArchive) does not
+        # pass them through yet: its extension object has them.
+        inner = getattr(impl, "_file", None)
+        keys, value = getattr(inner, "metadata_keys", None), getattr(inner, "metadata_value", None)
+    if keys is None or value is None:
+        raise Error(f"{impl.path}: this tsar extension has no metadata_keys/metadata_value "
+                    f"(built from an older source): rebuild it", ErrorCode.UNSUPPORTED, impl.path)
+    return keys, value
+
+
+def _attached(impl, name) -> Optional[bytes]:
+    """Attached file ``name`` of ``impl`` or None: one lookup."""
+    if not isinstance(name, str) or attached_file_name("file:" + name) != name:
+        return None
+    value = _metadata_lookup(impl)[1]("file:" + name, "")
+    return value if isinstance(value, bytes) else None
+
+
+def _attached_names(impl) -> List[str]:
+    """Sorted names of ``impl``'s attached files: the ``file:`` keys §4.7.1
+    accepts whose value is bytes (each value read once, one at a time: the
+    extension lists keys without their types)."""
+    keys, value = _metadata_lookup(impl)
+    names = []
+    for key in keys(""):
+        name = attached_file_name(key)
+        if name is not None and isinstance(value(key, ""), bytes):
+            names.append(name)
+    names.sort()
+    return names
+
+
+def candidate_file_names(archive: Archive) -> List[str]:
+    """Sorted names of the ``file:`` keys §4.7.1 accepts, from the keys
+    alone (no value read): the attached files, and any such key whose value
+    is not bytes (which :meth:`Archive.file` then gives as None)."""
+    keys = _metadata_lookup(archive._a())[0]
+    return sorted(n for n in map(attached_file_name, keys("")) if n is not None)
+
+
+class AttachedFiles(collections.abc.Mapping):
+    """What :meth:`Archive.files` returns: the attached files as a read-only
+    mapping ``{name: bytes}`` in name order that reads a file's bytes when it
+    is looked up, not before. Thread-safe for reading."""
+
+    def __init__(self, impl):
+        self._impl = impl
+        self._names: Optional[List[str]] = None  # listed on first need
+
+    def _listed(self) -> List[str]:
+        names = self._names
+        if names is None:
+            names = self._names = _attached_names(self._impl)
+        return names
+
+    def __getitem__(self, name: str) -> bytes:
+        data = _attached(self._impl, name)
+        if data is None:
+            raise KeyError(name)
+        return data
+
+    def __contains__(self, name) -> bool:
+        if self._names is not None:
+            return name in self._names
+        return _attached(self._impl, name) is not None
+
+    def __iter__(self):
+        return iter(self._listed())
+
+    def __len__(self) -> int:
+        return len(self._listed())
+
+    def __repr__(self) -> str:
+        names = ", ".join(self._listed()) or "none"
+        return f"<tsar attached files of {self._impl.path!r}: {names}>"
 
 
 def attached_file_name(key: str) -> Optional[str]:

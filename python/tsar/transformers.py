@@ -12,16 +12,22 @@ byte for byte (spec/FORMAT.md §4.7.1). Then, in every worker::
 The weights are views of the archive's mapping, shared by every process that
 maps it. Nothing is read from the network or from the model directory.
 
+An archive is data, never code: nothing here imports, runs or unpickles
+anything an archive holds, whoever wrote it (``trust_remote_code`` is always
+False; an ``auto_map`` is ignored with a warning; classes are only
+transformers' own; an attached ``.py`` or pickle is never written out or
+read). Bad content in an archive raises :class:`tsar.Error` naming the archive
+and the file. docs/transformers.md says what this module will never do.
+
 Needs ``transformers`` (``import tsar`` itself never imports it).
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
-import os
-import shutil
-import tempfile
-from typing import Any, Dict, Optional
+import warnings
+from typing import Any
 
 try:
     import transformers as _tf
@@ -42,6 +48,39 @@ def _error(code, archive, message):
     return Error(f"{archive.path}: {message}", code, archive.path)
 
 
+def _short(value, most: int = 80) -> str:
+    """repr(value), cut to ``most`` characters (a hostile value may be huge)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"a {type(value).__name__} nested too deeply to print"
+    return text if len(text) <= most else text[:most] + "..."
+
+
+@contextlib.contextmanager
+def _content(archive, what: str, code=ErrorCode.BAD_INPUT):
+    """Turns what json or transformers raise over the archive's content
+    ``what`` ("file config.json") into tsar.Error naming the archive and it:
+    bad content in an archive must never escape as RecursionError, TypeError,
+    KeyError, IndexError, AttributeError or OSError. tsar.Error passes."""
+    try:
+        yield
+    except Error:
+        raise
+    except ImportError as e:  # a class that needs a package this environment lacks
+        raise _error(ErrorCode.UNSUPPORTED, archive,
+                     f"{what}: expected what transformers {_tf.__version__} can read here, "
+                     f"found {type(e).__name__}: {_cut(e)}") from e
+    except Exception as e:
+        raise _error(code, archive, f"{what}: expected what transformers {_tf.__version__} can "
+                                    f"read, found {type(e).__name__}: {_cut(e)}") from e
+
+
+def _cut(e, most: int = 300) -> str:
+    text = str(e)
+    return text if len(text) <= most else text[:most] + "..."
+
+
 def _as_archive(path):
     """(archive, whether this call opened it)."""
     if isinstance(path, _archive.Archive):
@@ -49,50 +88,107 @@ def _as_archive(path):
     return _archive.open(path), True
 
 
-def _files(archive) -> Dict[str, bytes]:
-    files = archive.files()
-    if "config.json" not in files:
-        names = ", ".join(sorted(files)) or "none"
+def _json(archive, name: str, data: bytes, expect=dict):
+    """The JSON of attached file ``name``; BAD_INPUT unless it is UTF-8 JSON
+    of type ``expect``, nested no deeper than Python's recursion limit."""
+    what = f"file {name}"
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise _error(ErrorCode.BAD_INPUT, archive,
+                     f"{what}: expected JSON nested less deeply than Python's recursion limit, "
+                     f"found deeper nesting") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _error(ErrorCode.BAD_INPUT, archive,
+                     f"{what}: expected JSON, found {_cut(e)}") from None
+    if not isinstance(value, expect):
+        raise _error(ErrorCode.BAD_INPUT, archive,
+                     f"{what}: expected a JSON {'object' if expect is dict else expect.__name__}, "
+                     f"found a JSON {_json_type(value)}")
+    return value
+
+
+def _json_type(value) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _config_dict(archive) -> dict:
+    """config.json's object: one lookup, no other attached file read."""
+    data = archive.file("config.json")
+    if data is None:
+        names = ", ".join(archive.file_names()) or "none"
         raise _error(ErrorCode.NOT_FOUND, archive,
                      f"config.json: expected an attached file (an archive packed "
                      f"from a transformers save_pretrained directory: tsar pack MODEL_DIR -o "
                      f"ARCHIVE.tsar), found attached files: {names}")
-    return files
+    return _json(archive, "config.json", data)
 
 
-def _config_of(archive, files):
-    try:
-        cfg = json.loads(files["config.json"].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise _error(ErrorCode.BAD_INPUT, archive,
-                     f"file config.json: expected JSON, found {e}") from None
-    if not isinstance(cfg, dict):
-        raise _error(ErrorCode.BAD_INPUT, archive, f"file config.json: expected a JSON "
-                                                 f"object, found {type(cfg).__name__}")
-    model_type = cfg.get("model_type")
+def _note_auto_map(archive, name: str, cfg: dict, stacklevel: int) -> None:
+    """Warns that ``cfg``'s auto_map (custom code) is ignored; ``stacklevel``
+    as warnings.warn's, counted from the caller (the user's call)."""
+    auto_map = cfg.get("auto_map")
+    if auto_map is not None:
+        warnings.warn(f"{archive.path}: file {name}: auto_map {_short(auto_map, 200)} ignored: "
+                      f"tsar.transformers never imports or runs code from an archive, only "
+                      f"transformers' own classes", UserWarning, stacklevel=stacklevel + 1)
+
+
+def _check_dtype(archive, cfg: dict) -> None:
+    """config.json's dtype (torch_dtype) names a torch dtype, or is absent."""
+    for key in ("dtype", "torch_dtype"):
+        value = cfg.get(key)
+        if value is None or value == "auto":
+            continue
+        if not (isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
+            raise _error(ErrorCode.BAD_INPUT, archive,
+                         f"file config.json: {key}: expected the name of a torch dtype "
+                         f"(\"float32\", \"bfloat16\"...), found {_short(value)}")
+
+
+def _config_of(archive, cfg: dict, generic: bool = False):
+    """The PretrainedConfig of config.json's object ``cfg``, as
+    from_pretrained builds it (no hub, no files, no custom code). A
+    model_type this transformers does not know is UNSUPPORTED, or with
+    ``generic`` a plain PreTrainedConfig (what AutoTokenizer falls back to)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    if model_type not in CONFIG_MAPPING:
+    model_type = cfg.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise _error(ErrorCode.BAD_INPUT, archive, f"file config.json: model_type: expected a "
+                                                   f"string, found {_short(model_type)}")
+    _check_dtype(archive, cfg)
+    known = isinstance(model_type, str) and model_type in CONFIG_MAPPING
+    if not known and not generic:
         raise _error(ErrorCode.UNSUPPORTED, archive,
                      f"file config.json: model_type: expected a model type this "
-                     f"transformers {_tf.__version__} knows, found {model_type!r} (a model with "
-                     f"custom code, or a newer transformers)")
-    # As from_pretrained builds it, from the stored dict: no hub, no files.
-    config = CONFIG_MAPPING[model_type].from_dict(cfg)
+                     f"transformers {_tf.__version__} knows, found {_short(model_type)} (a model "
+                     f"with custom code, or a newer transformers)")
+    with _content(archive, "file config.json"):
+        cls = CONFIG_MAPPING[model_type] if known else _tf.PretrainedConfig
+        config = cls.from_dict({k: v for k, v in cfg.items() if k != "auto_map"} if generic
+                               else cfg)
+    dtype = getattr(config, "dtype", None)
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise _error(ErrorCode.BAD_INPUT, archive, f"file config.json: dtype: expected the name "
+                                                   f"of a torch dtype, found {_short(dtype)}")
     config._name_or_path = archive.path  # where from_pretrained names its directory
-    return config, cfg
+    return config
 
 
 def load_config(path):
     """The model's ``PretrainedConfig``, from the ``config.json`` attached to
-    the archive at ``path`` (a path or a :class:`tsar.Archive`).
+    the archive at ``path`` (a path or a :class:`tsar.Archive`). Reads that
+    one attached file, no other.
 
     Raises tsar.Error: NOT_FOUND (no config.json attached), BAD_INPUT (not a
-    JSON object), UNSUPPORTED (a model_type this transformers does not know).
+    JSON object, or values transformers cannot read), UNSUPPORTED (a
+    model_type this transformers does not know).
     """
     archive, opened = _as_archive(path)
     try:
-        return _config_of(archive, _files(archive))[0]
+        return _config_of(archive, _config_dict(archive))
     finally:
         if opened:
             archive.close()
@@ -100,14 +196,19 @@ def load_config(path):
 
 def _model_class(archive, config, cfg):
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise _error(ErrorCode.BAD_INPUT, archive,
+                     f"file config.json: architectures: expected a list of class names, found "
+                     f"{_short(archs)}")
     if archs:
-        cls = getattr(_tf, str(archs[0]), None)
+        name = archs[0]
+        cls = getattr(_tf, name, None) if isinstance(name, str) and name.isidentifier() else None
         if isinstance(cls, type) and issubclass(cls, _tf.PreTrainedModel):
             return cls
         raise _error(ErrorCode.UNSUPPORTED, archive,
                      f"file config.json: architectures: expected a model class "
-                     f"of transformers {_tf.__version__}, found {archs[0]!r} (a model with custom "
-                     f"code?); pass model_class=")
+                     f"of transformers {_tf.__version__}, found {_short(name)} (a model with "
+                     f"custom code?); pass model_class=")
     mapping = _tf.AutoModel._model_mapping
     if type(config) not in mapping:
         raise _error(ErrorCode.UNSUPPORTED, archive,
@@ -130,17 +231,40 @@ def load_model(path, *, device=None, dtype=None, model_class=None, **load_into_k
     ``path`` is an archive packed from a directory that transformers'
     ``save_pretrained`` wrote (``tsar pack MODEL_DIR -o model.tsar``), or an
     open :class:`tsar.Archive`. The class comes from the attached
-    ``config.json``: its ``architectures[0]`` (``model_class=`` overrides it,
-    e.g. ``transformers.AutoModel`` for the base model; without
-    ``architectures``, AutoModel's class for the config). The model is built
+    ``config.json``: its ``architectures[0]``, one of transformers' own
+    classes (``model_class=`` overrides it, e.g. ``transformers.AutoModel``
+    for the base model of a model with a head; without ``architectures``,
+    AutoModel's class for the config). The model is built
     under :func:`tsar.empty_parameters` (parameters on meta, so no weight
     memory is allocated; buffers computed; the constructor's ties kept), in
     the dtype of the archive's floating-point tensors, then bound by
-    :func:`tsar.load_into` (strict by default; tied weights such as
-    ``lm_head.weight`` count as bound), given the attached
-    ``generation_config.json`` where the model generates, and put in
-    ``eval()`` mode. Its logits are bit-exact with
-    ``from_pretrained(MODEL_DIR)`` of the same directory on the CPU.
+    :func:`tsar.load_into`, given the attached ``generation_config.json``
+    where the model generates, and put in ``eval()`` mode. Only
+    ``config.json`` and ``generation_config.json`` are read of the attached
+    files. Its logits are bit-exact with ``from_pretrained(MODEL_DIR)`` of
+    the same directory on the CPU.
+
+    Names are matched as ``from_pretrained`` matches them, and every other
+    difference is an error (BIND_MISMATCH, listing them; ``strict=False``
+    binds what matches and ignores the rest):
+
+    - a stored tensor the model keeps as a non-persistent buffer (BERT's
+      ``embeddings.position_ids``, which older checkpoints hold), or whose
+      name the class's ``_keys_to_ignore_on_load_unexpected`` matches (as
+      do ``position_ids`` and ``rotary_emb.inv_freq`` where the model has
+      such buffers), is left unbound: the model keeps the value its
+      constructor computed, as from_pretrained does;
+    - a tensor the archive lacks whose name the class's
+      ``_keys_to_ignore_on_load_missing`` matches keeps its initial value
+      (a parameter is made on the CPU and initialized by the class's
+      ``_init_weights``, as from_pretrained initializes it);
+    - tied weights such as ``lm_head.weight`` count as bound;
+    - the base model of a model with a head (``model_class=AutoModel`` of a
+      LlamaForCausalLM archive) binds the tensors under the class's
+      ``base_model_prefix`` (``model.``) and leaves the head's alone; a model
+      with a head over an archive of its base model binds the base under the
+      prefix, and its head, which the archive lacks, is missing (unless tied
+      to the base, as a tied lm_head is).
 
     ``device=None``: the weights are zero-copy, read-only views of the mapping
     (every process mapping the archive shares them; never train them in
@@ -149,10 +273,11 @@ def load_model(path, *, device=None, dtype=None, model_class=None, **load_into_k
     which makes a private copy of every converted tensor (no longer shared,
     no longer zero copy); the stored dtype (or None) keeps them zero copy.
     Other keyword arguments go to :func:`tsar.load_into` (``strict``,
-    ``entry``, ``read_ahead``...).
+    ``entry``, ``read_ahead``, ``archive_prefix``...).
 
     Raises tsar.Error: NOT_FOUND (no config.json attached: not packed from a
-    model directory), BAD_INPUT, UNSUPPORTED (a model type or class this
+    model directory), BAD_INPUT (config.json or generation_config.json that
+    transformers cannot read), UNSUPPORTED (a model type or class this
     transformers does not know, such as custom code), BIND_MISMATCH
     (names or shapes that do not match, listed) and load_into's others.
     """
@@ -160,25 +285,27 @@ def load_model(path, *, device=None, dtype=None, model_class=None, **load_into_k
 
     archive, opened = _as_archive(path)
     try:
-        files = _files(archive)
-        config, cfg = _config_of(archive, files)
+        cfg = _config_dict(archive)
+        config = _config_of(archive, cfg)
+        _note_auto_map(archive, "config.json", cfg, stacklevel=2)
         cls = model_class if model_class is not None else _model_class(archive, config, cfg)
         built_dtype = _stored_dtype(archive, load_into_kwargs.get("entry")) or config.dtype
-        if isinstance(built_dtype, str):
-            built_dtype = getattr(torch, built_dtype)
-        with tsar.empty_parameters():
-            if hasattr(cls, "_from_config"):  # the contexts from_config builds under
-                model = cls._from_config(config, dtype=built_dtype)
-            elif hasattr(cls, "from_config"):  # an Auto class
-                model = cls.from_config(config, dtype=built_dtype)
-            else:
-                model = cls(config)
+        with _content(archive, f"file config.json (building {getattr(cls, '__name__', cls)})"):
+            with tsar.empty_parameters():
+                if hasattr(cls, "_from_config"):  # the contexts from_config builds under
+                    model = cls._from_config(config, dtype=built_dtype)
+                elif hasattr(cls, "from_config"):  # an Auto class
+                    model = cls.from_config(config, dtype=built_dtype)
+                else:
+                    model = cls(config)
         model.eval()
-        tsar.load_into(model, archive, device=device, **load_into_kwargs)
-        generation = files.get("generation_config.json")
+        from . import _transformers_bind
+        _transformers_bind.bind(model, archive, device, load_into_kwargs)
+        generation = archive.file("generation_config.json")
         if generation is not None and getattr(model, "can_generate", lambda: False)():
-            model.generation_config = _tf.GenerationConfig.from_dict(
-                json.loads(generation.decode("utf-8")))
+            values = _json(archive, "generation_config.json", generation)
+            with _content(archive, "file generation_config.json"):
+                model.generation_config = _tf.GenerationConfig.from_dict(values)
         if dtype is not None and dtype != built_dtype:
             model.to(dtype)
         return model
@@ -187,36 +314,33 @@ def load_model(path, *, device=None, dtype=None, model_class=None, **load_into_k
             archive.close()
 
 
-def _write_files(files: Dict[str, bytes], directory: str) -> None:
-    for name, data in files.items():
-        # Archive.files() keeps only names inside the directory (§4.7.1).
-        target = os.path.join(directory, *name.split("/"))
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(target, "xb") as f:
-            f.write(data)
-
-
 def load_tokenizer(path, **kwargs: Any):
-    """The tokenizer stored with the model: ``AutoTokenizer.from_pretrained``
-    of the archive's attached files (tokenizer.json, tokenizer_config.json,
-    special_tokens_map.json, vocab/merges files, chat templates, config.json),
-    written for that call to a private temporary directory that is removed
-    before it returns. Encodes as ``AutoTokenizer.from_pretrained(MODEL_DIR)``
-    does. ``kwargs`` go to ``AutoTokenizer.from_pretrained``.
+    """The tokenizer stored with the model, as
+    ``AutoTokenizer.from_pretrained(MODEL_DIR)`` makes it (it encodes the
+    same), and without running anything the archive holds.
 
-    Raises tsar.Error NOT_FOUND when the archive has no config.json attached;
-    what transformers raises when the files make no tokenizer.
+    The tokenizer class is resolved from the attached
+    ``tokenizer_config.json``'s ``tokenizer_class`` and ``config.json``'s
+    ``tokenizer_class`` and ``model_type``, among transformers' own
+    tokenizer classes only: a name that is not one (``AutoModelForCausalLM``,
+    a class with custom code) is refused, and an ``auto_map`` is ignored
+    with a warning. Then only the files those classes read (their
+    ``vocab_files_names``: ``tokenizer.json``, ``vocab.txt``,
+    ``merges.txt``, ``tokenizer.model``...; ``tokenizer_config.json``,
+    ``special_tokens_map.json``, ``added_tokens.json``, the chat templates
+    ``chat_template.jinja`` and ``additional_chat_templates/*.jinja``, and
+    ``config.json``, without their ``auto_map``) are written to a private
+    temporary directory for ``AutoTokenizer.from_pretrained`` with
+    ``trust_remote_code=False`` and the config built here; the directory is
+    removed before this returns. Never a ``.py`` file, never a pickle; no
+    prompt on stdin; no network. ``kwargs`` go to
+    ``AutoTokenizer.from_pretrained`` (``trust_remote_code=True`` is
+    refused: INVALID_ARGUMENT).
+
+    Raises tsar.Error: NOT_FOUND (no config.json attached), UNSUPPORTED (a
+    tokenizer class that is not one of transformers' own, or a result that
+    is not a tokenizer), BAD_INPUT (files transformers cannot read, names
+    that cannot be written), each naming the archive and the file.
     """
-    archive, opened = _as_archive(path)
-    try:
-        files = _files(archive)
-    finally:
-        if opened:
-            archive.close()
-    directory = tempfile.mkdtemp(prefix="tsar-tokenizer-")
-    try:
-        _write_files(files, directory)
-        kwargs.setdefault("local_files_only", True)
-        return _tf.AutoTokenizer.from_pretrained(directory, **kwargs)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    from . import _transformers_tokenizer
+    return _transformers_tokenizer.load(path, kwargs)
