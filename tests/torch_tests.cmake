@@ -93,6 +93,23 @@ if(NOT TSAR_SANITIZE AND NOT TSAR_FUZZ)
     "TSAR_CLI=$<TARGET_FILE:tsar_cli>;TSAR_WORKER=$<TARGET_FILE:tsar_worker_cpu>;TSAR_PYTHON=${TSAR_PYTHON}")
 endif()
 
+# The hostile modules (tests/python/test_hostile_modules.py) on the portable
+# path under ASan + UBSan: the sanitizer build's tsar._tsar_portable (the
+# module walk and the bind over the Python C API) in an interpreter with the
+# ASan runtime preloaded and Python's allocator off (PYTHONMALLOC=malloc), so
+# that a read of a freed Python object is ASan's heap-use-after-free. ASan
+# leaves SIGSEGV to tsar's fault handler (the training test expects it).
+if(TSAR_SANITIZE AND TARGET tsar_python_portable AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/python)
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libclang_rt.asan-x86_64.so
+    OUTPUT_VARIABLE tsar_asan_runtime OUTPUT_STRIP_TRAILING_WHITESPACE)
+  add_test(NAME python.hostile_asan
+    COMMAND ${TSAR_PYTHON} -m pytest ${CMAKE_CURRENT_SOURCE_DIR}/python/test_hostile_modules.py
+            -q -p no:cacheprovider
+    WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(python.hostile_asan PROPERTIES TIMEOUT 900 ENVIRONMENT
+    "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TSAR_PORTABLE=1;LD_PRELOAD=${tsar_asan_runtime};ASAN_OPTIONS=detect_leaks=0:handle_segv=0:handle_sigbus=0:allow_user_segv_handler=1;TSAR_TEST_PYTHONMALLOC=malloc;PYTHONMALLOC=malloc")
+endif()
+
 # The Python package (tests/python, pytest): against the build tree's package.
 if(TARGET tsar_python AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/python)
   add_test(NAME python.pytest

@@ -30,7 +30,9 @@ def portable(monkeypatch):
 
 def run_child(code, path, *args, malloc="debug", timeout=120):
     env = child_env()
-    env["PYTHONMALLOC"] = malloc
+    # Under ASan (tests/torch_tests.cmake: python.hostile_asan) Python's own
+    # allocator is off, so that ASan sees every free.
+    env["PYTHONMALLOC"] = os.environ.get("TSAR_TEST_PYTHONMALLOC", malloc)
     if path == "portable":
         env["TSAR_PORTABLE"] = "1"
     else:
