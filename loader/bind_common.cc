@@ -222,8 +222,9 @@ void CheckNothingStaysMeta(const std::vector<BindSlot>& slots, const std::vector
       format::Quote(entry_name) + " does not bind: ";
   if (!buffers.empty()) {
     msg += List(buffers) +
-           " (non-persistent buffers, which no archive holds: state_dict() leaves them out, and "
-           "they were made on meta with the module). Build the module under "
+           " (non-persistent buffers: state_dict() leaves them out, so a bind never takes them "
+           "from an archive, even one that holds a tensor of that name, and they were made on "
+           "meta with the module). Build the module under "
            "tsar.empty_parameters() (parameters on meta, buffers made for real) instead of "
            "torch.device(\"meta\"), or give these buffers their values before binding";
     if (!unbound.empty()) msg += "; ";

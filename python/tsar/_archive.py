@@ -297,11 +297,6 @@ def _metadata_lookup(impl):
     keys = getattr(impl, "metadata_keys", None)
     value = getattr(impl, "metadata_value", None)
     if keys is None or value is None:
-        # The portable path's wrapper (_portable.PortableArchive) does not
-        # pass them through yet: its extension object has them.
-        inner = getattr(impl, "_file", None)
-        keys, value = getattr(inner, "metadata_keys", None), getattr(inner, "metadata_value", None)
-    if keys is None or value is None:
         raise Error(f"{impl.path}: this tsar extension has no metadata_keys/metadata_value "
                     f"(built from an older source): rebuild it", ErrorCode.UNSUPPORTED, impl.path)
     return keys, value

@@ -227,15 +227,20 @@ def load_into(
         # The module tree walked in C++; None for a module that needs its own
         # state_dict() (hooks, an overridden _save_to_state_dict...).
         accelerator = _backend.accelerator
-        if accelerator is not None:
-            report = accelerator.bind_module(archive._a(), module, _PLAIN, _plain, options)
-            if report is None:
-                items, training, loose = _state_items(module)
-                report = accelerator.bind(archive._a(), items, training, options, loose)
-                del items, loose
-        else:
-            from . import _portable_bind
-            report = _portable_bind.bind_module(archive._a(), module, options)
+        try:
+            if accelerator is not None:
+                report = accelerator.bind_module(archive._a(), module, _PLAIN, _plain, options)
+                if report is None:
+                    items, training, loose = _state_items(module)
+                    report = accelerator.bind(archive._a(), items, training, options, loose)
+                    del items, loose
+            else:
+                from . import _portable_bind
+                report = _portable_bind.bind_module(archive._a(), module, options)
+        except Error as e:
+            if e.code == ErrorCode.BIND_MISMATCH and " not in module: " in str(e):
+                raise _non_persistent_named(e, module, archive_prefix, module_prefix) from None
+            raise
         bound, missing, unexpected, mismatched, tied = report
         if target:
             _rest_to(module, torch.device(target))
@@ -248,6 +253,31 @@ def load_into(
     finally:
         if collecting:
             gc.enable()
+
+
+def _non_persistent_named(e: Error, module, archive_prefix: str, module_prefix: str) -> Error:
+    """``e`` (BIND_MISMATCH), saying which of the names "not in module" the
+    module does hold, as non-persistent buffers: state_dict() leaves those
+    out (BERT's ``embeddings.position_ids``, which older checkpoints hold),
+    so they are not bound, and "not in module" alone would send the reader
+    looking for a tensor the module has."""
+    message = str(e)
+    listed = message[message.index(" not in module: ") + len(" not in module: "):].split(";")[0]
+    listed = set(listed.split(", "))
+    held = []
+    for prefix, m in module.named_modules():
+        for name in m._non_persistent_buffers_set:
+            if m._buffers.get(name) is None:
+                continue
+            full = f"{prefix}.{name}" if prefix else name
+            if full.startswith(module_prefix) and archive_prefix + full[len(module_prefix):] in listed:
+                held.append(archive_prefix + full[len(module_prefix):])
+    if not held:
+        return e
+    return Error(f"{message}. Of these, the module holds {', '.join(sorted(held))} as non-persistent "
+                 "buffers, which its constructor computes and state_dict() leaves out, so a bind "
+                 "never takes them from an archive: pass strict=False (the rest is still checked "
+                 "and bound), or leave them out of the archive", e.code, e.path, e.offset)
 
 
 def _not_a_tensor(name: str, where: str, value) -> Error:

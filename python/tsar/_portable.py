@@ -95,6 +95,12 @@ class PortableArchive:
     def metadata_items(self, entry):
         return self._file.metadata_items(entry)
 
+    def metadata_keys(self, entry):
+        return self._file.metadata_keys(entry)
+
+    def metadata_value(self, key, entry):
+        return self._file.metadata_value(key, entry)
+
     def verify(self):
         self._file.verify()
 

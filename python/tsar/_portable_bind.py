@@ -321,8 +321,9 @@ def _check_nothing_stays_meta(items, mismatched, bound, loose, path, entry_name)
     msg = ("bind: the module would keep tensors on the meta device, which the archive's entry "
            f"{_quote(entry_name)} does not bind: ")
     if buffers:
-        msg += (_list(buffers) + " (non-persistent buffers, which no archive holds: state_dict() "
-                "leaves them out, and they were made on meta with the module). Build the module "
+        msg += (_list(buffers) + " (non-persistent buffers: state_dict() leaves them out, so a "
+                "bind never takes them from an archive, even one that holds a tensor of that name, "
+                "and they were made on meta with the module). Build the module "
                 "under tsar.empty_parameters() (parameters on meta, buffers made for real) instead "
                 "of torch.device(\"meta\"), or give these buffers their values before binding")
         if unbound:

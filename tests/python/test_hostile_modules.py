@@ -393,3 +393,46 @@ def test_errors_are_named_as_the_docs_name_them(tmp_path):
     assert type(e.value).__module__ == "tsar" and type(e.value).__qualname__ == "Error"
     import traceback
     assert "tsar.Error: " in "".join(traceback.format_exception_only(type(e.value), e.value))
+
+
+class WithPositions(torch.nn.Module):
+    """A module that computes a buffer older checkpoints of it stored (BERT's
+    embeddings.position_ids)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.register_buffer("position_ids", torch.arange(5), persistent=False)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_stored_non_persistent_buffer_is_named_as_one(tmp_path, request, path):
+    if path == "portable":
+        request.getfixturevalue("portable")
+    archive = tmp_path / "m.tsar"
+    sd = dict(WithPositions().state_dict(), position_ids=torch.arange(5))
+    tsar.save(sd, archive)
+    with pytest.raises(tsar.Error) as e:
+        tsar.load_into(WithPositions().eval(), archive)
+    assert e.value.code == tsar.ErrorCode.BIND_MISMATCH
+    assert "not in module: position_ids" in str(e.value)
+    assert "the module holds position_ids as non-persistent buffers" in str(e.value)
+    assert "strict=False" in str(e.value)
+    m = WithPositions().eval()
+    report = tsar.load_into(m, archive, strict=False)
+    assert report.unexpected == ["position_ids"] and sorted(report.bound) == ["lin.bias", "lin.weight"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_meta_non_persistent_buffer_the_archive_holds_is_not_said_to_be_in_no_archive(
+        tmp_path, request, path):
+    if path == "portable":
+        request.getfixturevalue("portable")
+    archive = tmp_path / "m.tsar"
+    tsar.save(dict(WithPositions().state_dict(), position_ids=torch.arange(5)), archive)
+    with torch.device("meta"):
+        m = WithPositions().eval()
+    with pytest.raises(tsar.Error) as e:
+        tsar.load_into(m, archive, strict=False)
+    assert "position_ids (non-persistent buffers" in str(e.value)
+    assert "no archive holds" not in str(e.value)
