@@ -17,7 +17,8 @@ anything an archive holds, whoever wrote it (``trust_remote_code`` is always
 False; an ``auto_map`` is ignored with a warning; classes are only
 transformers' own; an attached ``.py`` or pickle is never written out or
 read). Bad content in an archive raises :class:`tsar.Error` naming the archive
-and the file. docs/transformers.md says what this module will never do.
+and the file. docs/python.md (tsar.transformers) says what this module will
+never do.
 
 Needs ``transformers`` (``import tsar`` itself never imports it).
 """
@@ -41,7 +42,7 @@ import torch
 from . import _archive
 from ._errors import Error, ErrorCode
 
-__all__ = ["load_config", "load_model", "load_tokenizer"]
+__all__ = ["load_config", "load_model", "load_tokenizer", "pack"]
 
 
 def _error(code, archive, message):
@@ -225,6 +226,49 @@ def _stored_dtype(archive, entry):
     return counts.most_common(1)[0][0] if counts else None
 
 
+def _empty_model(archive, model_class, entry, stacklevel):
+    """(the model of the archive's config.json built under
+    tsar.empty_parameters() in eval() mode, the dtype it was built in)."""
+    import tsar
+
+    cfg = _config_dict(archive)
+    config = _config_of(archive, cfg)
+    _note_auto_map(archive, "config.json", cfg, stacklevel=stacklevel)
+    cls = model_class if model_class is not None else _model_class(archive, config, cfg)
+    built_dtype = _stored_dtype(archive, entry) or config.dtype
+    with _content(archive, f"file config.json (building {getattr(cls, '__name__', cls)})"):
+        with tsar.empty_parameters():
+            if hasattr(cls, "_from_config"):  # the contexts from_config builds under
+                model = cls._from_config(config, dtype=built_dtype)
+            elif hasattr(cls, "from_config"):  # an Auto class
+                model = cls.from_config(config, dtype=built_dtype)
+            else:
+                model = cls(config)
+    return model.eval(), built_dtype
+
+
+_CONVERT_ADVICE = (
+    f"This transformers ({_tf.__version__}) converts this model's checkpoints as it loads them "
+    "(renamed tensors, experts fused into one tensor), and the archive holds them as the "
+    "directory stores them: pack the directory with tsar.transformers.pack(MODEL_DIR, ARCHIVE) "
+    "(python -m tsar.transformers pack MODEL_DIR -o ARCHIVE), which converts them once, so that "
+    "every load binds zero copy")
+
+
+def _converts_at_load(model) -> bool:
+    """Whether transformers renames or converts ``model``'s checkpoint
+    tensors as from_pretrained loads them (its conversion mapping, the
+    legacy renames of every model left out)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+    except ImportError:  # a transformers before 5: loads checkpoints as stored
+        return False
+    try:
+        return bool(get_model_conversion_mapping(model, add_legacy=False))
+    except Exception:  # noqa: BLE001 - an internal API: no advice rather than a crash
+        return False
+
+
 def load_model(path, *, device=None, dtype=None, model_class=None, **load_into_kwargs):
     """The model the archive at ``path`` holds, ready for inference.
 
@@ -281,26 +325,17 @@ def load_model(path, *, device=None, dtype=None, model_class=None, **load_into_k
     transformers does not know, such as custom code), BIND_MISMATCH
     (names or shapes that do not match, listed) and load_into's others.
     """
-    import tsar
-
     archive, opened = _as_archive(path)
     try:
-        cfg = _config_dict(archive)
-        config = _config_of(archive, cfg)
-        _note_auto_map(archive, "config.json", cfg, stacklevel=2)
-        cls = model_class if model_class is not None else _model_class(archive, config, cfg)
-        built_dtype = _stored_dtype(archive, load_into_kwargs.get("entry")) or config.dtype
-        with _content(archive, f"file config.json (building {getattr(cls, '__name__', cls)})"):
-            with tsar.empty_parameters():
-                if hasattr(cls, "_from_config"):  # the contexts from_config builds under
-                    model = cls._from_config(config, dtype=built_dtype)
-                elif hasattr(cls, "from_config"):  # an Auto class
-                    model = cls.from_config(config, dtype=built_dtype)
-                else:
-                    model = cls(config)
-        model.eval()
+        model, built_dtype = _empty_model(archive, model_class, load_into_kwargs.get("entry"),
+                                          stacklevel=3)
         from . import _transformers_bind
-        _transformers_bind.bind(model, archive, device, load_into_kwargs)
+        try:
+            _transformers_bind.bind(model, archive, device, load_into_kwargs)
+        except Error as e:
+            if e.code == ErrorCode.BIND_MISMATCH and _converts_at_load(model):
+                raise Error(f"{e}. {_CONVERT_ADVICE}", e.code, e.path) from None
+            raise
         generation = archive.file("generation_config.json")
         if generation is not None and getattr(model, "can_generate", lambda: False)():
             values = _json(archive, "generation_config.json", generation)
@@ -344,3 +379,58 @@ def load_tokenizer(path, **kwargs: Any):
     """
     from . import _transformers_tokenizer
     return _transformers_tokenizer.load(path, kwargs)
+
+
+def pack(model_dir, dst, *, model_class=None, **pack_kwargs):
+    """``tsar.pack(model_dir, dst)`` of a directory transformers'
+    ``save_pretrained`` wrote, with the weights in the names and layout that
+    this transformers' model class has: where transformers 5 converts a
+    model's checkpoint as ``from_pretrained`` loads it (experts stored one by
+    one and fused into one tensor per layer, renamed tensors: Mixtral, Qwen2
+    MoE, ...), the conversion is done here, once, by transformers itself, so
+    that :func:`load_model` binds every tensor zero copy. A model whose
+    checkpoint needs no conversion is packed as ``tsar pack`` packs it (the
+    same bytes). The attached files are those ``tsar pack`` attaches.
+
+    Converting loads the model once (its weights in memory, in the stored
+    dtype); only transformers' own classes are used (``architectures[0]``,
+    or ``model_class=``), with ``trust_remote_code=False`` and safetensors
+    only: no code and no pickle from the directory runs. Other keyword
+    arguments go to :func:`tsar.pack` (``alignment``, ``dtype``...).
+    Returns :class:`tsar.PackSummary` (a note says when it converted).
+    Also ``python -m tsar.transformers pack MODEL_DIR -o ARCHIVE``.
+    """
+    from . import _transformers_pack
+
+    return _transformers_pack.pack(model_dir, dst, model_class, pack_kwargs)
+
+
+def _main(argv=None) -> int:
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(
+        prog="python -m tsar.transformers",
+        description="Packs a transformers save_pretrained directory into one .tsar archive, "
+                    "converting the weights once where this transformers converts them at load "
+                    "(fused experts, renamed tensors), so that tsar.transformers.load_model binds "
+                    "them zero copy.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pack", help="pack MODEL_DIR into ARCHIVE",
+                       description="tsar.transformers.pack(MODEL_DIR, ARCHIVE)")
+    p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument("-o", "--output", required=True, metavar="ARCHIVE")
+    args = ap.parse_args(argv)
+    try:
+        summary = pack(args.model_dir, args.output)
+    except Error as e:
+        print(f"tsar: {e}", file=sys.stderr)
+        return 3
+    for note in summary.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"{args.output}: {summary.tensors} tensors, {summary.nbytes} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
