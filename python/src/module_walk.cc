@@ -29,32 +29,91 @@ const Names& N() {
 
 using Ref = PyRef;
 
-// A module's instance attribute, borrowed from its __dict__ (where
-// nn.Module.__init__ and __setattr__ keep _parameters, _buffers, _modules,
-// the hook dicts and `training`), or nullptr (error cleared). Two dict
-// lookups instead of a getattr through nn.Module's __getattr__ hook and the
-// class's MRO (the 100,000-tensor mixture of experts, 133,000 modules: load_into
-// 170 ms, against 360 ms through the Python walk).
-PyObject* Item(PyObject* dict, PyObject* name) {
-  PyObject* v = PyDict_GetItemWithError(dict, name);
-  if (v == nullptr) PyErr_Clear();
-  return v;
+// What the walk has read without a reference of its own: safe while no
+// Python code runs (nothing can drop it), held (Flush) before any call that
+// could run Python. In the common case none does, and the walk takes no
+// reference but one per tensor it hands out (load_into of the LLaMA bench,
+// portable path, A/B in one hour: holding everything it read cost 0.1 ms of
+// its 0.85).
+struct Borrowed {
+  std::vector<PyObject*> p;
+  void Flush(WalkRefs& refs) {
+    for (PyObject* o : p) refs.Hold(o);
+    p.clear();
+  }
+};
+
+// A module's attributes the walk reads, from one pass over its __dict__
+// (where nn.Module.__init__ and __setattr__ keep _parameters, _buffers,
+// _modules, the hook dicts and `training`; setattr interns the names, so
+// they compare by identity with ours). One pass over ~20 entries instead of
+// a getattr each through nn.Module's __getattr__ hook and the class's MRO
+// (the 100,000-tensor mixture of experts, 133,000 modules: load_into 170 ms,
+// against 360 ms through the Python walk), and no lookup that could call a
+// key's __eq__: false where the dict holds a key that is not exactly str, or
+// lacks one of them.
+bool Attributes(PyObject* dict, const Names& k, PyObject* (&found)[7]) {
+  PyObject* const names[7] = {k.hooks,  k.pre_hooks,      k.parameters, k.buffers,
+                              k.non_persistent, k.modules, k.training};
+  for (PyObject*& f : found) f = nullptr;
+  Py_ssize_t pos = 0;
+  PyObject *key, *value;
+  while (PyDict_Next(dict, &pos, &key, &value)) {
+    if (!PyUnicode_CheckExact(key)) return false;
+    for (int f = 0; f < 7; ++f) {
+      if (key == names[f]) {
+        found[f] = value;
+        break;
+      }
+    }
+  }
+  for (PyObject* f : found)
+    if (f == nullptr) return false;
+  return true;
 }
 
-bool Plain(PyObject* module, PyObject* cache, PyObject* plain) {
+// Whether the module's class keeps nn.Module's state_dict (`plain`, cached
+// in `cache`). A class not yet in the cache costs a call into Python, and so
+// does a lookup of a class whose metaclass is not `type` (its __hash__ and
+// __eq__ could be Python's): what the walk borrowed is held first.
+bool Plain(PyObject* module, PyObject* cache, PyObject* plain, Borrowed& borrowed,
+           WalkRefs& refs) {
   PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(module));
+  if (Py_TYPE(type) != &PyType_Type) borrowed.Flush(refs);
   PyObject* known = PyDict_GetItemWithError(cache, type);  // borrowed
   if (known != nullptr) return known == Py_True;
   if (PyErr_Occurred()) {
     PyErr_Clear();
     return false;
   }
+  borrowed.Flush(refs);
   Ref r(PyObject_CallOneArg(plain, type));
   if (r.p == nullptr) {
     PyErr_Clear();
     return false;
   }
   return r.p == Py_True;
+}
+
+// Whether every member of the set is exactly str: a lookup of a str in it
+// then compares strings and runs no Python.
+bool StrSet(PyObject* set) {
+  if (PySet_GET_SIZE(set) == 0) return true;
+  Ref it(PyObject_GetIter(set));
+  if (it.p == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  bool all = true;
+  while (PyObject* item = PyIter_Next(it.p)) {
+    all = all && PyUnicode_CheckExact(item);
+    Py_DECREF(item);
+  }
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return all;
 }
 
 // A hint that `p` (and the line after it) will be read soon; any address,
@@ -83,22 +142,22 @@ constexpr size_t kBatch = 64;
 
 // One module object met in the walk, read once however many paths reach it
 // (state_dict() lists its tensors under each path).
-struct Node {
-  PyObject* module;  // held
+struct Node {  // its pointers borrowed (Borrowed) or held
+  PyObject* module;
   PyObject* params = nullptr, *buffers = nullptr, *skip = nullptr, *modules = nullptr;
-  PyObject* hooks = nullptr, *pre_hooks = nullptr;  // all held
+  PyObject* hooks = nullptr, *pre_hooks = nullptr;
   uint32_t first_tensor = 0, n_tensors = 0;  // into the walk's tensors
   uint32_t first_child = 0, n_children = 0;  // into the walk's children
 };
 
 struct Child {
-  PyObject* key;  // its name in the parent's _modules, held
+  PyObject* key;  // its name in the parent's _modules
   uint32_t node;
 };
 
 struct Entry {
-  PyObject* key;    // the name in _parameters or _buffers, held
-  PyObject* value;  // the tensor, held
+  PyObject* key;    // the name in _parameters or _buffers
+  PyObject* value;  // the tensor
   bool persistent;
 };
 
@@ -134,21 +193,24 @@ class NodeTable {
   size_t used_ = 0;
 };
 
-// Appends dict's entries (None skipped) to `out`, held, those named in `skip`
-// as not persistent, and hints their objects; false where the dict is not a
-// plain dict of str -> ... (the values' types are checked once they are in
-// the cache).
-bool Entries(PyObject* dict, PyObject* skip, std::vector<Entry>& out, WalkRefs& refs) {
+// Appends dict's entries (None skipped) to `out`, borrowed, those named in
+// `skip` as not persistent, and hints their objects; false where the dict is
+// not a plain dict of str -> ... (the values' types are checked once they
+// are in the cache). `skip`: a set of str only (StrSet), or what was
+// borrowed is held before each lookup, which can then run Python.
+bool Entries(PyObject* dict, PyObject* skip, bool skip_is_str, std::vector<Entry>& out,
+             Borrowed& borrowed, WalkRefs& refs) {
   if (!PyDict_CheckExact(dict)) return false;
   Py_ssize_t pos = 0;
   PyObject *key, *value;
   while (PyDict_Next(dict, &pos, &key, &value)) {
     if (value == Py_None) continue;
     if (!PyUnicode_CheckExact(key)) return false;
-    // Held before the set's lookup, which can run Python (an __eq__ of a
-    // member whose hash collides) that could drop them from the dict.
-    out.push_back({refs.Hold(key), refs.Hold(value), true});
+    out.push_back({key, value, true});
+    borrowed.p.push_back(key);
+    borrowed.p.push_back(value);
     if (skip != nullptr) {
+      if (!skip_is_str) borrowed.Flush(refs);
       const int in = PySet_Contains(skip, key);
       if (in < 0) {
         PyErr_Clear();
@@ -217,19 +279,23 @@ std::optional<std::vector<uint64_t>> NameCounts(const std::vector<Node>& nodes,
 // (portable); of the 100,000-tensor mixture of experts 148 -> 131 and
 // 429 -> 362 ms. Then one pass in state_dict's order hands the tensors out.
 //
-// Everything read is held (`refs`) from the moment it is read: Plain() calls
-// Python, and so can a set lookup; code run there may change the module, and
-// what it drops stays alive until the caller is done. Each module object is
-// read once (a submodule reused on many paths is one node), so the work is
-// linear in the objects, and the names are counted before any is made.
+// Nothing read can be dropped while it is used: what the walk borrowed is
+// held (`refs`) before any call that could run Python (Plain() of a class
+// not yet seen, a lookup in a set of other than str), whose code may change
+// the module; the lookups that run in every walk run none (the __dict__ is
+// read in one pass, a set of str compares strings). The tensors handed out
+// are held until the caller drops `refs`. Each module object is read once (a
+// submodule reused on many paths is one node), so the work is linear in the
+// objects, and the names are counted before any is made.
 std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject* plain,
                                PyTypeObject* tensor_type, const TensorSink& sink,
                                WalkRefs& refs) {
   if (!PyDict_Check(plain_cache)) return std::nullopt;
   const Names& k = N();
   bool any_training = false;
-  std::vector<Node> nodes{Node{refs.Hold(module)}};
-  std::vector<PyObject*> dicts;  // each node's __dict__, held
+  std::vector<Node> nodes{Node{module}};  // the caller holds the root
+  std::vector<PyObject*> dicts;            // each node's __dict__, held
+  Borrowed borrowed;
   std::vector<Child> children;
   std::vector<Entry> tensors;
   NodeTable seen;
@@ -242,7 +308,7 @@ std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject
     for (size_t i = lo == 0 ? lo : hi; i < std::min(nodes.size(), hi + kBatch); ++i)
       Prefetch(reinterpret_cast<const char*>(nodes[i].module) - 64);
     for (size_t i = lo; i < hi; ++i) {  // each module's __dict__
-      if (!Plain(nodes[i].module, plain_cache, plain)) return std::nullopt;
+      if (!Plain(nodes[i].module, plain_cache, plain, borrowed, refs)) return std::nullopt;
       PyObject* dict = PyObject_GenericGetDict(nodes[i].module, nullptr);
       if (dict == nullptr) {
         PyErr_Clear();
@@ -252,21 +318,20 @@ std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject
       Prefetch(dict);
     }
     for (size_t i = lo; i < hi; ++i) PrefetchTable(dicts[i]);
-    for (size_t i = lo; i < hi; ++i) {  // its attributes, held
+    for (size_t i = lo; i < hi; ++i) {  // its attributes, borrowed
       Node& n = nodes[i];
-      PyObject* dict = dicts[i];
-      PyObject* training = Item(dict, k.training);
-      if (training == nullptr || !PyBool_Check(training)) return std::nullopt;
-      any_training = any_training || training == Py_True;
-      PyObject** const fields[] = {&n.hooks, &n.pre_hooks, &n.params, &n.buffers, &n.skip,
-                                   &n.modules};
-      PyObject* const names[] = {k.hooks, k.pre_hooks, k.parameters, k.buffers,
-                                 k.non_persistent, k.modules};
-      for (size_t f = 0; f < 6; ++f) {
-        PyObject* v = Item(dict, names[f]);
-        if (v == nullptr) return std::nullopt;
-        *fields[f] = refs.Hold(v);
-        Prefetch(v);
+      PyObject* found[7];
+      if (!Attributes(dicts[i], k, found) || !PyBool_Check(found[6])) return std::nullopt;
+      any_training = any_training || found[6] == Py_True;
+      n.hooks = found[0];
+      n.pre_hooks = found[1];
+      n.params = found[2];
+      n.buffers = found[3];
+      n.skip = found[4];
+      n.modules = found[5];
+      for (int f = 0; f < 6; ++f) {
+        borrowed.p.push_back(found[f]);
+        Prefetch(found[f]);
       }
     }
     for (size_t i = lo; i < hi; ++i) {  // no hooks; plain dicts; their tables
@@ -285,8 +350,11 @@ std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject
     for (size_t i = lo; i < hi; ++i) {  // tensors and children, hinted for the next steps
       Node& n = nodes[i];
       n.first_tensor = static_cast<uint32_t>(tensors.size());
-      if (!Entries(n.params, nullptr, tensors, refs) ||
-          !Entries(n.buffers, PyDict_GET_SIZE(n.buffers) != 0 ? n.skip : nullptr, tensors, refs))
+      PyObject* const skip = PyDict_GET_SIZE(n.buffers) != 0 && PySet_GET_SIZE(n.skip) != 0
+                                 ? n.skip
+                                 : nullptr;
+      if (!Entries(n.params, nullptr, true, tensors, borrowed, refs) ||
+          !Entries(n.buffers, skip, skip == nullptr || StrSet(skip), tensors, borrowed, refs))
         return std::nullopt;
       if (tensors.size() > UINT32_MAX) return std::nullopt;
       n.n_tensors = static_cast<uint32_t>(tensors.size()) - n.first_tensor;
@@ -299,8 +367,12 @@ std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject
         if (!PyUnicode_CheckExact(key)) return std::nullopt;
         const uint32_t fresh = static_cast<uint32_t>(nodes.size());
         const uint32_t node = seen.FindOrAdd(child, fresh);
-        if (node == fresh) nodes.push_back(Node{refs.Hold(child)});
-        children.push_back({refs.Hold(key), node});
+        if (node == fresh) {
+          nodes.push_back(Node{child});
+          borrowed.p.push_back(child);
+        }
+        children.push_back({key, node});
+        borrowed.p.push_back(key);
         if (nodes.size() > UINT32_MAX || children.size() > UINT32_MAX) return std::nullopt;
       }
       nodes[i].n_children = static_cast<uint32_t>(children.size()) - nodes[i].first_child;
@@ -310,6 +382,10 @@ std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject
     }
     lo = hi;
   }
+  // What the caller keeps using once this returns, across its own calls
+  // into Python: the tensors. (No Python runs from here to the end.)
+  refs.Reserve(tensors.size());
+  for (const Entry& t : tensors) refs.Hold(t.value);
 
   const std::optional<std::vector<uint64_t>> counts = NameCounts(nodes, children);
   if (!counts) return std::nullopt;

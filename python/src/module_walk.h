@@ -15,12 +15,12 @@
 
 namespace tsar::python {
 
-// Owned references to every object a walk read (modules, their dicts, the
-// names and the tensors), released together when this is destroyed, which
-// must happen with the GIL held. A walk can run Python (a class's
-// state_dict lookup, a set's __eq__ on a colliding hash), and a bind runs
-// more: what such code drops from the module stays alive here until the bind
-// is done with it.
+// Owned references, released together when this is destroyed, which must
+// happen with the GIL held: to the tensors a walk hands out (a bind calls
+// into Python after the walk, and code run there could drop them from the
+// module), and to everything the walk had read when it called something
+// that could run Python (a class's state_dict lookup, a set's __eq__), which
+// stays alive here whatever that code does.
 class WalkRefs {
  public:
   WalkRefs() = default;
@@ -62,7 +62,7 @@ struct WalkedModule {
   // The non-persistent buffers (not in state_dict(), so in no archive): a
   // bind refuses to leave one on the meta device.
   std::vector<WalkedTensor> non_persistent;
-  WalkRefs refs;  // every tensor above, and what the walk read to find them
+  WalkRefs refs;  // every tensor above (and what the walk held: WalkRefs)
 };
 
 // The most tensor names one walk lists: a submodule reused on many paths
@@ -79,7 +79,8 @@ inline constexpr uint64_t kMaxWalkNames = uint64_t{1} << 24;
 // one whose class changes state_dict (`plain(type)` false; `plain_cache` is a
 // dict {type: bool} that `plain` fills), or containers that are not plain
 // dicts, and every object on the way not exactly of the type nn.Module puts
-// there (`training` a bool, the hook dicts OrderedDicts, names str). Each
+// there (`training` a bool, the hook dicts OrderedDicts, names and the
+// __dict__'s keys str). Each
 // module object is read once, however many paths reach it; names are listed
 // per path, as state_dict() lists them. Needs the GIL; raises nothing (a
 // Python error is cleared, nullopt) but tsar::Error past kMaxWalkNames.

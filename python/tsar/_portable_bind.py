@@ -260,14 +260,8 @@ def _bind(archive: PortableArchive, items, training: bool, options, loose):
     mismatched = [items[i][0] + ": " + why for i, why in sorted(why_of)]
     unexpected = [r[0] for r in rows if r[0] not in used and r[1] is not None]
     if strict and (missing or unexpected or mismatched):
-        msg = f"bind: module and entry {_quote(entry_name)} do not match:"
-        if missing:
-            msg += " missing in archive: " + _list(missing) + ";"
-        if unexpected:
-            msg += " not in module: " + _list(unexpected) + ";"
-        if mismatched:
-            msg += " mismatched: " + _list(mismatched) + ";"
-        raise _error(path, msg[:-1], ErrorCode.BIND_MISMATCH)
+        raise _error(path, mismatch_message(entry_name, missing, unexpected, mismatched),
+                     ErrorCode.BIND_MISMATCH)
     if bound is None:
         bound = [m is not None for m in match]
     _check_nothing_stays_meta(items, mismatched_slots, bound, loose, path, entry_name)
@@ -309,6 +303,18 @@ def _bind(archive: PortableArchive, items, training: bool, options, loose):
             else:
                 _set_data(t, bound_view(i))
     return names, missing, unexpected, mismatched, tied
+
+
+def mismatch_message(entry_name, missing, unexpected, mismatched) -> str:
+    """A strict bind's refusal, as the accelerator's (loader/bind_common.cc)."""
+    msg = f"bind: module and entry {_quote(entry_name)} do not match:"
+    if missing:
+        msg += " missing in archive: " + _list(missing) + ";"
+    if unexpected:
+        msg += " not in module: " + _list(unexpected) + ";"
+    if mismatched:
+        msg += " mismatched: " + _list(mismatched) + ";"
+    return msg[:-1]
 
 
 def _check_nothing_stays_meta(items, mismatched, bound, loose, path, entry_name):

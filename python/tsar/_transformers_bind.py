@@ -203,13 +203,9 @@ def _refuse_differences(archive, entry, items, ap, mp, ignored) -> None:
 def _mismatch(archive, entry, missing, unexpected, mismatched, ignored, tail) -> Error:
     """load_into's BIND_MISMATCH message, saying what was left out as
     from_pretrained leaves it."""
-    msg = f"bind: module and entry \"{entry}\" do not match:"
-    if missing:
-        msg += " missing in archive: " + _list(missing) + ";"
-    if unexpected:
-        msg += " not in module: " + _list(unexpected) + ";"
-    if mismatched:
-        msg += " mismatched: " + _list(mismatched) + ";"
+    from ._portable_bind import mismatch_message  # load_into's words, on either path
+
     left = sorted(ignored[0]) + sorted(ignored[1])
-    msg = msg[:-1] + f" (left out as from_pretrained leaves them: {_list(left)}).{tail}"
+    msg = (mismatch_message(entry, missing, unexpected, mismatched)
+           + f" (left out as from_pretrained leaves them: {_list(left)}).{tail}")
     return Error(f"{archive.path}: {msg}", ErrorCode.BIND_MISMATCH, archive.path)

@@ -105,6 +105,15 @@ class Meta(type(torch.nn.Module)):
             vandal()
         return super().__getattribute__(name)
 
+class Key:
+    # A non-str key in a module's __dict__ whose hash collides with an
+    # attribute the walk reads: a lookup of that attribute runs its __eq__.
+    def __hash__(self):
+        return hash("_parameters")
+    def __eq__(self, other):
+        vandal()
+        return False
+
 class Collide(str):
     # A set member whose hash collides with a buffer's name: the set's
     # lookup runs its __eq__.
@@ -125,6 +134,8 @@ elif case == "hook_dict":
 elif case == "metaclass":
     Sneaky = Meta("Sneaky", (torch.nn.Linear,), {})
     first.__class__ = Sneaky
+elif case == "dict_key":
+    first.__dict__[Key()] = 1
 elif case == "set_member":
     first.register_buffer("scale", torch.ones(1))
     first._non_persistent_buffers_set.add(Collide("x"))
@@ -155,7 +166,7 @@ for name, t in model.state_dict().items():
 print("bound", checked, "fired", len(fired))
 '''
 
-CASES = ["liar_parameter", "training_object", "hook_dict", "metaclass", "set_member"]
+CASES = ["liar_parameter", "training_object", "hook_dict", "metaclass", "set_member", "dict_key"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tsar_testutil import reference_decoder
+
 MiB = 1 << 20
 
 
@@ -31,18 +32,9 @@ def run(cli, *args, code=0):
     return r
 
 
-def reference():
-    sys.path.insert(0, os.path.join(REPO, "spec", "reference"))
-    try:
-        import tsar_ref
-    finally:
-        sys.path.pop(0)
-    return tsar_ref
-
-
 def metadata_keys(archive):
     """The archive-level metadata keys and the attached files, by the spec's decoder."""
-    ref = reference()
+    ref = reference_decoder()
     with open(archive, "rb") as f:
         decoded = ref.decode(f.read(), str(archive))
     files = {n.decode(): b for n, b in ref.attached_files(decoded).items()}
