@@ -49,27 +49,26 @@ struct Borrowed {
 // they compare by identity with ours). One pass over ~20 entries instead of
 // a getattr each through nn.Module's __getattr__ hook and the class's MRO
 // (the 100,000-tensor mixture of experts, 133,000 modules: load_into 170 ms,
-// against 360 ms through the Python walk), and no lookup that could call a
-// key's __eq__: false where the dict holds a key that is not exactly str, or
-// lacks one of them.
+// against 360 ms through the Python walk), and no lookup, which could call
+// a key's __eq__ (a key of another type, or an equal str that is not the
+// interned one, is no match): false where one of them is not found.
 bool Attributes(PyObject* dict, const Names& k, PyObject* (&found)[7]) {
   PyObject* const names[7] = {k.hooks,  k.pre_hooks,      k.parameters, k.buffers,
                               k.non_persistent, k.modules, k.training};
   for (PyObject*& f : found) f = nullptr;
   Py_ssize_t pos = 0;
   PyObject *key, *value;
-  while (PyDict_Next(dict, &pos, &key, &value)) {
-    if (!PyUnicode_CheckExact(key)) return false;
+  int left = 7;
+  while (left > 0 && PyDict_Next(dict, &pos, &key, &value)) {
     for (int f = 0; f < 7; ++f) {
-      if (key == names[f]) {
+      if (key == names[f] && found[f] == nullptr) {
         found[f] = value;
+        --left;
         break;
       }
     }
   }
-  for (PyObject* f : found)
-    if (f == nullptr) return false;
-  return true;
+  return left == 0;
 }
 
 // Whether the module's class keeps nn.Module's state_dict (`plain`, cached
@@ -366,7 +365,9 @@ std::optional<bool> WalkModule(PyObject* module, PyObject* plain_cache, PyObject
         if (child == Py_None) continue;
         if (!PyUnicode_CheckExact(key)) return std::nullopt;
         const uint32_t fresh = static_cast<uint32_t>(nodes.size());
-        const uint32_t node = seen.FindOrAdd(child, fresh);
+        // A module reached twice is referenced twice: one only this dict
+        // refers to is new, without a look in the table (most modules).
+        const uint32_t node = Py_REFCNT(child) > 1 ? seen.FindOrAdd(child, fresh) : fresh;
         if (node == fresh) {
           nodes.push_back(Node{child});
           borrowed.p.push_back(child);

@@ -92,6 +92,26 @@ struct Attrs {
     return tf == torch_function || tf == disabled;
   }
 };
+
+// The types of one bind's slots found to be tensors whose getters are
+// torch's (Attrs::Honest): a model has two or three, and its 100,000 slots
+// are then checked by a compare each. A type is known with its version tag,
+// which changes with its bases or attributes.
+class KnownTypes {
+ public:
+  // Whether `t` is an instance of `tensor_type` that Attrs::Honest accepts.
+  bool Check(PyObject* t, PyTypeObject* tensor_type, const Attrs& attrs) {
+    PyTypeObject* type = Py_TYPE(t);
+    for (const auto& [known, tag] : known_)
+      if (known == type && tag == type->tp_version_tag && tag != 0) return true;
+    if (!PyObject_TypeCheck(t, tensor_type) || !attrs.Honest(t)) return false;
+    if (known_.size() < 8) known_.emplace_back(type, type->tp_version_tag);
+    return true;
+  }
+
+ private:
+  std::vector<std::pair<PyTypeObject*, unsigned int>> known_;
+};
 Attrs& A() {
   static Attrs attrs;  // filled under the GIL, one torch per process
   return attrs;
@@ -332,6 +352,7 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
                    PyObject* loose, const FastBindArgs& a) {
   Attrs& k = A();
   if (!k.Find(a.tensor_type)) return nullptr;
+  KnownTypes types;
   const ArchiveCore& core = *file.core();
   const format::Index& index = core.index;
   if (index.tp_world() != 0) Py_RETURN_NONE;  // slices and C-order copies: tsar/_portable_bind.py
@@ -391,7 +412,7 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     PyObject* t = slots[i].tensor;
     if (impl_at != 0 && i + kAhead < slots.size())
       HintImpl(slots[i + kAhead].tensor, impl_at, a.tensor_type);
-    if (!PyObject_TypeCheck(t, a.tensor_type) || !k.Honest(t)) Py_RETURN_NONE;
+    if (!types.Check(t, a.tensor_type, k)) Py_RETURN_NONE;
     const int is_meta = IsTrue(t, k.is_meta);
     if (is_meta < 0) return nullptr;
     if (!is_meta) {
@@ -472,7 +493,7 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     if (bound[i]) bound_objects.push_back(slots[i].tensor);
   std::sort(bound_objects.begin(), bound_objects.end());
   for (const WalkedTensor& w : walked.non_persistent) {
-    if (!PyObject_TypeCheck(w.tensor, a.tensor_type) || !k.Honest(w.tensor)) Py_RETURN_NONE;
+    if (!types.Check(w.tensor, a.tensor_type, k)) Py_RETURN_NONE;
     const int is_meta = IsTrue(w.tensor, k.is_meta);
     if (is_meta < 0) return nullptr;
     if (is_meta && !std::binary_search(bound_objects.begin(), bound_objects.end(), w.tensor))
