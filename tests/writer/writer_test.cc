@@ -278,7 +278,9 @@ TEST_F(WriterTest, MalformedAttachedFileKeysAreRefusedNamingTheKey) {
       {"file:a/../b", "a file name with a \"..\" component"},
       {std::string("file:a\0b", 8), "a NUL byte"},
   };
-  for (const auto& [key, why] : bad) {
+  for (const auto& item : bad) {
+    const std::string& key = item.first;  // a lambda cannot capture a structured binding (C++17)
+    const std::string& why = item.second;
     writer::ArchiveWriter w(Path("k.tsar"), PackOptions{});
     EXPECT_TRUE(Throws([&] { w.add_metadata(key, one); }, ErrorCode::kInvalidValue, why)) << key;
     EXPECT_TRUE(Throws([&] { w.add_metadata(key, one); }, ErrorCode::kInvalidValue,
