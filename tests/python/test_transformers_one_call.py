@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import tsar
-from tsar_testutil import in_mapping, mapped_ranges, reference_decoder, run_cli, run_python
+from tsar_testutil import (in_mapping, load_bert_bit_exact, mapped_ranges, reference_decoder, run_cli,
+                           run_python)
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -143,14 +144,7 @@ def test_bert_encoder_bit_exact_with_automodel(tmp_path, cli):
     d = save_model(str(tmp_path / "bert"), bert())
     archive = str(tmp_path / "bert.tsar")
     run_cli(cli, "pack", d, "-o", archive, "-q")
-    reference = transformers.AutoModel.from_pretrained(d).eval()
-    model = tt.load_model(archive)
-    assert type(model) is transformers.BertModel
-    ids = IDS.clamp(max=255)
-    with torch.no_grad():
-        got, want = model(ids), reference(ids)
-    assert torch.equal(got.last_hidden_state, want.last_hidden_state)
-    assert torch.equal(got.pooler_output, want.pooler_output)
+    model, reference = load_bert_bit_exact(archive, d, IDS.clamp(max=255))
     # Non-persistent buffers (position_ids, token_type_ids) are real and right.
     for name, b in reference.named_buffers():
         assert torch.equal(model.get_buffer(name), b), name

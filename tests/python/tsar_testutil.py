@@ -202,3 +202,21 @@ def wait_for(cond, timeout=10.0):
             return True
         time.sleep(0.01)
     return cond()
+
+
+def load_bert_bit_exact(archive, model_dir, ids):
+    """tsar.transformers.load_model(archive) of a BERT packed from model_dir,
+    its outputs asserted bit-exact with AutoModel.from_pretrained(model_dir)'s
+    on `ids`: (the model, the reference)."""
+    import torch
+    import transformers
+    import tsar.transformers as tt
+
+    reference = transformers.AutoModel.from_pretrained(model_dir).eval()
+    model = tt.load_model(archive)
+    assert type(model) is transformers.BertModel
+    with torch.no_grad():
+        got, want = model(ids), reference(ids)
+    assert torch.equal(got.last_hidden_state, want.last_hidden_state)
+    assert torch.equal(got.pooler_output, want.pooler_output)
+    return model, reference
