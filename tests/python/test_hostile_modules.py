@@ -22,10 +22,14 @@ from tsar_testutil import child_env
 PATHS = ["accelerator", "portable"] if _backend.accelerator is not None else ["portable"]
 
 
-@pytest.fixture
-def portable(monkeypatch):
-    monkeypatch.setattr(_backend, "accelerator", None)
-    monkeypatch.setattr(_backend, "why_portable", "TSAR_PORTABLE is set")
+@pytest.fixture(params=PATHS)
+def path(request, monkeypatch):
+    """Each of tsar's paths in turn: this process on it, and its name (for
+    children, which choose it by TSAR_PORTABLE)."""
+    if request.param == "portable":
+        monkeypatch.setattr(_backend, "accelerator", None)
+        monkeypatch.setattr(_backend, "why_portable", "TSAR_PORTABLE is set")
+    return request.param
 
 
 def run_child(code, path, *args, malloc="debug", timeout=120):
@@ -170,7 +174,6 @@ CASES = ["liar_parameter", "training_object", "hook_dict", "metaclass", "set_mem
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("path", PATHS)
 def test_code_run_by_the_walk_or_bind_that_drops_tensors_crashes_nothing(tmp_path, case, path):
     r = run_child(HOSTILE, path, tmp_path / "m.tsar", case)
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-3000:])
@@ -193,10 +196,7 @@ class Lying(torch.nn.Parameter):
 
 
 @pytest.mark.parametrize("lie", ["shape", "dtype"])
-@pytest.mark.parametrize("path", PATHS)
-def test_a_parameter_that_lies_about_its_shape_or_dtype_is_refused(tmp_path, request, lie, path):
-    if path == "portable":
-        request.getfixturevalue("portable")
+def test_a_parameter_that_lies_about_its_shape_or_dtype_is_refused(tmp_path, lie, path):
     archive = tmp_path / "m.tsar"
     tsar.save({"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}, archive)
     m = torch.nn.Module()
@@ -227,10 +227,7 @@ def reused(levels):
     return leaf
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_module_reused_on_many_paths_is_refused_fast(tmp_path, request, path):
-    if path == "portable":
-        request.getfixturevalue("portable")
+def test_a_module_reused_on_many_paths_is_refused_fast(tmp_path, path):
     archive = tmp_path / "m.tsar"
     tsar.save({"w": torch.zeros(2)}, archive)
     # 2**30 names: state_dict() would run out of memory after minutes.
@@ -240,10 +237,7 @@ def test_a_module_reused_on_many_paths_is_refused_fast(tmp_path, request, path):
     assert "reached on many paths" in str(e.value)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_module_reused_on_a_few_paths_binds_under_every_name(tmp_path, request, path):
-    if path == "portable":
-        request.getfixturevalue("portable")
+def test_a_module_reused_on_a_few_paths_binds_under_every_name(tmp_path, path):
     archive = tmp_path / "m.tsar"
     torch.manual_seed(1)
     src = reused(3)
@@ -255,10 +249,7 @@ def test_a_module_reused_on_a_few_paths_binds_under_every_name(tmp_path, request
     assert torch.equal(m.a.b.a.weight, src.a.a.a.weight)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_non_tensor_in_parameters_is_named(tmp_path, request, path):
-    if path == "portable":
-        request.getfixturevalue("portable")
+def test_a_non_tensor_in_parameters_is_named(tmp_path, path):
     archive = tmp_path / "m.tsar"
     tsar.save(torch.nn.Linear(2, 2), archive)
     m = torch.nn.Linear(2, 2).eval()
@@ -270,10 +261,7 @@ def test_a_non_tensor_in_parameters_is_named(tmp_path, request, path):
     assert "Invoked with" not in str(e.value)  # no pybind signature dump
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_training_refusal_speaks_of_optimizers_not_only_batchnorm(tmp_path, request, path):
-    if path == "portable":
-        request.getfixturevalue("portable")
+def test_training_refusal_speaks_of_optimizers_not_only_batchnorm(tmp_path, path):
     archive = tmp_path / "m.tsar"
     tsar.save(torch.nn.Linear(2, 2), archive)
     with pytest.raises(tsar.Error) as e:
@@ -296,7 +284,6 @@ print("not reached")
 '''
 
 
-@pytest.mark.parametrize("path", PATHS)
 def test_training_after_a_read_only_bind_dies_with_a_message(tmp_path, path):
     archive = tmp_path / "m.tsar"
     r = run_child(TRAIN_AFTER_READ_ONLY_BIND, path, archive, malloc="pymalloc")
@@ -332,10 +319,7 @@ class Flattened(torch.Tensor):
         return func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in (kwargs or {}).items()})
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_saving_a_tensor_subclass_made_of_inner_tensors_names_it(tmp_path, request, path):
-    if path == "portable":
-        request.getfixturevalue("portable")
+def test_saving_a_tensor_subclass_made_of_inner_tensors_names_it(tmp_path, path):
     m = torch.nn.Linear(4, 4)
     del m.weight
     m.register_buffer("weight", Flattened(torch.ones(4, 4)))
@@ -416,10 +400,7 @@ class WithPositions(torch.nn.Module):
         self.register_buffer("position_ids", torch.arange(5), persistent=False)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_stored_non_persistent_buffer_is_named_as_one(tmp_path, request, path):
-    if path == "portable":
-        request.getfixturevalue("portable")
+def test_a_stored_non_persistent_buffer_is_named_as_one(tmp_path, path):
     archive = tmp_path / "m.tsar"
     sd = dict(WithPositions().state_dict(), position_ids=torch.arange(5))
     tsar.save(sd, archive)
@@ -434,11 +415,8 @@ def test_a_stored_non_persistent_buffer_is_named_as_one(tmp_path, request, path)
     assert report.unexpected == ["position_ids"] and sorted(report.bound) == ["lin.bias", "lin.weight"]
 
 
-@pytest.mark.parametrize("path", PATHS)
 def test_a_meta_non_persistent_buffer_the_archive_holds_is_not_said_to_be_in_no_archive(
-        tmp_path, request, path):
-    if path == "portable":
-        request.getfixturevalue("portable")
+        tmp_path, path):
     archive = tmp_path / "m.tsar"
     tsar.save(dict(WithPositions().state_dict(), position_ids=torch.arange(5)), archive)
     with torch.device("meta"):
