@@ -270,12 +270,13 @@ def _non_persistent_named(e: Error, module, archive_prefix: str, module_prefix: 
             if m._buffers.get(name) is None:
                 continue
             full = f"{prefix}.{name}" if prefix else name
-            if full.startswith(module_prefix) and archive_prefix + full[len(module_prefix):] in listed:
-                held.append(archive_prefix + full[len(module_prefix):])
+            stored = archive_prefix + full[len(module_prefix):]
+            if full.startswith(module_prefix) and stored in listed:
+                held.append(stored)
     if not held:
         return e
-    return Error(f"{message}. Of these, the module holds {', '.join(sorted(held))} as non-persistent "
-                 "buffers, which its constructor computes and state_dict() leaves out, so a bind "
+    return Error(f"{message}. Of these, the module holds {', '.join(sorted(held))} as "
+                 "non-persistent buffers, which its constructor computes and state_dict() leaves out, so a bind "
                  "never takes them from an archive: pass strict=False (the rest is still checked "
                  "and bound), or leave them out of the archive", e.code, e.path, e.offset)
 

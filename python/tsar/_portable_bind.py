@@ -187,9 +187,9 @@ def _bind(archive: PortableArchive, items, training: bool, options, loose):
             raise _error(path, f"bind: {_quote(name)} is a {type(t).__name__}, not a tensor: tsar "
                          "binds tensors. Nothing was changed", ErrorCode.INVALID_ARGUMENT)
         if not (_is_cpu(t) or _is_meta(t)):
-            raise _error(path, f"bind: {_quote(name)} is on {_device_of(t)}: tsar binds modules on cpu "
-                         "or meta (built with torch.device(\"meta\")); move the module to cpu or "
-                         "meta first. Nothing was changed", ErrorCode.INVALID_ARGUMENT)
+            raise _error(path, f"bind: {_quote(name)} is on {_device_of(t)}: tsar binds modules on "
+                         "cpu or meta (built with torch.device(\"meta\")); move the module to cpu "
+                         "or meta first. Nothing was changed", ErrorCode.INVALID_ARGUMENT)
         if renamed:
             if not name.startswith(module_prefix):
                 continue
