@@ -45,7 +45,7 @@ class WalkRefs {
     held_.push_back(o);
     return o;
   }
-  void Reserve(size_t n) { held_.reserve(n); }
+  void Reserve(size_t more) { held_.reserve(held_.size() + more); }  // room for `more` others
 
  private:
   std::vector<PyObject*> held_;

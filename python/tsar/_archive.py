@@ -291,15 +291,10 @@ class Archive:
 
 
 def _metadata_lookup(impl):
-    """(keys(entry), value(key, entry)) of an archive implementation: the
-    extension's metadata_keys and metadata_value, which copy no value but the
-    one asked for."""
-    keys = getattr(impl, "metadata_keys", None)
-    value = getattr(impl, "metadata_value", None)
-    if keys is None or value is None:
-        raise Error(f"{impl.path}: this tsar extension has no metadata_keys/metadata_value "
-                    f"(built from an older source): rebuild it", ErrorCode.UNSUPPORTED, impl.path)
-    return keys, value
+    """(keys(entry), value(key, entry)) of an archive implementation (either
+    extension's archive object): the metadata_keys and metadata_value that
+    copy no value but the one asked for."""
+    return impl.metadata_keys, impl.metadata_value
 
 
 def _attached(impl, name) -> Optional[bytes]:

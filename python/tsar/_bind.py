@@ -276,9 +276,10 @@ def _non_persistent_named(e: Error, module, archive_prefix: str, module_prefix: 
     if not held:
         return e
     return Error(f"{message}. Of these, the module holds {', '.join(sorted(held))} as "
-                 "non-persistent buffers, which its constructor computes and state_dict() leaves out, so a bind "
-                 "never takes them from an archive: pass strict=False (the rest is still checked "
-                 "and bound), or leave them out of the archive", e.code, e.path, e.offset)
+                 "non-persistent buffers, which its constructor computes and state_dict() leaves "
+                 "out, so a bind never takes them from an archive: pass strict=False (the rest is "
+                 "still checked and bound), or leave them out of the archive",
+                 e.code, e.path, e.offset)
 
 
 def _not_a_tensor(name: str, where: str, value) -> Error:
