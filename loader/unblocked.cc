@@ -22,9 +22,12 @@ const void* ArchiveFile::storage_values(uint32_t i) const {
     }
   }
   if (of[i] == format::kNone) return raw;
+  const format::ShardLayout l = index.ShardLayoutOf(index.tensors()[of[i]]);
+  // Slices that fill their blocks, one after another in C order: the bytes
+  // are the tensor's already (§4.12.3).
+  if (l.outer <= 1 && l.block_stride == l.slice_bytes) return raw;
   auto it = core_->unblocked.find(i);
   if (it == core_->unblocked.end()) {
-    const format::ShardLayout l = index.ShardLayoutOf(index.tensors()[of[i]]);
     std::vector<uint8_t> bytes(index.storages()[i].nbytes, 0);
     format::ScatterBlocked(l, static_cast<const uint8_t*>(raw), bytes.data());
     it = core_->unblocked.emplace(i, std::move(bytes)).first;

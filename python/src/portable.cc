@@ -148,6 +148,24 @@ PYBIND11_MODULE(_tsar_portable, m) {
             return StorageBytes{a, a.storage_values(i), storages[i].nbytes};
           },
           py::arg("index"))
+      // §4.12: (the storage's bytes as the file holds them, block_stride) of
+      // sharded tensor `name`, whose rank r's slice is C-contiguous at byte
+      // r * block_stride: what a rank views without a copy
+      // (PortableArchive.slice, tsar/_portable.py). None for a tensor stored
+      // whole.
+      .def(
+          "blocked_storage",
+          [](const ArchiveFile& a, const std::string& name,
+             const std::string& entry) -> py::object {
+            const auto& core = a.core();
+            const format::TensorRecord& t = core->index.tensors()[core->Find(name, entry)];
+            if (t.shard_dim == format::kNone) return py::none();
+            const uint64_t stride = core->index.ShardLayoutOf(t).block_stride;
+            return py::make_tuple(
+                StorageBytes{a, a.storage_data(t.storage), core->index.storages()[t.storage].nbytes},
+                stride);
+          },
+          py::arg("name"), py::arg("entry"))
       // state_dict()'s tensors that come through DLPack, None for the others
       // (python/src/portable_bind.h).
       .def(

@@ -19,9 +19,9 @@ otherwise. ``state_dict(device=)`` and ``load_into(device=)`` copy onto a GPU
 through the accelerator's staging pipeline (tsar/_portable_device.py).
 TorchScript inputs to tsar.pack and its arch= go through this torch's
 torch.jit (tsar/_portable_torchscript.py), sparse tensors through their
-components (tsar/_portable_save.py). A tensor-parallel rank's slice of a
-sharded tensor is a view of the whole tensor in C order (a copy the archive
-makes once), not of the rank's own run of the file.
+components (tsar/_portable_save.py). In a tensor-parallel archive a rank's
+slice of a sharded tensor is a view of the rank's own run of the file, as on
+the accelerator (PortableArchive.slice).
 """
 from __future__ import annotations
 
@@ -71,6 +71,9 @@ class PortableArchive:
         self._first: Dict[int, torch.Tensor] = {}
         self._typed: Dict[Tuple[int, torch.dtype], torch.Tensor] = {}  # its other dtypes
         self._tables: Dict[str, Tuple[List[tuple], Dict[str, tuple]]] = {}
+        # sharded storage -> (its bytes as the file holds them, as a 1-d
+        # tensor of its tensors' dtype (R110: one dtype), block_stride)
+        self._blocked: Dict[int, Tuple[torch.Tensor, int]] = {}
 
     # -- what the file says ------------------------------------------------------
     path = property(lambda self: self._file.path)
@@ -275,10 +278,72 @@ class PortableArchive:
                 raise fail(f"rank {rank}: size {size} of dim {dim} gives only {chunks} chunks of "
                            f"{world}")
             start, length = rank * split, min(split, size - rank * split)
-        out = self.view(_row_of(info)).narrow(dim, start, length)
+        out = self._slice(_row_of(info), info[1], dim, start, length, rank, world)
         if info[8]:
             out.requires_grad_(True)
         return out
+
+    def slice(self, row, entry: str, rank: int, world: int, dim: int) -> torch.Tensor:
+        """torch.chunk(full, world, dim)[rank] of tensor ``row`` of ``entry``,
+        ``dim`` in range and the chunk existing (the caller checks)."""
+        size = row[2][dim]
+        split = -(-size // world)
+        start = min(rank * split, size)
+        return self._slice(row, entry, dim, start, min(split, size - start), rank, world)
+
+    def _slice(self, row, entry, dim, start, length, rank, world) -> torch.Tensor:
+        """Elements [start, start + length) along ``dim`` of tensor ``row``,
+        as the accelerator's (loader/shards.cc): of a tensor stored whole, a
+        view; of a sharded one (spec §4.12), rank ``rank`` of ``world``'s own
+        slice is a zero-copy view of its block (or, for world = k * W, of a
+        part of it), any other a copy of the blocks it spans, never of the
+        whole tensor."""
+        name, dtype, sizes = row[0], row[1], row[2]
+        d = row[7]
+        if d is None or d < 0:
+            return self.view(row).narrow(dim, start, length)
+        w = self.tp_world
+        block_sizes = list(sizes)
+        block_sizes[d] //= w
+        if d == dim and world % w == 0 and sizes[dim] % world == 0:
+            k = world // w
+            out = self._block(row, entry, rank // k, block_sizes)
+            return out.chunk(k, dim)[rank % k] if k > 1 else out
+        out_sizes = list(sizes)
+        out_sizes[dim] = length
+        if 0 in out_sizes:
+            return torch.empty(out_sizes, dtype=dtype)
+        if dim == d:  # the blocks [start, start + length) spans, each narrowed
+            bs = block_sizes[d]
+            pieces = []
+            for b in range(start // bs, (start + length - 1) // bs + 1):
+                lo, hi = max(start, b * bs), min(start + length, (b + 1) * bs)
+                pieces.append(self._block(row, entry, b, block_sizes).narrow(d, lo - b * bs, hi - lo))
+        else:  # every block, narrowed along dim, joined along d
+            pieces = [self._block(row, entry, b, block_sizes).narrow(dim, start, length)
+                      for b in range(w)]
+        return torch.cat(pieces, d)  # a copy, also of a single piece
+
+    def _block(self, row, entry, b: int, block_sizes) -> torch.Tensor:
+        """Block ``b`` of sharded tensor ``row``: rank b's slice, C-contiguous
+        in the mapping (spec §4.12.2)."""
+        storage, dtype = row[5], row[1]
+        got = self._blocked.get(storage)
+        if got is None:
+            if type(dtype) is str:
+                _dtype(dtype, self.path)  # raises UNSUPPORTED
+            b_, stride = self._file.blocked_storage(row[0], entry)
+            flat = (torch.frombuffer(b_, dtype=torch.uint8) if b_.nbytes else
+                    torch.empty(0, dtype=torch.uint8))
+            got = self._blocked.setdefault(storage, (as_dtype(flat, dtype), stride))
+        flat, stride = got
+        strides, n = [0] * len(block_sizes), 1
+        for k in range(len(block_sizes) - 1, -1, -1):  # C order (R108)
+            strides[k] = n
+            n *= block_sizes[k]
+        if n == 0:
+            return torch.empty(block_sizes, dtype=dtype)
+        return flat.as_strided(block_sizes, strides, b * stride // flat.element_size())
 
     def to_device(self, *args):
         """state_dict(device=): tsar/_portable_device.py."""

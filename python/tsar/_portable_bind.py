@@ -224,8 +224,9 @@ def _bind(archive: PortableArchive, items, training: bool, options, loose):
     mismatched_slots = {i for i, _ in why_of}
 
     def view(i):
-        v = archive.view(match[i])
-        return _chunk(v, world, splits[i], rank) if i in splits else v
+        if i in splits:  # a rank's own slice: its run of the file
+            return archive.slice(match[i], entry_name, rank, world, splits[i])
+        return archive.view(match[i])
 
     # Ties: one tensor object under several names (rare: checked only for them).
     bound = None  # per slot, whether its tensor is bound by some name; None: all matched are

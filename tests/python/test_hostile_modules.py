@@ -17,19 +17,8 @@ import torch
 
 import tsar
 from tsar import _backend
-from tsar_testutil import child_env
-
-PATHS = ["accelerator", "portable"] if _backend.accelerator is not None else ["portable"]
-
-
-@pytest.fixture(params=PATHS)
-def path(request, monkeypatch):
-    """Each of tsar's paths in turn: this process on it, and its name (for
-    children, which choose it by TSAR_PORTABLE)."""
-    if request.param == "portable":
-        monkeypatch.setattr(_backend, "accelerator", None)
-        monkeypatch.setattr(_backend, "why_portable", "TSAR_PORTABLE is set")
-    return request.param
+# path: each of tsar's paths in turn (the fixture, under this module's name for it)
+from tsar_testutil import child_env, tsar_path as path  # noqa: F401
 
 
 def run_child(code, path, *args, malloc="debug", timeout=120):

@@ -13,6 +13,7 @@ import torch
 
 import tsar
 from tsar_testutil import evict_from_page_cache, mapped_ranges, smaps_of_file
+from tsar_testutil import tsar_path  # noqa: F401 (a fixture: each path in turn)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 PAGE = mmap.PAGESIZE
@@ -101,8 +102,7 @@ def test_by_default_the_pages_wait_for_their_first_touch(saved):
     assert cached(saved, start, end) == (end - start) // PAGE
 
 
-@pytest.mark.accelerator
-def test_a_rank_reads_ahead_its_own_slices_only(tmp_path):
+def test_a_rank_reads_ahead_its_own_slices_only(tmp_path, tsar_path):
     torch.manual_seed(0)
     path = str(tmp_path / "tp.tsar")
     tsar.save(Wide(), path, tp=2, shard={"a.weight": 0})  # a: 4 MiB per rank; b: 4 MiB, replicated
