@@ -123,6 +123,9 @@ _LLAMA = {
                  num_attention_heads=4, num_key_value_heads=2),
     "small": dict(vocab_size=8000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
                   num_attention_heads=8, num_key_value_heads=2),
+    # Tensor-parallel slices of 1-2.75 MiB for 4 ranks (P15's small case).
+    "tp-small": dict(vocab_size=8000, hidden_size=2048, intermediate_size=2816,
+                     num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8),
     "bench": dict(vocab_size=32000, hidden_size=2048, intermediate_size=3584, num_hidden_layers=32,
                   num_attention_heads=16, num_key_value_heads=4),
 }

@@ -52,9 +52,12 @@ def rank_config(config, world: int):
 def rank_module(size: str, world: int):
     import transformers
 
+    import tsar
     from peers import models
 
-    with torch.device("meta"):
+    # Parameters on meta, buffers (the rotary frequencies) made for real: a
+    # bind refuses a module that would keep meta tensors it cannot bind.
+    with tsar.empty_parameters():
         m = transformers.LlamaForCausalLM(rank_config(models.llama_config(size), world))
     return m.to(torch.bfloat16).eval()
 
