@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 import torch
 
 from . import _backend
-from ._errors import Error, ErrorCode
 
 if TYPE_CHECKING:
     from ._info import TensorInfo

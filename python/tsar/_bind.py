@@ -10,81 +10,7 @@ import torch
 from . import _backend
 from ._archive import Archive, open as _open
 from ._errors import Error, ErrorCode
-
-
-_Module = torch.nn.Module
-_PLAIN = {}  # type -> whether state_dict of its instances is Module's own walk
-
-
-def _plain(cls) -> bool:
-    """True when ``cls`` keeps nn.Module's state_dict: no override of
-    state_dict, _save_to_state_dict or get_extra_state."""
-    plain = _PLAIN.get(cls)
-    if plain is None:
-        plain = (cls.state_dict is _Module.state_dict
-                 and cls._save_to_state_dict is _Module._save_to_state_dict
-                 and cls.get_extra_state is _Module.get_extra_state)
-        _PLAIN[cls] = plain
-    return plain
-
-
-def _state_items(module):
-    """The tensors of ``module.state_dict(keep_vars=True)`` (not its extra
-    state: no archive holds it), as (name, tensor) in its order, whether any
-    submodule is training, and the non-persistent buffers on meta (which no
-    archive holds: ``loose``), in one walk of the module tree. state_dict()
-    itself costs 2.4 us and modules() 0.8 us a module in Python (0.43 s for a
-    mixture of experts of 133,000 modules); this walk reads the same dicts in
-    the same order. Modules with state_dict hooks or their own state_dict
-    logic are left to state_dict(). load_into first tries the same walk in
-    C++ (``_tsar.bind_module``, python/src/module_walk.cc), which declines
-    (None) exactly where this one calls state_dict() or refuses a module
-    that contains itself (deeper than _MAX_DEPTH)."""
-    items, training, loose = [], False, []
-    stack = [("", module, 1)]
-    while stack:
-        prefix, m, depth = stack.pop()
-        if depth > _MAX_DEPTH:
-            raise _invalid(f"the module tree is more than {_MAX_DEPTH} levels deep at "
-                           f"{_shorten(prefix)!r}: a module that contains itself (state_dict() "
-                           f"cannot list it either: RecursionError)")
-        if (m._state_dict_hooks or m._state_dict_pre_hooks or not _plain(type(m))):
-            # Not the extra state (get_extra_state()): no archive holds it.
-            items = [(n, t) for n, t in module.state_dict(keep_vars=True).items()
-                     if isinstance(t, torch.Tensor)]
-            listed = {id(t) for _, t in items}
-            loose = [(n, t) for n, t in module.named_parameters(remove_duplicate=False)
-                     if t.is_meta and id(t) not in listed]
-            loose += [(n, t) for n, t in module.named_buffers(remove_duplicate=False)
-                      if t.is_meta and id(t) not in listed]
-            return items, any(x.training for x in module.modules()), loose
-        training = training or m.training
-        for name, p in m._parameters.items():
-            if p is not None:
-                if not isinstance(p, torch.Tensor):
-                    raise _not_a_tensor(prefix + name, "_parameters", p)
-                items.append((prefix + name, p))
-        skip = m._non_persistent_buffers_set
-        for name, b in m._buffers.items():
-            if b is not None and not isinstance(b, torch.Tensor):
-                raise _not_a_tensor(prefix + name, "_buffers", b)
-            if b is not None and name not in skip:
-                items.append((prefix + name, b))
-            elif b is not None and b.is_meta:
-                loose.append((prefix + name, b))
-        children = [(prefix + name + ".", c, depth + 1) for name, c in m._modules.items()
-                    if c is not None]
-        stack.extend(reversed(children))
-    return items, training, loose
-
-
-# Python's own limit on nesting (state_dict() recurses): deeper is a cycle in
-# the module graph. python/src/module_walk.cc declines past the same depth.
-_MAX_DEPTH = 1000
-
-
-def _shorten(name: str, most: int = 120) -> str:
-    return name if len(name) <= most else f"{name[:most]}..."
+from ._module_state import PLAIN, invalid as _invalid, plain, state_items
 
 
 def _names(names: List[str], most: int = 8) -> str:
@@ -229,9 +155,9 @@ def load_into(
         accelerator = _backend.accelerator
         try:
             if accelerator is not None:
-                report = accelerator.bind_module(archive._a(), module, _PLAIN, _plain, options)
+                report = accelerator.bind_module(archive._a(), module, PLAIN, plain, options)
                 if report is None:
-                    items, training, loose = _state_items(module)
+                    items, training, loose = state_items(module)
                     report = accelerator.bind(archive._a(), items, training, options, loose)
                     del items, loose
             else:
@@ -280,16 +206,6 @@ def _non_persistent_named(e: Error, module, archive_prefix: str, module_prefix: 
                  "out, so a bind never takes them from an archive: pass strict=False (the rest is "
                  "still checked and bound), or leave them out of the archive",
                  e.code, e.path, e.offset)
-
-
-def _not_a_tensor(name: str, where: str, value) -> Error:
-    return _invalid(f"{_shorten(name)!r} is a {type(value).__name__} in the module's {where}, "
-                    "where torch keeps tensors (an assignment that bypassed register_parameter or "
-                    "register_buffer?): tsar binds tensors")
-
-
-def _invalid(message: str) -> Error:
-    return Error(f"load_into: {message}. Nothing was changed", ErrorCode.INVALID_ARGUMENT)
 
 
 _INT64_MAX = 2**63 - 1

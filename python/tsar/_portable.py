@@ -31,30 +31,7 @@ import torch
 
 from . import _tsar_portable
 from ._errors import Error, ErrorCode
-
-# The format's dtypes this torch has, by name (the format's names are torch's:
-# "bfloat16", "float8_e4m3fn"): what entry_table puts in each row.
-_DTYPES: Dict[str, torch.dtype] = {
-    n: getattr(torch, n) for n in _tsar_portable.dtype_names()
-    if isinstance(getattr(torch, n, None), torch.dtype)}
-
-
-def _dtype(name: str, path: str) -> torch.dtype:
-    """torch's dtype named ``name``; UNSUPPORTED where this torch lacks it."""
-    d = _DTYPES.get(name)
-    if d is None:
-        raise Error(f"{path}: dtype {name} is not supported by this torch ({torch.__version__})",
-                    ErrorCode.UNSUPPORTED, path)
-    return d
-
-
-def as_dtype(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The whole elements of ``dtype`` in the 1-d uint8 tensor ``raw``, as a
-    1-d view of the same storage (bytes past the last whole one left out)."""
-    item = torch.empty((), dtype=dtype).element_size()
-    whole = raw.numel() - raw.numel() % item
-    return (raw[:whole] if whole != raw.numel() else raw).view(dtype)
-
+from ._portable_dtypes import DTYPES, as_dtype, torch_dtype
 
 class PortableArchive:
     """What tsar.Archive asks of its implementation (the accelerator's
@@ -117,7 +94,7 @@ class PortableArchive:
         return [self._with_dtype(i) for i in self._file.infos()]
 
     def _with_dtype(self, i):
-        return (i[0], i[1], _dtype(i[2], self.path)) + tuple(i[3:])
+        return (i[0], i[1], torch_dtype(i[2], self.path)) + tuple(i[3:])
 
     # -- tensors -----------------------------------------------------------------
     # A row of an entry's table (python/src/portable.cc, entry_table): (name,
@@ -128,7 +105,7 @@ class PortableArchive:
         extension per entry, kept while the archive is open."""
         t = self._tables.get(entry)
         if t is None:
-            rows = self._file.entry_table(entry, _DTYPES)
+            rows = self._file.entry_table(entry, DTYPES)
             t = (rows, {r[0]: r for r in rows})
             self._tables[entry] = t
         return t
@@ -162,7 +139,7 @@ class PortableArchive:
         view_of would hold this archive in a reference cycle, and the mapping
         would outlive close() until the next garbage collection (a hot-swapping
         server's old versions stayed mapped)."""
-        return (torch.Tensor, _DTYPES, torch.strided, torch._C._from_dlpack,
+        return (torch.Tensor, DTYPES, torch.strided, torch._C._from_dlpack,
                 torch._C._swap_tensor_impl, torch.Tensor._make_subclass, self._view_of,
                 plain_cache, plain, self._first)
 
@@ -175,7 +152,7 @@ class PortableArchive:
             return self._sparse(row)
         name, dtype, sizes, strides, offset, storage = row[:6]
         if type(dtype) is str:
-            _dtype(dtype, self.path)  # raises UNSUPPORTED
+            torch_dtype(dtype, self.path)  # raises UNSUPPORTED
         flat = self._first.get(storage)
         if flat is None or flat.dtype is not dtype:
             flat = self._typed.get((storage, dtype))
@@ -233,7 +210,7 @@ class PortableArchive:
         through DLPack, kept in _first as _flat keeps it, then as_strided),
         the others by make()."""
         rows, _ = self.table(entry)
-        fast = self._file.dlpack_tensors(entry, torch._C._from_dlpack, self._first, _DTYPES)
+        fast = self._file.dlpack_tensors(entry, torch._C._from_dlpack, self._first, DTYPES)
         out = []
         for r, t in zip(rows, fast):
             if t is None:
@@ -298,8 +275,7 @@ class PortableArchive:
         slice is a zero-copy view of its block (or, for world = k * W, of a
         part of it), any other a copy of the blocks it spans, never of the
         whole tensor."""
-        name, dtype, sizes = row[0], row[1], row[2]
-        d = row[7]
+        dtype, sizes, d = row[1], row[2], row[7]
         if d is None or d < 0:
             return self.view(row).narrow(dim, start, length)
         w = self.tp_world
@@ -331,7 +307,7 @@ class PortableArchive:
         got = self._blocked.get(storage)
         if got is None:
             if type(dtype) is str:
-                _dtype(dtype, self.path)  # raises UNSUPPORTED
+                torch_dtype(dtype, self.path)  # raises UNSUPPORTED
             b_, stride = self._file.blocked_storage(row[0], entry)
             flat = (torch.frombuffer(b_, dtype=torch.uint8) if b_.nbytes else
                     torch.empty(0, dtype=torch.uint8))
@@ -359,7 +335,7 @@ def _row_of(info) -> tuple:
     """An entry-table row (PortableArchive.table) from the extension's
     TensorInfo tuple (name, entry, dtype name, sizes, strides, offset,
     storage, role, requires_grad, shard_dim)."""
-    return (info[0], _DTYPES.get(info[2], info[2])) + tuple(info[3:7]) + (info[8], info[9])
+    return (info[0], DTYPES.get(info[2], info[2])) + tuple(info[3:7]) + (info[8], info[9])
 
 
 def _chunk_size(n: int, rank: int, world: int) -> int:

@@ -13,6 +13,7 @@ import torch
 
 from ._errors import Error, ErrorCode
 from . import _tsar_portable
+from ._module_state import PLAIN, plain, state_items
 from ._portable import PortableArchive, _chunk, _chunk_size
 
 
@@ -93,19 +94,17 @@ def bind_module(archive: PortableArchive, module, options):
     mismatch, strict with names left over, tensor parallelism, a module with
     its own state_dict()...) comes back None, nothing changed, and
     :func:`bind` below runs, with the rules' messages."""
-    from ._bind import _PLAIN, _plain, _state_items
-
     (entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
      read_ahead, _direct) = options
     fast = not device and world <= 1 and rank == 0
     report = None
     if fast:
         fast_options = (entry, archive_prefix, module_prefix, strict, allow_training)
-        api = archive.bind_api(_PLAIN, _plain)
+        api = archive.bind_api(PLAIN, plain)
         report = _tsar_portable.bind_fast(archive._file, module, None, False, None, fast_options,
                                              api)
     if report is None:
-        items, training, loose = _state_items(module)
+        items, training, loose = state_items(module)
         if fast:
             report = _tsar_portable.bind_fast(archive._file, None, items, training, loose,
                                                  fast_options, api)
@@ -119,13 +118,11 @@ def bind_module(archive: PortableArchive, module, options):
 def _read_ahead(archive: PortableArchive, module, bound) -> None:
     """load_into(read_ahead=True): the bytes the bound tensors view, read
     ahead of their first touch by a thread of tsar's (loader/read_ahead.h)."""
-    from ._bind import _state_items
-
     names = set(bound)
     ranges = []
     base = torch._C.TensorBase
     with torch._C.DisableTorchFunctionSubclass():  # what each tensor is (_facts)
-        for name, t in _state_items(module)[0]:
+        for name, t in state_items(module)[0]:
             if name in names and _layout_of(t) is torch.strided and base.numel(t) > 0:
                 last = sum((n - 1) * s for n, s in zip(_shape_of(t), base.stride(t)))
                 ranges.append((base.data_ptr(t), (last + 1) * base.element_size(t)))

@@ -26,7 +26,7 @@ import torch
 
 from . import _tsar_portable
 from ._errors import Error, ErrorCode
-from ._portable import _dtype, as_dtype
+from ._portable_dtypes import as_dtype, torch_dtype
 
 
 class CudaEngine:
@@ -212,7 +212,7 @@ class DeviceViews:
         storages: Dict[int, int] = {}
         for r in rows:
             if type(r[1]) is str:
-                _dtype(r[1], archive.path)  # UNSUPPORTED before any copy
+                torch_dtype(r[1], archive.path)  # UNSUPPORTED before any copy
             storages.setdefault(r[5], len(storages))
         self._number = storages
         self.targets, self.stats = copy_storages(archive, list(storages), device, staging,

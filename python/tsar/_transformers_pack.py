@@ -14,7 +14,7 @@ from ._errors import Error, ErrorCode
 def pack(model_dir, dst, model_class, pack_kwargs):
     import tsar
 
-    from . import transformers as tt
+    from . import _transformers_archive as tt
 
     model_dir, dst = os.fspath(model_dir), os.fspath(dst)
     directory = os.path.dirname(os.path.abspath(dst))

@@ -23,8 +23,8 @@ import transformers as _tf
 
 from . import _archive
 from ._errors import Error, ErrorCode
-from .transformers import (_as_archive, _config_dict, _config_of, _content, _error, _json,
-                           _note_auto_map, _short)
+from ._transformers_archive import (_as_archive, _config_dict, _config_of, _content, _error,
+                                    _json, _note_auto_map, _short)
 
 # Read by every tokenizer class's from_pretrained (tokenization_utils_base.py:
 # additional_files_names), whatever its vocab_files_names.

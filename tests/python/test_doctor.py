@@ -5,7 +5,6 @@ import sys
 import torch
 
 import tsar
-from tsar import _backend
 from tsar_testutil import child_env
 
 
@@ -28,11 +27,17 @@ def test_python_m_tsar_names_the_path_the_torch_and_the_way_to_the_accelerator()
     assert "\ntsar command: " in out and "\nHDF5 inputs: " in out
 
 
-def test_python_m_tsar_on_the_accelerator():
+def test_python_m_tsar_names_the_path_a_process_beside_it_runs():
     r = doctor()
     assert r.returncode == 0, r.stderr
-    assert f"path: {_backend.describe()}" in r.stdout if _backend.accelerator is not None \
-        else "path: portable (" in r.stdout
+    # The same environment (TSAR_PORTABLE unset): the accelerator where it
+    # serves this torch, whatever this test process runs.
+    e = child_env()
+    e.pop("TSAR_PORTABLE", None)
+    backend = subprocess.run([sys.executable, "-c", "import tsar; print(tsar.backend())"],
+                             capture_output=True, text=True, env=e, timeout=120).stdout.strip()
+    assert backend.startswith(("accelerator (", "portable ("))
+    assert f"path: {backend}" in r.stdout
     assert r.stdout.count("\n") >= 5
 
 

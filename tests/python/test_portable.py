@@ -168,12 +168,12 @@ def _fast(path, module, strict=True, **kw):
     """_tsar_portable.bind_fast (python/src/portable_bind.h) on ``module``:
     its report, or None where it leaves the bind to tsar/_portable_bind.py."""
     from tsar import _tsar_portable
-    from tsar._bind import _PLAIN, _plain
+    from tsar._module_state import PLAIN, plain
 
     a = tsar.open(path)._a()
     options = ("", kw.get("archive_prefix", ""), kw.get("module_prefix", ""), strict, False)
     return _tsar_portable.bind_fast(a._file, module, None, False, None, options,
-                                    a.bind_api(_PLAIN, _plain))
+                                    a.bind_api(PLAIN, plain))
 
 
 def _state(module):

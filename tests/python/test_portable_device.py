@@ -177,11 +177,11 @@ def test_a_locked_mapping_is_read_on_a_direct_lane_and_the_rest_staged(
         portable, host_engine, tmp_path):
     """pin="register"'s copy with the lock itself left out (it needs a GPU):
     the pipeline's direct lane reads the mapping through the lane's own
-    engine, and a tensor-parallel archive's C-order copies, which lie
-    outside the mapping, are staged."""
+    engine, and a tensor-parallel archive's C-order copies (a weight split
+    along dim 1), which lie outside the mapping, are staged."""
     torch.manual_seed(2)
     full = torch.nn.Linear(64, 48).eval()
-    for tp, shard in ((0, None), (2, {"weight": 0})):
+    for tp, shard in ((0, None), (2, {"weight": 1})):
         path = tmp_path / f"tp{tp}.tsar"
         tsar.save(full, path, **({"tp": tp, "shard": shard} if tp else {}))
         with tsar.open(path) as a:
