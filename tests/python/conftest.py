@@ -34,14 +34,36 @@ def samples():
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "accelerator: a test of what only tsar's LibTorch-linked parts do (the "
-        "accelerator tsar._tsar; tsar-torch behind the tsar command: TorchScript, --arch, export "
-        "to .pt), skipped where this process runs the portable path (tsar.backend()): beside "
-        "another torch, whose tsar-torch the wheel's tsar refuses to start, or with "
+        "markers", "accelerator: a test of what the accelerator (tsar._tsar, linked to LibTorch) "
+        "does and the portable path does not (no test today), skipped where this process runs "
+        "the portable path (tsar.backend()): beside another torch than tsar's build, or with "
         "TSAR_PORTABLE=1")
+    config.addinivalue_line(
+        "markers", "tsar_torch: a test that needs tsar-torch, the LibTorch half of the tsar "
+        "command (TorchScript inputs, --arch, export to .pt), skipped where it cannot run beside "
+        "this torch: the torch imported is not the one tsar was built for (the wheel's tsar "
+        "refuses to start tsar-torch there); TSAR_PORTABLE=1 does not skip it")
     config.addinivalue_line(
         "markers", "hdf5: a test that packs or exports HDF5, skipped where tsar was built without "
         "it (the wheel: TSAR_SELF_CONTAINED)")
+
+
+def _tsar_torch_absent():
+    """Why tsar-torch cannot run beside the torch this process imported, or ''.
+    It links the LibTorch of the torch tsar was built for: beside another torch
+    the wheel's tsar refuses to start it (cli/forward.cc). Not _backend's
+    why_portable, which TSAR_PORTABLE=1 sets whatever the torch: that chooses
+    the Python package's path only, and tsar-torch runs there."""
+    import torch
+
+    from tsar import _build_info
+
+    built = _build_info.torch_version
+    if not built:
+        return "this tsar was built without LibTorch"
+    if torch.__version__ != built:
+        return f"it is built for torch {built}, and this is torch {torch.__version__}"
+    return ""
 
 
 def pytest_collection_modifyitems(config, items):
@@ -51,6 +73,11 @@ def pytest_collection_modifyitems(config, items):
     if _backend.accelerator is None:
         skips["accelerator"] = pytest.mark.skip(
             reason=f"the accelerator's behaviour; this process runs the {_backend.describe()}")
+    why = _tsar_torch_absent()
+    if why:
+        skips["tsar_torch"] = pytest.mark.skip(
+            reason=f"needs tsar-torch, the tsar command's LibTorch half, which cannot run here: "
+                   f"{why}")
     if not _build_info.hdf5:
         skips["hdf5"] = pytest.mark.skip(reason="this tsar was built without HDF5 (the wheel)")
     for item in items:

@@ -180,7 +180,7 @@ def test_pack_checkpoints_and_strict(tmp_path, cli):
     assert ei.value.code == tsar.ErrorCode.INVALID_ARGUMENT and "on its own" in str(ei.value)
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_torchscript_same_bytes_as_cli(tmp_path, cli):
     m = net()
     ts = tmp_path / "net_ts.pt"
@@ -255,7 +255,7 @@ def test_saving_is_atomic_and_read_only(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ro.tsar"], "no temporary file is left behind"
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_every_dtype_exports_back_exactly(tmp_path, cli):
     """torch.save of torch 2.x (float8 and uint16-64 as _rebuild_tensor_v3) ->
     tsar pack -> export .pt -> torch.load(weights_only=True), and -> export

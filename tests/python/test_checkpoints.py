@@ -100,7 +100,7 @@ def train(m, opt, steps, seed):
     lambda p: torch.optim.Adam(p, lr=1e-3, betas=(0.8, 0.99), weight_decay=0.01),
     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
 ], ids=["adam", "sgd-momentum"])
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_training_resumes_bit_identically_from_an_export(cli, tmp_path, make_opt):
     m = model()
     opt = make_opt(m.parameters())
@@ -123,7 +123,7 @@ def test_training_resumes_bit_identically_from_an_export(cli, tmp_path, make_opt
         assert same_tensor(b[k], a[k]) == "", k
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_everything_a_checkpoint_holds_comes_back_with_its_type(cli, tmp_path):
     m = model()
     shared = torch.arange(10.0)
@@ -161,7 +161,7 @@ def test_everything_a_checkpoint_holds_comes_back_with_its_type(cli, tmp_path):
     assert back["tensors"]["same"].storage().data_ptr() == back["loose"].storage().data_ptr()
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_tensors_shared_between_model_and_optimizer_stay_shared(cli, tmp_path):
     w = torch.randn(3, 3)
     ckpt = {"model": collections.OrderedDict(w=w), "optimizer": {"state": {0: {"buf": w}}},
@@ -173,7 +173,7 @@ def test_tensors_shared_between_model_and_optimizer_stay_shared(cli, tmp_path):
         back["optimizer"]["state"][0]["buf"].storage().data_ptr()
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_a_plain_state_dict_stays_a_format_1_0_archive(cli, tmp_path):
     m = torch.nn.Linear(2, 2)
     orig, back, arc = roundtrip(cli, tmp_path, m.state_dict())
@@ -182,7 +182,7 @@ def test_a_plain_state_dict_stays_a_format_1_0_archive(cli, tmp_path):
     assert data[10:12] == b"\x00\x00" and data[52:56] == b"\x00\x00\x00\x00"  # minor 0, no flags
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_a_checkpoint_with_structure_is_format_1_1_with_the_tree_feature(cli, tmp_path):
     _, _, arc = roundtrip(cli, tmp_path, {"model": torch.nn.Linear(2, 2).state_dict(),
                                           "opt": [torch.zeros(1)]})
@@ -200,7 +200,7 @@ class Evil:
         return (os.system, (f"touch {self.marker}",))
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_a_hostile_pickle_packs_as_opaque_data_and_never_runs(cli, tmp_path):
     marker = tmp_path / "pwned"
     src = tmp_path / "evil.pt"
@@ -248,7 +248,7 @@ def test_bind_without_an_entry_takes_the_model_never_the_optimizer(cli, tmp_path
     assert not tsar.load_into(model().eval(), str(two), entry="b").missing
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_the_value_tree_sample_exports_to_the_object_it_describes(cli, samples, tmp_path):
     back = tmp_path / "sample.pt"
     subprocess.run([cli, "export", os.path.join(samples, "valid", "value_tree.tsar"), "-o",

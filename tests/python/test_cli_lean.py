@@ -92,7 +92,7 @@ def test_pack_export_and_read_commands_never_load_libtorch(cli, inputs):
             assert torch.equal(a.tensor(name, "model"), t), name
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_torchscript_arch_and_pt_export_go_to_tsar_torch(cli, tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
@@ -115,6 +115,7 @@ def test_torchscript_arch_and_pt_export_go_to_tsar_torch(cli, tmp_path):
 
 
 @pytest.mark.hdf5
+@pytest.mark.tsar_torch
 def test_both_executables_write_the_same_bytes(cli, inputs):
     """The same PackFiles and exporters run in tsar (no LibTorch) and in
     tsar-torch; what they write must not depend on which one ran."""

@@ -16,7 +16,7 @@ def small_net():
                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10))
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_inspect_totals_count_elements_by_role_and_dtype(cli, tmp_path):
     net = small_net().eval()
     script = torch.jit.script(net)
@@ -78,7 +78,7 @@ def test_packing_a_weightless_architecture_warns_and_strict_refuses(cli, tmp_pat
     assert run(cli, "pack", tmp_path / "real.pt", "-o", tmp_path / "real.tsar").stderr == ""
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_diff_of_a_state_dict_and_torchscript_values_only(cli, tmp_path):
     net = small_net().eval()
     torch.save(net.state_dict(), tmp_path / "sd.pt")
@@ -158,7 +158,7 @@ def test_diff_counts_differing_elements_and_the_largest_difference(cli, tmp_path
     run(cli, "diff", "--atol", "-1", tmp_path / "a.tsar", tmp_path / "b.tsar", code=2)
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_pack_selects_entries_and_strips_a_prefix(cli, tmp_path):
     net = small_net()
     ddp = {"module." + k: v for k, v in net.state_dict().items()}  # what DDP's state_dict() names

@@ -137,7 +137,6 @@ def test_state_dict_has_role_tensor_and_keeps_parameters(tmp_path):
         assert a.info("plain").role == "tensor" and a.info("plain").requires_grad is False
 
 
-@pytest.mark.accelerator
 def test_sparse_round_trip(tmp_path):
     coo = torch.tensor([[0.0, 2.0, 0.0], [3.0, 0.0, 4.0]]).to_sparse()
     csr = torch.tensor([[1.0, 0.0], [0.0, 5.0], [6.0, 0.0]]).to_sparse_csr()

@@ -116,7 +116,8 @@ def test_inspect_verify_diff_residency(cli, packed):
 
 
 @pytest.mark.hdf5
-@pytest.mark.parametrize("ext", ["pt", "safetensors", "h5"])
+@pytest.mark.parametrize("ext", [pytest.param("pt", marks=pytest.mark.tsar_torch),
+                                 "safetensors", "h5"])
 def test_export_and_read_back(cli, packed, corpus, ext):
     out = corpus / f"back.{ext}"
     run(cli, "export", packed["safetensors"], "-o", out)
@@ -142,7 +143,7 @@ def test_load_into_binds_every_buffer(packed):
     assert torch.equal(module.b54321, torch.from_numpy(value(54_321)))
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_torchscript_with_10000_buffers(cli, tmp_path):
     class Many(torch.nn.Module):
         def __init__(self):

@@ -101,7 +101,7 @@ class Recurrent(torch.nn.Module):
         return self.fc(o[:, -1]) + self.head(o[:, -1])
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_arch_writes_the_torchscript_architecture_without_weights(cli, tmp_path):
     torch.manual_seed(0)
     model = Recurrent().eval()
@@ -139,7 +139,7 @@ def test_arch_writes_the_torchscript_architecture_without_weights(cli, tmp_path)
     assert (tmp_path / "py" / "m_arch.pt").read_bytes() == (tmp_path / "m_arch.pt").read_bytes()
 
 
-@pytest.mark.accelerator
+@pytest.mark.tsar_torch
 def test_arch_needs_one_torchscript_input_and_writes_nothing_otherwise(cli, tmp_path):
     torch.save(Recurrent().state_dict(), tmp_path / "sd.pt")
     r = run(cli, "pack", tmp_path / "sd.pt", "-o", tmp_path / "m.tsar", "--arch", tmp_path / "a.pt", code=2)
