@@ -8,9 +8,9 @@
 #  2. the wheel as it ships, built for .venv's torch (scripts/build-wheel.sh),
 #     installed with --no-deps into a venv beside the oldest torch: the same
 #     .whl runs the portable path there and passes the whole Python suite
-#     with its own tsar command (tests of the accelerator's own behaviour and
-#     of HDF5, which the wheel leaves out, skip: @pytest.mark.accelerator,
-#     @pytest.mark.hdf5); its tsar refuses to start tsar-torch, built for
+#     with its own tsar command (tests of tsar-torch and of HDF5, which the
+#     wheel leaves out, skip: @pytest.mark.tsar_torch, @pytest.mark.hdf5);
+#     its tsar refuses to start tsar-torch, built for
 #     .venv's torch, beside this one (it would crash) and says why;
 #  3. the same .whl installed beside .venv's torch, the newest supported,
 #     where its accelerator runs: the whole Python suite again (issue 43:

@@ -294,7 +294,8 @@ class PortableArchive:
             pieces = []
             for b in range(start // bs, (start + length - 1) // bs + 1):
                 lo, hi = max(start, b * bs), min(start + length, (b + 1) * bs)
-                pieces.append(self._block(row, entry, b, block_sizes).narrow(d, lo - b * bs, hi - lo))
+                block = self._block(row, entry, b, block_sizes)
+                pieces.append(block.narrow(d, lo - b * bs, hi - lo))
         else:  # every block, narrowed along dim, joined along d
             pieces = [self._block(row, entry, b, block_sizes).narrow(dim, start, length)
                       for b in range(w)]

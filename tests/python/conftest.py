@@ -32,6 +32,25 @@ def samples():
     return path
 
 
+def _paths():
+    from tsar import _backend
+
+    return ["accelerator", "portable"] if _backend.accelerator is not None else ["portable"]
+
+
+@pytest.fixture(params=_paths())
+def tsar_path(request, monkeypatch):
+    """Each of tsar's paths in turn: this process on it, and its name
+    ("accelerator" or "portable", for children, which choose it by
+    TSAR_PORTABLE)."""
+    from tsar import _backend
+
+    if request.param == "portable":
+        monkeypatch.setattr(_backend, "accelerator", None)
+        monkeypatch.setattr(_backend, "why_portable", "TSAR_PORTABLE is set")
+    return request.param
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "accelerator: a test of what the accelerator (tsar._tsar, linked to LibTorch) "

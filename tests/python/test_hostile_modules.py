@@ -16,9 +16,7 @@ import pytest
 import torch
 
 import tsar
-from tsar import _backend
-# path: each of tsar's paths in turn (the fixture, under this module's name for it)
-from tsar_testutil import child_env, tsar_path as path  # noqa: F401
+from tsar_testutil import child_env
 
 
 def run_child(code, path, *args, malloc="debug", timeout=120):
@@ -163,8 +161,9 @@ CASES = ["liar_parameter", "training_object", "hook_dict", "metaclass", "set_mem
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_code_run_by_the_walk_or_bind_that_drops_tensors_crashes_nothing(tmp_path, case, path):
-    r = run_child(HOSTILE, path, tmp_path / "m.tsar", case)
+def test_code_run_by_the_walk_or_bind_that_drops_tensors_crashes_nothing(tmp_path, case,
+                                                                         tsar_path):
+    r = run_child(HOSTILE, tsar_path, tmp_path / "m.tsar", case)
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-3000:])
     assert r.stdout.startswith(("bound ", "refused:")), r.stdout
     assert "Fatal Python error" not in r.stderr
@@ -187,7 +186,7 @@ class Lying(torch.nn.Parameter):
 
 
 @pytest.mark.parametrize("lie", ["shape", "dtype"])
-def test_a_parameter_that_lies_about_its_shape_or_dtype_is_refused(tmp_path, lie, path):
+def test_a_parameter_that_lies_about_its_shape_or_dtype_is_refused(tmp_path, lie, tsar_path):
     archive = tmp_path / "m.tsar"
     tsar.save({"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}, archive)
     m = torch.nn.Module()
@@ -218,7 +217,7 @@ def reused(levels):
     return leaf
 
 
-def test_a_module_reused_on_many_paths_is_refused_fast(tmp_path, path):
+def test_a_module_reused_on_many_paths_is_refused_fast(tmp_path, tsar_path):
     archive = tmp_path / "m.tsar"
     tsar.save({"w": torch.zeros(2)}, archive)
     # 2**30 names: state_dict() would run out of memory after minutes.
@@ -228,7 +227,7 @@ def test_a_module_reused_on_many_paths_is_refused_fast(tmp_path, path):
     assert "reached on many paths" in str(e.value)
 
 
-def test_a_module_reused_on_a_few_paths_binds_under_every_name(tmp_path, path):
+def test_a_module_reused_on_a_few_paths_binds_under_every_name(tmp_path, tsar_path):
     archive = tmp_path / "m.tsar"
     torch.manual_seed(1)
     src = reused(3)
@@ -240,7 +239,7 @@ def test_a_module_reused_on_a_few_paths_binds_under_every_name(tmp_path, path):
     assert torch.equal(m.a.b.a.weight, src.a.a.a.weight)
 
 
-def test_a_non_tensor_in_parameters_is_named(tmp_path, path):
+def test_a_non_tensor_in_parameters_is_named(tmp_path, tsar_path):
     archive = tmp_path / "m.tsar"
     tsar.save(torch.nn.Linear(2, 2), archive)
     m = torch.nn.Linear(2, 2).eval()
@@ -252,7 +251,7 @@ def test_a_non_tensor_in_parameters_is_named(tmp_path, path):
     assert "Invoked with" not in str(e.value)  # no pybind signature dump
 
 
-def test_training_refusal_speaks_of_optimizers_not_only_batchnorm(tmp_path, path):
+def test_training_refusal_speaks_of_optimizers_not_only_batchnorm(tmp_path, tsar_path):
     archive = tmp_path / "m.tsar"
     tsar.save(torch.nn.Linear(2, 2), archive)
     with pytest.raises(tsar.Error) as e:
@@ -275,9 +274,9 @@ print("not reached")
 '''
 
 
-def test_training_after_a_read_only_bind_dies_with_a_message(tmp_path, path):
+def test_training_after_a_read_only_bind_dies_with_a_message(tmp_path, tsar_path):
     archive = tmp_path / "m.tsar"
-    r = run_child(TRAIN_AFTER_READ_ONLY_BIND, path, archive, malloc="pymalloc")
+    r = run_child(TRAIN_AFTER_READ_ONLY_BIND, tsar_path, archive, malloc="pymalloc")
     assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stderr[-2000:])
     assert "not reached" not in r.stdout
     assert f"tsar: write to read-only archive {archive}" in r.stderr
@@ -310,7 +309,7 @@ class Flattened(torch.Tensor):
         return func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in (kwargs or {}).items()})
 
 
-def test_saving_a_tensor_subclass_made_of_inner_tensors_names_it(tmp_path, path):
+def test_saving_a_tensor_subclass_made_of_inner_tensors_names_it(tmp_path, tsar_path):
     m = torch.nn.Linear(4, 4)
     del m.weight
     m.register_buffer("weight", Flattened(torch.ones(4, 4)))
@@ -391,7 +390,7 @@ class WithPositions(torch.nn.Module):
         self.register_buffer("position_ids", torch.arange(5), persistent=False)
 
 
-def test_a_stored_non_persistent_buffer_is_named_as_one(tmp_path, path):
+def test_a_stored_non_persistent_buffer_is_named_as_one(tmp_path, tsar_path):
     archive = tmp_path / "m.tsar"
     sd = dict(WithPositions().state_dict(), position_ids=torch.arange(5))
     tsar.save(sd, archive)
@@ -408,7 +407,7 @@ def test_a_stored_non_persistent_buffer_is_named_as_one(tmp_path, path):
 
 
 def test_a_meta_non_persistent_buffer_the_archive_holds_is_not_said_to_be_in_no_archive(
-        tmp_path, path):
+        tmp_path, tsar_path):
     archive = tmp_path / "m.tsar"
     tsar.save(dict(WithPositions().state_dict(), position_ids=torch.arange(5)), archive)
     with torch.device("meta"):

@@ -13,7 +13,6 @@ import torch
 
 import tsar
 from tsar_testutil import evict_from_page_cache, mapped_ranges, smaps_of_file
-from tsar_testutil import tsar_path  # noqa: F401 (a fixture: each path in turn)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 PAGE = mmap.PAGESIZE

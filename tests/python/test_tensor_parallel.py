@@ -7,9 +7,7 @@ import pytest
 import torch
 
 import tsar
-from tsar import _backend
 from tsar_testutil import REPO, bits, evict_from_page_cache, run_cli, smaps_of_file
-from tsar_testutil import tsar_path  # noqa: F401 (a fixture: each path in turn)
 
 
 def _source(dtype):

@@ -7,7 +7,6 @@ import struct
 import subprocess
 import sys
 
-import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -222,21 +221,3 @@ def load_bert_bit_exact(archive, model_dir, ids):
     assert torch.equal(got.pooler_output, want.pooler_output)
     return model, reference
 
-
-def _paths():
-    from tsar import _backend
-
-    return ["accelerator", "portable"] if _backend.accelerator is not None else ["portable"]
-
-
-@pytest.fixture(params=_paths())
-def tsar_path(request, monkeypatch):
-    """Each of tsar's paths in turn (import it into a test module to use it):
-    this process on it, and its name ("accelerator" or "portable", for
-    children, which choose it by TSAR_PORTABLE)."""
-    from tsar import _backend
-
-    if request.param == "portable":
-        monkeypatch.setattr(_backend, "accelerator", None)
-        monkeypatch.setattr(_backend, "why_portable", "TSAR_PORTABLE is set")
-    return request.param
