@@ -1,0 +1,302 @@
+"""torchao's quantized tensors as tsar keeps them (issue 58).
+
+A torchao weight (``Int8Tensor``, ``IntxUnpackedToInt8Tensor``,
+``Float8Tensor``, the ``Int4*Tensor`` classes) is a tensor subclass made of
+plain inner tensors (``qdata``, ``scale``, ``zero_point``...) and a few
+attributes (block size, dtypes, enums, small dataclasses). tsar keeps it as a
+*group*: the class's name in a closed table (CLASSES), its inner tensors, its
+attributes as a typed tree of plain values (``encode``), and the outer shape,
+stride and dtype. A group becomes the subclass again only through that table
+(``rebuild``): nothing read from an archive names a module to import or a
+callable to run, and a class, enum or dataclass the table does not list is
+refused, naming the tensor, the class and the torchao version that wrote it.
+
+The typed tree is JSON: ``None``, ``bool``, ``int`` and ``str`` stand for
+themselves, and every other value is a list whose first item says what it is:
+``["float", hex]`` (``float.hex``: exact, NaN and infinities included),
+``["list", [items]]``, ``["tuple", [items]]``, ``["dtype", "float32"]``,
+``["size", [ints]]`` (a ``torch.Size``), ``["enum", NAME, MEMBER]``,
+``["record", NAME, {field: value}]`` (a dataclass or named tuple of RECORDS).
+
+torchao is imported only to rebuild a group, never by ``import tsar``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import sys
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+import torch
+
+from ._errors import Error, ErrorCode
+
+
+class Class(NamedTuple):
+    """One torchao tensor class: where it lives and what its constructor
+    takes (torchao's ``tensor_data_names``, ``optional_tensor_data_names``,
+    ``tensor_attribute_names``, ``optional_tensor_attribute_names``)."""
+    module: str
+    tensors: Tuple[str, ...]
+    optional_tensors: Tuple[str, ...]
+    attributes: Tuple[str, ...]
+    optional_attributes: Tuple[str, ...]
+
+
+_Q = "torchao.quantization"
+
+# The classes tsar stores and rebuilds, checked against the pinned torchao by
+# tests/python/test_torchao_groups.py. A class is unknown until it has a row.
+CLASSES: Dict[str, Class] = {
+    "Int8Tensor": Class(_Q, ("qdata", "scale"),
+                        ("zero_point", "act_quant_scale", "act_quant_zero_point", "act_pre_scale"),
+                        ("block_size", "dtype"), ("act_quant_kwargs", "reduce_range")),
+    "IntxUnpackedToInt8Tensor": Class(_Q, ("qdata", "scale", "zero_point"), (),
+                                      ("target_dtype", "block_size", "dtype",
+                                       "activation_quantization"), ()),
+    "Float8Tensor": Class(_Q, ("qdata", "scale"), (), (),
+                          ("block_size", "mm_config", "act_quant_kwargs", "kernel_preference",
+                           "dtype")),
+    "Int4Tensor": Class(_Q, ("qdata", "scale", "zero_point"), ("act_pre_scale",),
+                        ("block_size", "shape"), ("activation_dtype",)),
+    "Int4PlainInt32Tensor": Class(_Q, ("qdata", "scale", "zero_point"), ("act_pre_scale",),
+                                  ("block_size", "shape"), ()),
+    "Int4PreshuffledTensor": Class(_Q, ("qdata", "group_scale"), ("group_zero", "row_scale"),
+                                   ("block_size", "shape"), ()),
+    "Int4TilePackedTo4dTensor": Class(_Q, ("qdata", "scale_and_zero"), ("act_pre_scale",),
+                                      ("block_size", "shape"), ()),
+}
+
+# The enums and records (dataclasses, named tuples) an attribute may hold:
+# name -> (module, class name in it).
+_W = "torchao.quantization.quantize_.workflows"
+ENUMS: Dict[str, Tuple[str, str]] = {
+    "MappingType": ("torchao.quantization.quant_primitives", "MappingType"),
+    "KernelPreference": ("torchao.quantization.quantize_.common.kernel_preference",
+                         "KernelPreference"),
+    "IntxUnpackedToInt8TensorActivationQuantization": (
+        f"{_W}.intx.intx_unpacked_to_int8_tensor",
+        "IntxUnpackedToInt8TensorActivationQuantization"),
+}
+RECORDS: Dict[str, Tuple[str, str]] = {
+    "PerRow": ("torchao.quantization.granularity", "PerRow"),
+    "PerTensor": ("torchao.quantization.granularity", "PerTensor"),
+    "PerGroup": ("torchao.quantization.granularity", "PerGroup"),
+    "PerAxis": ("torchao.quantization.granularity", "PerAxis"),
+    "PerBlock": ("torchao.quantization.granularity", "PerBlock"),
+    "PerToken": ("torchao.quantization.granularity", "PerToken"),
+    "QuantizeTensorToInt8Kwargs": (f"{_W}.int8.int8_tensor", "QuantizeTensorToInt8Kwargs"),
+    "QuantizeTensorToFloat8Kwargs": (f"{_W}.float8.float8_tensor",
+                                     "QuantizeTensorToFloat8Kwargs"),
+    "Float8MMConfig": ("torchao.float8.inference", "Float8MMConfig"),
+}
+
+
+class Group(NamedTuple):
+    """A torchao tensor taken apart: what an archive stores of it."""
+    cls: str  # a key of CLASSES
+    tensors: Dict[str, torch.Tensor]  # inner tensors, plain (not subclasses)
+    attributes: Dict[str, Any]  # name -> typed tree (module docstring)
+    shape: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    dtype: torch.dtype
+    torchao: str  # the version that made it
+
+
+def _torchao_version() -> str:
+    m = sys.modules.get("torchao")
+    return getattr(m, "__version__", "unknown") if m is not None else "not imported"
+
+
+def class_of(t: torch.Tensor) -> Optional[str]:
+    """The CLASSES key of ``t``'s type, or None: never imports torchao (a
+    tensor of one of its classes means it is imported already)."""
+    cls = type(t)
+    row = CLASSES.get(cls.__name__)
+    if row is None or cls.__module__.split(".")[0] != "torchao":
+        return None
+    return cls.__name__ if _import(row.module, cls.__name__) is cls else None
+
+
+def flatten(name: str, t: torch.Tensor) -> Group:
+    """``t`` (a tensor of a CLASSES class) as a Group; UNSUPPORTED naming
+    ``name`` and the class for any other subclass with inner tensors."""
+    key = class_of(t)
+    if key is None:
+        cls = type(t)
+        raise Error(f"tensor {name!r} is a {cls.__module__}.{cls.__qualname__}, a tensor subclass "
+                    f"tsar does not know: it stores plain tensors and torchao's "
+                    f"{', '.join(sorted(CLASSES))}", ErrorCode.UNSUPPORTED)
+    names, context = t.__tensor_flatten__()
+    row = CLASSES[key]
+    allowed = set(row.tensors) | set(row.optional_tensors)
+    known = row.attributes + row.optional_attributes
+    odd = [n for n in names if n not in allowed] + [n for n in context if n not in known]
+    if odd:
+        raise Error(f"tensor {name!r} ({key}, torchao {_torchao_version()}): holds "
+                    f"{', '.join(map(repr, odd))}, which tsar's table of {key} does not list",
+                    ErrorCode.UNSUPPORTED)
+    tensors = {}
+    with torch._C.DisableTorchFunctionSubclass():
+        for n in names:
+            inner = getattr(t, n)
+            if type(inner) is not torch.Tensor and type(inner) is not torch.nn.Parameter:
+                raise Error(f"tensor {name!r} ({key}): inner tensor {n!r} is a "
+                            f"{type(inner).__name__}, not a plain tensor", ErrorCode.UNSUPPORTED)
+            tensors[n] = inner
+        shape, stride, dtype = tuple(t.shape), tuple(t.stride()), t.dtype
+    attributes = {k: encode(v, f"tensor {name!r} ({key}) attribute {k!r}")
+                  for k, v in context.items()}
+    return Group(key, tensors, attributes, shape, stride, dtype, _torchao_version())
+
+
+def encode(value, where: str = "value"):
+    """``value`` as a typed tree (module docstring); UNSUPPORTED for a type
+    the tree does not hold."""
+    if value is None or type(value) in (bool, int, str):
+        return value
+    if type(value) is float:
+        return ["float", value.hex()]
+    if isinstance(value, torch.dtype):
+        return ["dtype", str(value).replace("torch.", "")]
+    if isinstance(value, torch.Size):
+        return ["size", list(value)]
+    if type(value) in (list, tuple):
+        return [type(value).__name__, [encode(v, where) for v in value]]
+    cls = type(value)
+    if isinstance(value, enum.Enum) and ENUMS.get(cls.__name__) == (cls.__module__, cls.__name__):
+        return ["enum", cls.__name__, value.name]
+    if RECORDS.get(cls.__name__) == (cls.__module__, cls.__name__):
+        if dataclasses.is_dataclass(value):
+            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        else:  # a named tuple
+            fields = value._asdict()
+        return ["record", cls.__name__, {k: encode(v, where) for k, v in fields.items()}]
+    raise Error(f"{where}: a {cls.__module__}.{cls.__qualname__}, which tsar cannot store (it "
+                "stores None, bools, ints, floats, strings, lists, tuples, dtypes and the enums "
+                "and records of tsar's torchao table)", ErrorCode.UNSUPPORTED)
+
+
+def _import(module: str, name: str):
+    """``name`` of ``module``, both from tsar's tables, never from a file."""
+    return getattr(importlib.import_module(module), name)
+
+
+class _Decoder:
+    """A typed tree back to values, for one tensor (``where`` names it)."""
+
+    MAX_DEPTH = 32  # torchao's attributes nest 3 deep (a record in a record)
+
+    def __init__(self, where: str):
+        self.where = where
+        self.depth = 0
+
+    def fail(self, why: str) -> Error:
+        return Error(f"{self.where}: {why}", ErrorCode.INVALID_VALUE)
+
+    def __call__(self, tree):
+        if tree is None or type(tree) in (bool, int, str):
+            return tree
+        if self.depth >= self.MAX_DEPTH:
+            raise self.fail(f"values nested more than {self.MAX_DEPTH} deep")
+        self.depth += 1
+        try:
+            return self._typed(tree)
+        finally:
+            self.depth -= 1
+
+    def _typed(self, tree):
+        if type(tree) is not list or not tree or type(tree[0]) is not str:
+            raise self.fail(f"expected a typed value, found {type(tree).__name__}")
+        tag, args = tree[0], tree[1:]
+        if tag == "float" and len(args) == 1 and type(args[0]) is str:
+            try:
+                return float.fromhex(args[0])
+            except ValueError:
+                raise self.fail(f"float: expected a float.hex() string, found "
+                                f"{args[0]!r}") from None
+        if tag in ("list", "tuple") and len(args) == 1 and type(args[0]) is list:
+            items = [self(v) for v in args[0]]
+            return items if tag == "list" else tuple(items)
+        if tag == "dtype" and len(args) == 1 and type(args[0]) is str:
+            d = getattr(torch, args[0], None)
+            if not isinstance(d, torch.dtype):
+                raise self.fail(f"dtype: expected a dtype of this torch ({torch.__version__}), "
+                                f"found {args[0]!r}")
+            return d
+        if tag == "size" and len(args) == 1 and type(args[0]) is list \
+                and all(type(v) is int for v in args[0]):
+            return torch.Size(args[0])
+        if tag == "enum" and len(args) == 2 and all(type(a) is str for a in args):
+            where = ENUMS.get(args[0])
+            if where is None:
+                raise self.fail(f"enum {args[0]!r} is not one of tsar's torchao table "
+                                f"({', '.join(sorted(ENUMS))})")
+            cls = _import(*where)
+            if args[1] not in cls.__members__:
+                raise self.fail(f"enum {args[0]} of this torchao has no member {args[1]!r}")
+            return cls[args[1]]
+        if tag == "record" and len(args) == 2 and type(args[0]) is str and type(args[1]) is dict:
+            where = RECORDS.get(args[0])
+            if where is None:
+                raise self.fail(f"record {args[0]!r} is not one of tsar's torchao table "
+                                f"({', '.join(sorted(RECORDS))})")
+            cls = _import(*where)
+            fields = {k: self(v) for k, v in args[1].items()}
+            try:
+                return cls(**fields)
+            except TypeError as e:
+                raise self.fail(f"record {args[0]} of this torchao does not take these fields "
+                                f"({e})") from None
+        raise self.fail(f"expected a typed value, found tag {tag!r} with {len(args)} items")
+
+
+def rebuild(name: str, group: Group) -> torch.Tensor:
+    """The torchao tensor of ``group`` (its inner tensors used as they are,
+    no copy), made only through CLASSES. tsar.Error naming ``name``, the
+    class and the torchao version that wrote it: UNSUPPORTED for a class not
+    in the table or without torchao, INVALID_VALUE for attributes or inner
+    tensors this torchao's class does not take."""
+    written = f"written by torchao {group.torchao}"
+    row = CLASSES.get(group.cls)
+    if row is None:
+        raise Error(f"tensor {name!r}: class {group.cls!r} ({written}) is not in tsar's table "
+                    f"of torchao classes ({', '.join(sorted(CLASSES))})", ErrorCode.UNSUPPORTED)
+    try:
+        cls = _import(row.module, group.cls)
+    except ImportError as e:
+        raise Error(f"tensor {name!r} is a torchao {group.cls} ({written}): reading it needs "
+                    f"torchao (pip install torchao): {e}", ErrorCode.UNSUPPORTED) from None
+    here = f"tensor {name!r} ({group.cls}, {written}, read with torchao {_torchao_version()})"
+    missing = [n for n in row.tensors if n not in group.tensors]
+    extra = [n for n in group.tensors if n not in row.tensors + row.optional_tensors]
+    attrs = set(row.attributes + row.optional_attributes)
+    missing += [n for n in row.attributes if n not in group.attributes]
+    extra += [n for n in group.attributes if n not in attrs]
+    if missing or extra:
+        raise Error(f"{here}: " + "; ".join(
+            s for s in (missing and f"missing {', '.join(missing)}",
+                        extra and f"this torchao's class does not take {', '.join(extra)}") if s),
+                    ErrorCode.INVALID_VALUE)
+    decode = _Decoder(here)
+    attributes = {k: decode(v) for k, v in group.attributes.items()}
+    for k in row.optional_attributes:  # absent: the constructor's default
+        attributes.setdefault(k, _default(cls, k))
+    try:
+        out = cls.__tensor_unflatten__(dict(group.tensors), attributes, torch.Size(group.shape),
+                                       tuple(group.stride))
+    except Exception as e:  # noqa: BLE001 - torchao's own checks, reported as the file's fault
+        raise Error(f"{here}: torchao refused its inner tensors and attributes: "
+                    f"{type(e).__name__}: {e}", ErrorCode.INVALID_VALUE) from None
+    if tuple(out.shape) != tuple(group.shape) or out.dtype != group.dtype:
+        raise Error(f"{here}: rebuilt as {list(out.shape)} {out.dtype}, expected "
+                    f"{list(group.shape)} {group.dtype}", ErrorCode.INVALID_VALUE)
+    return out
+
+
+def _default(cls, attribute: str):
+    import inspect
+
+    p = inspect.signature(cls.__init__).parameters.get(attribute)
+    return None if p is None or p.default is inspect.Parameter.empty else p.default
