@@ -21,7 +21,10 @@ copies cost). Then the two-level case: W ranks x 2 workers each on the
 planned archive, summed Pss of the file mappings (goal: about one copy).
 
 The worker is ``python -m peers.p15_tp worker LOADER PATH RANK WORLD SIZE``;
-it prints ``READY <seconds of the bind>`` and holds until stdin closes.
+it prints ``READY <seconds of the bind> <tsar's path>`` and holds until stdin
+closes. LOADER "tsar" runs the path its environment chooses (the accelerator
+unless TSAR_PORTABLE is set), "tsar-portable" the portable path
+(TSAR_PORTABLE=1 in its environment), "safetensors", or "meta" (loads nothing).
 """
 import argparse
 import copy
@@ -88,12 +91,16 @@ def _safetensors_slices(module, path: str, rank: int, world: int):
 
 def worker(loader: str, path: str, rank: int, world: int, size: str) -> None:
     import tsar
+    from tsar import _backend
 
     from peers.models import _rebuild_rotary_on_cpu
 
     module = rank_module(size, world)
+    path_run = "accelerator" if _backend.accelerator is not None else "portable"
+    if loader == "tsar-portable" and path_run != "portable":
+        raise RuntimeError(f"tsar-portable runs {tsar.backend()}")
     t0 = time.perf_counter()
-    if loader == "tsar":
+    if loader in ("tsar", "tsar-portable"):
         tsar.load_into(module, path, rank=rank, world=world)
     elif loader == "safetensors":
         _safetensors_slices(module, path, rank, world)
@@ -103,13 +110,15 @@ def worker(loader: str, path: str, rank: int, world: int, size: str) -> None:
         total = 0.0
         for p in module.parameters():  # every element, as serving reads them
             total += float(p.sum())
-    print(f"READY {bind:.6f}", flush=True)
+    print(f"READY {bind:.6f} {path_run if loader.startswith('tsar') else '-'}", flush=True)
     sys.stdin.read()
 
 
 def _spawn(loader, path, rank, world, size):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [BENCH] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    if loader == "tsar-portable":
+        env["TSAR_PORTABLE"] = "1"
     return subprocess.Popen([sys.executable, "-m", "peers.p15_tp", "worker", loader, path, str(rank),
                              str(world), size], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
@@ -129,7 +138,7 @@ def _file_rss_kib(pid: int, path: str) -> int:
 
 def run_ranks(loader, path, world, size, workers_per_rank=1):
     """Starts every rank (x workers) together on a cold cache; per process
-    (rank, bind s, file Rss KiB, file Pss KiB, whole Pss KiB)."""
+    (rank, bind s, file Rss KiB, file Pss KiB, whole Pss KiB, tsar's path or "-")."""
     evict([path])
     ps = [(r, _spawn(loader, path, r, world, size)) for r in range(world) for _ in range(workers_per_rank)]
     out = []
@@ -138,9 +147,10 @@ def run_ranks(loader, path, world, size, workers_per_rank=1):
             line = p.stdout.readline()
             if not line.startswith("READY "):
                 raise RuntimeError(f"{loader} rank {r}: {line.strip()} {p.stderr.read()[-2000:]}")
-            out.append([r, float(line.split()[1])])
+            words = line.split()
+            out.append([r, float(words[1]), words[2] if len(words) > 2 else "-"])
         for row, (r, p) in zip(out, ps):
-            row += [_file_rss_kib(p.pid, path), file_pss_kib(p.pid, [path]), pss_kib(p.pid)]
+            row[2:2] = [_file_rss_kib(p.pid, path), file_pss_kib(p.pid, [path]), pss_kib(p.pid)]
     finally:
         for _, p in ps:
             p.stdin.close()

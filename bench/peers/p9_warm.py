@@ -49,6 +49,7 @@ class Measurement:
     def __init__(self, adapter, spec, path: Optional[str] = None, reason: Optional[str] = None):
         self.adapter, self.spec, self.path, self.reason = adapter, spec, path, reason
         self.runs: Dict[str, List[float]] = {f: [] for f in FIGURES}
+        self.backend: Optional[str] = None  # tsar.backend() of the measuring process
         files = peer_adapters.files_of(path) if path else []
         self.file_bytes = sum(os.path.getsize(f) for f in files)
         self.n_files = len(files)
@@ -143,21 +144,27 @@ def measure(adapter, spec, path: str, repeat: int, touch: bool = False) -> Measu
     return m
 
 
-def measure_apart(adapter, spec, path: str, repeat: int, touch: bool = False) -> Measurement:
+def measure_apart(adapter, spec, path: str, repeat: int, touch: bool = False,
+                  env: Optional[Dict[str, str]] = None) -> Measurement:
     """measure() in a fresh process of its own, where only torch, the model's
     code and this peer's library have run: no other library's objects, threads
     or heap state. Measured in one shared process after the others, tsar's
     bind of (b) took 1.1 ms and of (c) 312 ms, against 0.5 and about 160 ms
-    alone; safetensors' 10.1 ms against 7.7."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    alone; safetensors' 10.1 ms against 7.7. ``env``: variables set in that
+    process (TSAR_PORTABLE chooses tsar's path). A process that imported tsar
+    says which path it ran (tsar.backend()) in ``Measurement.backend``."""
+    path_list = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, **(env or {}),
+               PYTHONPATH=os.pathsep.join([os.path.dirname(HERE)] + path_list))
     cmd = [sys.executable, "-m", "peers.p9_warm", "--one", adapter.name, "--model", spec.kind,
            "--size", spec.size, "--repeat", str(repeat), "--path", path] + (["--touch"] if touch else [])
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"the measuring process failed: {done.stderr.strip()[-2000:]}")
     m = Measurement(adapter, spec, path)
-    m.runs.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    lines = done.stdout.strip().splitlines()
+    m.runs.update(json.loads(lines[-1]))
+    m.backend = next((x[len("BACKEND "):] for x in lines if x.startswith("BACKEND ")), None)
     return m
 
 
@@ -252,6 +259,8 @@ def main():
     if args.one:
         m = measure(peer_adapters.by_name([args.one])[0], models.spec(args.model, args.size), args.path,
                     args.repeat, args.touch)
+        if "tsar" in sys.modules:
+            print("BACKEND " + sys.modules["tsar"].backend())
         print(json.dumps(m.runs))
         return
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
