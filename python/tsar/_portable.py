@@ -116,7 +116,7 @@ class PortableArchive:
         first = self._first.get(storage)
         if first is None:
             b = self._file.storage_bytes(storage)
-            n, item = b.nbytes, torch.empty((), dtype=dtype).element_size()
+            n, item = b.nbytes, dtype.itemsize
             if n == 0:  # frombuffer refuses an empty buffer; no view reads it
                 first = torch.empty(0, dtype=dtype)
             elif n % item == 0:

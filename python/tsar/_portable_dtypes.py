@@ -29,6 +29,6 @@ def torch_dtype(name: str, path: str) -> torch.dtype:
 def as_dtype(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The whole elements of ``dtype`` in the 1-d uint8 tensor ``raw``, as a
     1-d view of the same storage (bytes past the last whole one left out)."""
-    item = torch.empty((), dtype=dtype).element_size()
+    item = dtype.itemsize
     whole = raw.numel() - raw.numel() % item
     return (raw[:whole] if whole != raw.numel() else raw).view(dtype)
