@@ -161,9 +161,8 @@ PYBIND11_MODULE(_tsar_portable, m) {
             const format::TensorRecord& t = core->index.tensors()[core->Find(name, entry)];
             if (t.shard_dim == format::kNone) return py::none();
             const uint64_t stride = core->index.ShardLayoutOf(t).block_stride;
-            return py::make_tuple(
-                StorageBytes{a, a.storage_data(t.storage), core->index.storages()[t.storage].nbytes},
-                stride);
+            const uint64_t nbytes = core->index.storages()[t.storage].nbytes;
+            return py::make_tuple(StorageBytes{a, a.storage_data(t.storage), nbytes}, stride);
           },
           py::arg("name"), py::arg("entry"))
       // state_dict()'s tensors that come through DLPack, None for the others
@@ -230,7 +229,7 @@ PYBIND11_MODULE(_tsar_portable, m) {
   // load_into's loop (python/src/portable_bind.h): (bound, missing,
   // unexpected, mismatched, tied), or None where tsar/_portable_bind.py must
   // answer. options: (entry, archive_prefix, module_prefix, strict,
-  // allow_training); api: (torch.Tensor, {dtype name: dtype}, torch.strided,
+  // allow_training, rank, world); api: (torch.Tensor, {dtype name: dtype}, torch.strided,
   // torch._C._from_dlpack, torch._C._swap_tensor_impl,
   // torch.Tensor._make_subclass, view_of(archive name), plain_cache, plain,
   // first: {storage: flat tensor}).
@@ -238,14 +237,15 @@ PYBIND11_MODULE(_tsar_portable, m) {
       "bind_fast",
       [](const ArchiveFile& file, const py::handle& module, const py::handle& items,
          bool training, const py::handle& loose,
-         const std::tuple<std::string, std::string, std::string, bool, bool>& options,
+         const std::tuple<std::string, std::string, std::string, bool, bool, int64_t, int64_t>&
+             options,
          const py::tuple& api) -> py::object {
         if (api.size() != 10 || !PyType_Check(api[0].ptr()) || !PyDict_Check(api[1].ptr()) ||
             !PyDict_Check(api[7].ptr()) || !PyDict_Check(api[9].ptr()))
           throw py::type_error("bind_fast: api: expected tsar/_portable.py's _API");
         python::FastBindArgs a;
-        std::tie(a.entry, a.archive_prefix, a.module_prefix, a.strict, a.allow_training) =
-            options;
+        std::tie(a.entry, a.archive_prefix, a.module_prefix, a.strict, a.allow_training, a.rank,
+                 a.world) = options;
         a.tensor_type = reinterpret_cast<PyTypeObject*>(api[0].ptr());
         a.dtypes = api[1].ptr();
         a.strided = api[2].ptr();

@@ -16,6 +16,7 @@
 #include "format/extent.h"
 #include "format/index.h"
 #include "format/spec.h"
+#include "format/tensor_parallel.h"
 #include "loader/archive_core.h"
 #include "python/src/module_walk.h"
 #include "python/src/py_ref.h"
@@ -355,7 +356,12 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
   KnownTypes types;
   const ArchiveCore& core = *file.core();
   const format::Index& index = core.index;
-  if (index.tp_world() != 0) Py_RETURN_NONE;  // slices and C-order copies: tsar/_portable_bind.py
+  // Tensor parallelism: here only a rank of the world the archive was packed
+  // for (each sharded tensor's slice is its block); any other world, and a
+  // whole module bound from such an archive, in tsar/_portable_bind.py.
+  const int64_t tp = index.tp_world();
+  const bool ranked = tp != 0 && a.world == tp && a.rank >= 0 && a.rank < tp;
+  if (!ranked && (tp != 0 || a.world > 1 || a.rank != 0)) Py_RETURN_NONE;
 
   // The slots: the module walked here, or (name, tensor) items from Python.
   WalkedModule walked;
@@ -403,6 +409,7 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
   std::vector<bool> used(e.tensor_count, false);
   const std::string& mp = a.module_prefix;
   std::string key;
+  std::vector<int64_t> block_sizes;
   uint32_t next = e.first_tensor;  // a module usually lists tensors in the archive's order
   constexpr size_t kAhead = 4;
   const size_t impl_at = slots.empty() ? 0 : ImplOffset(slots[0].tensor, a.tensor_type);
@@ -433,7 +440,13 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     if (layout.p == nullptr || dtype.p == nullptr || shape.p == nullptr) return nullptr;
     if (layout.p != a.strided || dtype.p != dtype_of[rec.dtype])
       Py_RETURN_NONE;
-    const int same = SameShape(shape.p, index.sizes(rec), rec.ndim);
+    const int64_t* sizes = index.sizes(rec);
+    if (rec.shard_dim != format::kNone) {  // the rank's slice: its block's shape
+      block_sizes.assign(sizes, sizes + rec.ndim);
+      block_sizes[rec.shard_dim] /= tp;
+      sizes = block_sizes.data();
+    }
+    const int same = SameShape(shape.p, sizes, rec.ndim);
     if (same <= 0) return same < 0 ? nullptr : (Py_INCREF(Py_None), Py_None);
     next = r + 1;
     used[r - e.first_tensor] = true;
@@ -488,6 +501,19 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     if (a.strict) Py_RETURN_NONE;
     if (!append(unexpected.p, index.tensors()[r].name)) return nullptr;
   }
+  // A rank's block comes through DLPack as a tensor of its own: where two
+  // objects of the module would view one sharded storage (tied in the
+  // archive, not in the module), tsar/_portable_bind.py gives them one.
+  std::vector<uint32_t> blocks;
+  for (size_t i = 0; ranked && i < slots.size(); ++i) {
+    if (state[i] != State::kMatched || !first_of_object[i]) continue;
+    const format::TensorRecord& rec = index.tensors()[match[i]];
+    if (rec.shard_dim == format::kNone) continue;
+    if (!DLPackType(rec.dtype)) Py_RETURN_NONE;
+    blocks.push_back(rec.storage);
+  }
+  std::sort(blocks.begin(), blocks.end());
+  if (std::adjacent_find(blocks.begin(), blocks.end()) != blocks.end()) Py_RETURN_NONE;
   std::vector<PyObject*> bound_objects;
   for (size_t i = 0; i < slots.size(); ++i)
     if (bound[i]) bound_objects.push_back(slots[i].tensor);
@@ -514,10 +540,21 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     if (!first_of_object[i]) continue;  // a tie: its tensor is bound already
     const format::TensorRecord& rec = index.tensors()[match[i]];
     const std::optional<DLDataType> type = DLPackType(rec.dtype);
-    const bool own =
-        type && users[rec.storage] == 1 && index.storages()[rec.storage].nbytes != 0;
+    const bool block = rec.shard_dim != format::kNone;  // (ranked: checked above)
+    const bool own = block || (type && users[rec.storage] == 1 &&
+                               index.storages()[rec.storage].nbytes != 0);
     Ref view;
-    if (own) {
+    if (block) {  // rank a.rank's slice, C-contiguous at its block (spec §4.12.2)
+      const int64_t* full = index.sizes(rec);
+      block_sizes.assign(full, full + rec.ndim);
+      block_sizes[rec.shard_dim] /= tp;
+      const std::vector<int64_t> strides = format::ShardStrides(block_sizes);
+      const auto* data = static_cast<const uint8_t*>(file.storage_data(rec.storage)) +
+                         static_cast<uint64_t>(a.rank) * index.ShardLayoutOf(rec).block_stride;
+      view.p = ViaDLPack(file, data, block_sizes.data(), strides.data(), rec.ndim, *type,
+                         a.from_dlpack);
+      if (view.p == nullptr) return nullptr;
+    } else if (own) {
       view.p = ViaDLPack(file, index, match[i], *type, a.from_dlpack);
       if (view.p == nullptr) return nullptr;
     } else if (type) {  // a shared storage: a view of its flat tensor, kept in first

@@ -35,6 +35,10 @@ struct FastBindArgs {
   std::string module_prefix;
   bool strict = true;
   bool allow_training = false;
+  // Tensor parallelism: rank `rank` of `world`, bound only where `world` is
+  // the archive's tp_world (each sharded tensor's slice is one block).
+  int64_t rank = 0;
+  int64_t world = 0;
   // torch's Python API, borrowed (tsar/_portable.py's _API).
   PyTypeObject* tensor_type = nullptr;  // torch.Tensor
   PyObject* dtypes = nullptr;           // {dtype name: torch.dtype}

@@ -91,15 +91,18 @@ def bind_module(archive: PortableArchive, module, options):
     mismatched, tied), as the accelerator's ``_tsar.bind_module``. The loop
     runs in C++ (``_tsar_portable.bind_fast``, python/src/portable_bind.h)
     where it can answer: every plain success. Anything it declines (a
-    mismatch, strict with names left over, tensor parallelism, a module with
-    its own state_dict()...) comes back None, nothing changed, and
+    mismatch, strict with names left over, a rank of another world than the
+    archive's, a module with its own state_dict()...) comes back None,
+    nothing changed, and
     :func:`bind` below runs, with the rules' messages."""
     (entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
      read_ahead, _direct) = options
-    fast = not device and world <= 1 and rank == 0
+    # In C++ too: a rank of the world the archive was packed for (its slices
+    # are blocks); other worlds, whole modules of such an archive, below.
+    fast = not device and (world <= 1 and rank == 0 or world == archive.tp_world)
     report = None
     if fast:
-        fast_options = (entry, archive_prefix, module_prefix, strict, allow_training)
+        fast_options = (entry, archive_prefix, module_prefix, strict, allow_training, rank, world)
         api = archive.bind_api(PLAIN, plain)
         report = _tsar_portable.bind_fast(archive._file, module, None, False, None, fast_options,
                                              api)

@@ -170,8 +170,9 @@ def _fast(path, module, strict=True, **kw):
     from tsar import _tsar_portable
     from tsar._module_state import PLAIN, plain
 
-    a = tsar.open(path)._a()
-    options = ("", kw.get("archive_prefix", ""), kw.get("module_prefix", ""), strict, False)
+    a = (path if isinstance(path, tsar.Archive) else tsar.open(path))._a()
+    options = ("", kw.get("archive_prefix", ""), kw.get("module_prefix", ""), strict, False,
+               kw.get("rank", 0), kw.get("world", 0))
     return _tsar_portable.bind_fast(a._file, module, None, False, None, options,
                                     a.bind_api(PLAIN, plain))
 
@@ -211,6 +212,54 @@ def test_the_common_binds_run_in_cpp_and_the_rest_fall_back_with_nothing_changed
         before = _state(module)
         assert _fast(path, module, **kw) is None
         assert _state(module) == before
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, world=1, tie=False):
+        super().__init__()
+        self.up = torch.nn.Linear(8, 16 // world, bias=False)
+        self.down = torch.nn.Linear(16 // world, 8, bias=False)
+        self.norm = torch.nn.Parameter(torch.arange(8.0))
+        self.head = torch.nn.Linear(16 // world, 8, bias=False)
+        if tie:
+            self.head.weight = self.down.weight
+
+
+def test_a_rank_of_the_archive_s_world_binds_in_cpp_to_its_blocks(portable, tmp_path):
+    torch.manual_seed(3)
+    full = Mlp(tie=True)
+    path = tmp_path / "tp.tsar"
+    tsar.save(full, path, tp=2, shard={"up.*": 0, "down.*": 1, "head.*": 1})
+    a = tsar.open(path)
+    lo, hi = a._a().data_ptr, a._a().data_ptr + a._a().mapped_size
+    for rank in range(2):
+        for meta in (False, True):
+            with torch.device("meta" if meta else "cpu"):
+                m = Mlp(world=2, tie=True).eval()
+            report = _fast(a, m, rank=rank, world=2)
+            assert report is not None and sorted(report[0]) == [  # both names: one storage
+                "down.weight", "head.weight", "norm", "up.weight"] and report[1:] == ([],) * 4
+            assert m.head.weight is m.down.weight
+            assert torch.equal(m.up.weight, full.up.weight.chunk(2, 0)[rank])
+            assert torch.equal(m.down.weight, full.down.weight.chunk(2, 1)[rank])
+            assert torch.equal(m.norm, full.norm)
+            # The rank's block itself: contiguous, in the mapping, its own storage.
+            w = m.down.weight
+            assert w.is_contiguous() and lo <= w.data_ptr() < hi
+            assert w.untyped_storage().nbytes() == w.numel() * 4
+    # Left to Python, untouched: another world, a module tied where the
+    # archive is not (two objects over one sharded storage), a wrong rank.
+    for kw, module in (({"rank": 0, "world": 4}, Mlp(world=4).eval()),
+                       ({"rank": 1, "world": 2}, Mlp(world=2).eval()),
+                       ({"rank": 2, "world": 2}, Mlp(world=2).eval())):
+        before = _state(module)
+        assert _fast(path, module, **kw) is None
+        assert _state(module) == before
+    untied = Mlp(world=2).eval()
+    tsar.load_into(untied, path, rank=1, world=2)
+    assert torch.equal(untied.head.weight, untied.down.weight)
+    storage = untied.down.weight.untyped_storage()._cdata
+    assert untied.head.weight.untyped_storage()._cdata == storage  # one storage, as the archive
 
 
 class Buffers(torch.nn.Module):
