@@ -222,8 +222,9 @@ class PortableArchive:
 
     def shard(self, name, rank, world, dim, entry):
         """torch.chunk(full, world, dim)[rank], with the accelerator's checks
-        and messages (loader/shards.cc): a view of the whole tensor (for a
-        sharded one, of its C-order copy)."""
+        and messages (loader/shards.cc): of a sharded tensor, the rank's block
+        (or a copy of the blocks the slice spans, _slice); of a whole one, a
+        view."""
         info = self._file.info(name, entry)  # NOT_FOUND naming the entry
         qualified = f"{info[1]}/{info[0]}"
 
