@@ -273,4 +273,8 @@ void AtomicFile::Publish(bool durable) {
   }
 }
 
+void AtomicFile::DropFromCache() const {
+  if (fd_ >= 0) posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+}
+
 }  // namespace tsar

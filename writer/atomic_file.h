@@ -40,6 +40,10 @@ class AtomicFile {
   std::string WritablePath() const;
   // Flushes (when durable), then atomically replaces `path`.
   void Publish(bool durable);
+  // After Publish(): asks the kernel to drop the file's pages from the page
+  // cache (POSIX_FADV_DONTNEED; pages not yet written back stay). Advice
+  // only: nothing fails.
+  void DropFromCache() const;
 
  private:
   [[noreturn]] void Fail(const std::string& what, int err) const;
