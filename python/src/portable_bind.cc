@@ -409,7 +409,14 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
   std::vector<bool> used(e.tensor_count, false);
   const std::string& mp = a.module_prefix;
   std::string key;
+  // The shape of the rank's slice of sharded record `rec`: its block's.
   std::vector<int64_t> block_sizes;
+  const auto block_shape = [&](const format::TensorRecord& rec) {
+    const int64_t* full = index.sizes(rec);
+    block_sizes.assign(full, full + rec.ndim);
+    block_sizes[rec.shard_dim] /= tp;
+    return block_sizes.data();
+  };
   uint32_t next = e.first_tensor;  // a module usually lists tensors in the archive's order
   constexpr size_t kAhead = 4;
   const size_t impl_at = slots.empty() ? 0 : ImplOffset(slots[0].tensor, a.tensor_type);
@@ -440,12 +447,7 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
     if (layout.p == nullptr || dtype.p == nullptr || shape.p == nullptr) return nullptr;
     if (layout.p != a.strided || dtype.p != dtype_of[rec.dtype])
       Py_RETURN_NONE;
-    const int64_t* sizes = index.sizes(rec);
-    if (rec.shard_dim != format::kNone) {  // the rank's slice: its block's shape
-      block_sizes.assign(sizes, sizes + rec.ndim);
-      block_sizes[rec.shard_dim] /= tp;
-      sizes = block_sizes.data();
-    }
+    const int64_t* sizes = rec.shard_dim == format::kNone ? index.sizes(rec) : block_shape(rec);
     const int same = SameShape(shape.p, sizes, rec.ndim);
     if (same <= 0) return same < 0 ? nullptr : (Py_INCREF(Py_None), Py_None);
     next = r + 1;
@@ -545,14 +547,11 @@ PyObject* FastBind(const ArchiveFile& file, PyObject* module, PyObject* items, b
                                index.storages()[rec.storage].nbytes != 0);
     Ref view;
     if (block) {  // rank a.rank's slice, C-contiguous at its block (spec §4.12.2)
-      const int64_t* full = index.sizes(rec);
-      block_sizes.assign(full, full + rec.ndim);
-      block_sizes[rec.shard_dim] /= tp;
+      const int64_t* sizes = block_shape(rec);
       const std::vector<int64_t> strides = format::ShardStrides(block_sizes);
       const auto* data = static_cast<const uint8_t*>(file.storage_data(rec.storage)) +
                          static_cast<uint64_t>(a.rank) * index.ShardLayoutOf(rec).block_stride;
-      view.p = ViaDLPack(file, data, block_sizes.data(), strides.data(), rec.ndim, *type,
-                         a.from_dlpack);
+      view.p = ViaDLPack(file, data, sizes, strides.data(), rec.ndim, *type, a.from_dlpack);
       if (view.p == nullptr) return nullptr;
     } else if (own) {
       view.p = ViaDLPack(file, index, match[i], *type, a.from_dlpack);

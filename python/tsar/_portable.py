@@ -248,15 +248,12 @@ class PortableArchive:
             raise fail(f"dim: expected -{ndim} to {ndim - 1}, found {dim}")
         dim %= ndim
         size = info[3][dim]
-        start = length = 0
         if size > 0:
-            split = -(-size // world)
-            chunks = -(-size // split)
+            chunks = -(-size // -(-size // world))
             if rank >= chunks:
                 raise fail(f"rank {rank}: size {size} of dim {dim} gives only {chunks} chunks of "
                            f"{world}")
-            start, length = rank * split, min(split, size - rank * split)
-        out = self._slice(_row_of(info), info[1], dim, start, length, rank, world)
+        out = self.slice(_row_of(info), info[1], rank, world, dim)
         if info[8]:
             out.requires_grad_(True)
         return out
@@ -264,10 +261,8 @@ class PortableArchive:
     def slice(self, row, entry: str, rank: int, world: int, dim: int) -> torch.Tensor:
         """torch.chunk(full, world, dim)[rank] of tensor ``row`` of ``entry``,
         ``dim`` in range and the chunk existing (the caller checks)."""
-        size = row[2][dim]
-        split = -(-size // world)
-        start = min(rank * split, size)
-        return self._slice(row, entry, dim, start, min(split, size - start), rank, world)
+        start, length = _chunk_bounds(row[2][dim], rank, world)
+        return self._slice(row, entry, dim, start, length, rank, world)
 
     def _slice(self, row, entry, dim, start, length, rank, world) -> torch.Tensor:
         """Elements [start, start + length) along ``dim`` of tensor ``row``,
@@ -340,18 +335,21 @@ def _row_of(info) -> tuple:
     return (info[0], DTYPES.get(info[2], info[2])) + tuple(info[3:7]) + (info[8], info[9])
 
 
+def _chunk_bounds(n: int, rank: int, world: int) -> Tuple[int, int]:
+    """(start, length) of rank ``rank``'s part of ``n`` split ``world`` ways,
+    as torch.chunk gives it (length 0 past the last chunk)."""
+    c = -(-n // world)
+    start = min(rank * c, n)
+    return start, min(c, n - start)
+
+
 def _chunk_size(n: int, rank: int, world: int) -> int:
     """Rank ``rank``'s part of ``n`` split ``world`` ways, as torch.chunk gives it."""
-    c = -(-n // world)
-    if c == 0 or rank * c >= n:
-        return 0
-    return min(c, n - rank * c)
+    return _chunk_bounds(n, rank, world)[1]
 
 
 def _chunk(t: torch.Tensor, world: int, dim: int, rank: int) -> torch.Tensor:
-    c = -(-t.shape[dim] // world)
-    size = _chunk_size(t.shape[dim], rank, world)
-    return t.narrow(dim, min(rank * c, t.shape[dim]), size)
+    return t.narrow(dim, *_chunk_bounds(t.shape[dim], rank, world))
 
 
 def open_file(path, mode, prefetch, verify, base_dirs) -> PortableArchive:

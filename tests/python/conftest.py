@@ -38,16 +38,26 @@ def _paths():
     return ["accelerator", "portable"] if _backend.accelerator is not None else ["portable"]
 
 
+def _on_portable(monkeypatch):
+    from tsar import _backend
+
+    monkeypatch.setattr(_backend, "accelerator", None)
+    monkeypatch.setattr(_backend, "why_portable", "TSAR_PORTABLE is set")
+
+
+@pytest.fixture
+def portable(monkeypatch):
+    """This process on the portable path (as beside another torch)."""
+    _on_portable(monkeypatch)
+
+
 @pytest.fixture(params=_paths())
 def tsar_path(request, monkeypatch):
     """Each of tsar's paths in turn: this process on it, and its name
     ("accelerator" or "portable", for children, which choose it by
     TSAR_PORTABLE)."""
-    from tsar import _backend
-
     if request.param == "portable":
-        monkeypatch.setattr(_backend, "accelerator", None)
-        monkeypatch.setattr(_backend, "why_portable", "TSAR_PORTABLE is set")
+        _on_portable(monkeypatch)
     return request.param
 
 

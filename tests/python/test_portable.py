@@ -17,13 +17,6 @@ from tsar import _backend
 from tsar_testutil import DTYPES, make_tensor, run_cli, run_python, same_tensor
 
 
-@pytest.fixture
-def portable(monkeypatch):
-    """This process on the portable path (as beside another torch)."""
-    monkeypatch.setattr(_backend, "accelerator", None)
-    monkeypatch.setattr(_backend, "why_portable", "TSAR_PORTABLE is set")
-
-
 ACCELERATOR = _backend.accelerator
 
 

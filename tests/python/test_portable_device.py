@@ -9,17 +9,10 @@ import pytest
 import torch
 
 import tsar
-from tsar import _backend, _bind, _portable_device
+from tsar import _bind, _portable_device
 from tsar_testutil import DTYPES, make_tensor, same_tensor
 
 GPU = torch.cuda.is_available()
-
-
-@pytest.fixture
-def portable(monkeypatch):
-    """This process on the portable path (as beside another torch)."""
-    monkeypatch.setattr(_backend, "accelerator", None)
-    monkeypatch.setattr(_backend, "why_portable", "TSAR_PORTABLE is set")
 
 
 class CountingEngine(_portable_device.HostEngine):
