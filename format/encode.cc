@@ -246,14 +246,41 @@ uint32_t IndexBuilder::AddSparse(SparseSpec s) {
   CheckName("sparse tensor", s.name);
   const std::string what = "sparse tensor " + Quote(s.name) + ": ";
   const auto layout = static_cast<uint8_t>(s.layout);
-  if (layout == 0 || layout > kSparseLayoutMax) {  // R56
-    Misuse(ErrorCode::kInvalidArgument, what + "layout: expected 1-3, found " + Dec(layout));
+  if (layout == 0 || layout > static_cast<uint8_t>(SparseLayout::kGroup)) {  // R56
+    Misuse(ErrorCode::kInvalidArgument, what + "layout: expected 1-4, found " + Dec(layout));
   }
   if (s.sizes.size() > kMaxNdim) {  // R59
     Misuse(ErrorCode::kInvalidArgument,
            what + "ndim: expected at most " + Dec(kMaxNdim) + ", found " + Dec(s.sizes.size()));
   }
   CheckDims([&what] { return what; }, "size", s.sizes);  // R61
+  const bool group = s.layout == SparseLayout::kGroup;
+  if (group) {
+    if (s.strides.size() != s.sizes.size()) {  // R60: sizes, then as many strides
+      Misuse(ErrorCode::kInvalidArgument, what + "strides: expected " + Dec(s.sizes.size()) +
+                                              " (one per size), found " + Dec(s.strides.size()));
+    }
+    CheckDims([&what] { return what; }, "stride", s.strides);  // R61
+    if (s.component_count < 1 || s.component_count > kMaxGroupMembers) {  // R62
+      Misuse(ErrorCode::kInvalidArgument, what + "component_count: expected 1 to " +
+                                              Dec(kMaxGroupMembers) + ", found " +
+                                              Dec(s.component_count));
+    }
+    if (!DTypeFromCode(static_cast<uint16_t>(s.dtype))) {  // R111
+      Misuse(ErrorCode::kInvalidArgument,
+             what + "dtype: expected a dtype of §5, found " + Dec(static_cast<uint16_t>(s.dtype)));
+    }
+  } else if (!s.strides.empty() || s.component_count != 0) {
+    Misuse(ErrorCode::kInvalidArgument,
+           what + "strides, component_count: expected none for a sparse layout, found some");
+  }
+  if (group && s.coalesced) {  // R57
+    Misuse(ErrorCode::kInvalidArgument, what + "coalesced: expected false for a group");
+  }
+  if (group) {
+    has_groups_ = true;
+    dtype_minor_ = std::max(dtype_minor_, MinorForDType(s.dtype));
+  }
   // The components may be added after the record, so R63-R65 wait for Plan().
   sparse_.push_back({std::move(s), static_cast<uint32_t>(entries_.size() - 1)});
   return static_cast<uint32_t>(sparse_.size() - 1);
@@ -305,7 +332,7 @@ void IndexBuilder::CheckSparse() const {
   for (uint32_t i = 0; i < sparse_.size(); ++i) {
     const SparseSpec& s = sparse_[i].spec;
     const Entry& e = entries_[sparse_[i].entry];
-    const uint32_t count = s.layout == SparseLayout::kCoo ? 2 : 3;
+    const uint32_t count = ComponentCount(s);
     if (s.first_component < e.first_tensor ||
         uint64_t{s.first_component} + count > uint64_t{e.first_tensor} + e.tensor_count) {  // R63
       Misuse(ErrorCode::kInvalidArgument,
@@ -327,12 +354,28 @@ void IndexBuilder::CheckSparse() const {
     const TensorSpec& t = tensors_[k];
     if (t.sparse == kNone) continue;
     const SparseSpec& s = sparse_[t.sparse].spec;
-    const uint32_t count = s.layout == SparseLayout::kCoo ? 2 : 3;
+    const uint32_t count = ComponentCount(s);
     if (k < s.first_component || k - s.first_component >= count) {
       Misuse(ErrorCode::kInvalidArgument,
              "tensor " + Quote(t.name) +
                  ": sparse: expected a sparse record whose components include it, found " +
                  Dec(t.sparse));
+    }
+  }
+}
+
+void IndexBuilder::CheckGroupDescriptions() const {
+  for (const SparseItem& s : sparse_) {
+    if (s.spec.layout != SparseLayout::kGroup) continue;
+    const std::string key = kGroupKeyPrefix + s.spec.name;
+    const auto m = std::find_if(metadata_.begin(), metadata_.end(), [&](const MetadataSpec& m) {
+      return m.entry == s.entry && m.key == key;
+    });
+    if (m == metadata_.end() || m->type != MetaType::kString) {  // R112
+      Misuse(ErrorCode::kInvalidArgument,
+             "group " + Quote(s.spec.name) + ": description: expected a string metadata record " +
+                 Quote(key) + " in entry " + Quote(entries_[s.entry].name) + ", found " +
+                 (m == metadata_.end() ? "none" : "another type"));
     }
   }
 }
@@ -444,6 +487,7 @@ void IndexBuilder::CheckValues() const {
 void IndexBuilder::Plan() {
   if (planned_) return;
   CheckSparse();
+  if (has_groups_) CheckGroupDescriptions();
   CheckValues();
   CheckShardedStorages();
   if (tp_world_ != 0 && shard_count_ == 0) {  // R101
@@ -479,7 +523,7 @@ void IndexBuilder::Plan() {
     blob += t.name.size();
   }
   for (const auto& s : sparse_) {
-    dims += s.spec.sizes.size();
+    dims += s.spec.sizes.size() + s.spec.strides.size();
     blob += s.spec.name.size();
   }
   for (const auto& m : metadata_) blob += m.key.size() + m.bytes.size();
@@ -544,7 +588,8 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
   // §7.5: the lowest minor that defines the features used (0 with none).
   const bool tree = !values_.empty();
   const uint32_t flags = (tree ? kFeatureValueTree : 0) | (has_layer_ ? kFeatureLayers : 0) |
-                        (tp_world_ != 0 ? kFeatureTensorParallel : 0);
+                        (tp_world_ != 0 ? kFeatureTensorParallel : 0) |
+                        (has_groups_ ? kFeatureTensorGroups : 0);
   StoreU16(p + kOffMinor, std::max(MinorForFeatures(flags), dtype_minor_));
   StoreU32(p + kOffFlags, flags);
   StoreU32(p + kOffHeaderSize, kHeaderSize);
@@ -556,7 +601,9 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
 
   uint32_t dims_count = 0;
   for (const auto& t : tensors_) dims_count += 2 * static_cast<uint32_t>(t.sizes.size());
-  for (const auto& s : sparse_) dims_count += static_cast<uint32_t>(s.spec.sizes.size());
+  for (const auto& s : sparse_) {
+    dims_count += static_cast<uint32_t>(s.spec.sizes.size() + s.spec.strides.size());
+  }
   uint8_t* ih = p + kHeaderSize;
   StoreU32(ih + 0, static_cast<uint32_t>(entries_.size()));
   StoreU32(ih + 4, static_cast<uint32_t>(storage_nbytes_.size()));
@@ -630,11 +677,13 @@ std::vector<uint8_t> IndexBuilder::EncodeHead() const {
     StoreU32(rec + 8, sparse_[i].entry);
     rec[12] = static_cast<uint8_t>(s.layout);
     rec[13] = s.coalesced ? kSparseFlagCoalesced : 0;
+    if (s.layout == SparseLayout::kGroup) StoreU16(rec + 14, static_cast<uint16_t>(s.dtype));
     StoreU32(rec + 16, static_cast<uint32_t>(s.sizes.size()));
     StoreU32(rec + 20, dim);
     put_dims(s.sizes);
+    put_dims(s.strides);  // groups only (§4.13)
     StoreU32(rec + 24, s.first_component);
-    StoreU32(rec + 28, s.layout == SparseLayout::kCoo ? 2 : 3);
+    StoreU32(rec + 28, ComponentCount(s));
   }
   for (size_t i = 0; i < metadata_.size(); ++i) {
     const MetadataSpec& m = metadata_[i];

@@ -39,13 +39,30 @@ struct TensorSpec {
 // Its components are the 2 (COO) or 3 (CSR, CSC) tensors of that entry from
 // `first_component` on, each with role kSparseComponent and `sparse` set to
 // the index AddSparse returns for it.
+//
+// With layout kGroup, a tensor group (§4.13, format 1.5, header flag
+// kFeatureTensorGroups): `component_count` (1 to 64) components, the outer
+// `dtype`, `sizes` and `strides`; its entry needs a string metadata record
+// "group:" + name, its description (R112).
 struct SparseSpec {
   std::string name;
   SparseLayout layout = SparseLayout::kCoo;
   bool coalesced = false;
   std::vector<int64_t> sizes;
   uint32_t first_component = 0;  // tensor index of its first component
+  // Groups only:
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> strides;
+  uint32_t component_count = 0;
 };
+
+// The number of components of a sparse record (§5.5): 2 for COO, 3 for CSR
+// and CSC, the spec's own for a group.
+inline uint32_t ComponentCount(const SparseSpec& s) {
+  return s.layout == SparseLayout::kGroup ? s.component_count
+         : s.layout == SparseLayout::kCoo ? 2
+                                          : 3;
+}
 
 // One metadata record (§4.7).
 struct MetadataSpec {
@@ -101,8 +118,9 @@ class IndexBuilder {
   // Checks R35-R53, R77 and R78 for it at once; its sparse references wait
   // for Plan().
   uint32_t AddTensor(TensorSpec t);
-  // Adds a sparse record to the current entry; returns its index. Checks R54
-  // and R56-R61 at once; R63-R65 (the components) wait for Plan().
+  // Adds a sparse record or a group to the current entry; returns its index.
+  // Checks R54, R56-R62 and R111 at once; R63-R65 (the components) and R112
+  // (a group's description) wait for Plan().
   uint32_t AddSparse(SparseSpec s);
   // Adds a metadata record; `entry` must be kNone or an entry already added.
   void AddMetadata(MetadataSpec m);
@@ -135,7 +153,7 @@ class IndexBuilder {
   uint64_t storage_nbytes(uint32_t i) const { return storage_nbytes_[i]; }
 
   // Checks what needs the whole input (sparse references R43, R63-R65,
-  // unique names R66, index_size R8) and computes the layout. After it,
+  // unique names R66, group descriptions R112, index_size R8) and computes the layout. After it,
   // storage_offset(), data_offset() and file_size() are valid and every Add*
   // call is refused. Calling it again does nothing.
   void Plan();
@@ -173,6 +191,8 @@ class IndexBuilder {
   uint64_t AnyStorageNbytes(uint32_t i) const;
   uint64_t AnyStorageCount() const { return storage_nbytes_.size() + base_storages_.size(); }
   void CheckSparse() const;
+  void CheckGroupDescriptions() const;  // R112
+  bool has_groups_ = false;
   void CheckShardedStorages() const;  // R110
   void CheckValues() const;
   // Writes the value and link tables at `values_p` (and its bytes into the

@@ -85,12 +85,14 @@ struct TensorRecord {
   uint32_t shard_dim = kNone;
 };
 
-// §4.6
+// §4.6; with layout kGroup, a tensor group (§4.13, format 1.5): `dtype` is
+// its outer dtype, and its dims are 2 x ndim values, outer sizes then strides.
 struct SparseRecord {
   std::string_view name;
   uint32_t entry = 0;
   SparseLayout layout = SparseLayout::kCoo;
   bool coalesced = false;
+  DType dtype = DType::kFloat32;  // groups only
   uint32_t ndim = 0;
   uint32_t dims_index = 0;
   uint32_t first_component = 0;
@@ -159,6 +161,12 @@ class Index {
   const std::vector<TensorRecord>& tensors() const { return tensors_; }
   const std::vector<SparseRecord>& sparse() const { return sparse_; }
   const std::vector<MetadataRecord>& metadata() const { return metadata_; }
+  // The metadata record (entry, key) (entry kNone: archive-level), or nullptr.
+  const MetadataRecord* FindMetadata(uint32_t entry, std::string_view key) const;
+  // §4.13 (format 1.5): whether sparse record s is a tensor group, and its
+  // description (the JSON text of its "group:" metadata record, R112).
+  bool IsGroup(uint32_t s) const { return sparse_[s].layout == SparseLayout::kGroup; }
+  std::string_view GroupDescription(uint32_t s) const;
   const std::vector<int64_t>& dims() const { return dims_; }
   // §4.10 (format 1.1): the value tree, empty when the archive has none
   // (header flag kFeatureValueTree clear). Value #0 is the root; value i's
@@ -193,6 +201,9 @@ class Index {
   void Decode(const std::string& path);
   void DecodeLayer(const ByteReader& r, uint64_t blob, uint64_t blob_size, uint32_t ref_count);
   void DecodeShards(const ByteReader& r);
+  void DecodeSparse(const ByteReader& r, uint64_t blob, uint64_t blob_size);
+  void DecodeMetadata(const ByteReader& r, uint64_t blob, uint64_t blob_size);
+  void CheckGroupDescriptions(const ByteReader& r) const;
 
   std::vector<uint8_t> head_;
   Header header_;

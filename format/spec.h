@@ -17,7 +17,7 @@ inline constexpr uint8_t kMagic[8] = {0x89, 'T', 'S', 'A', 'R', 0x0D, 0x0A, 0x1A
 // archive that uses no feature of a later minor (§7.5), so such archives stay
 // byte-identical to what a 1.0 writer makes and readable by 1.0 readers.
 inline constexpr uint16_t kMajorVersion = 1;
-inline constexpr uint16_t kMinorVersion = 4;
+inline constexpr uint16_t kMinorVersion = 5;
 static_assert(kMajorVersion == TSAR_FORMAT_MAJOR && kMinorVersion == TSAR_FORMAT_MINOR,
               "include/tsar/version.h names the format version this code implements");
 
@@ -28,18 +28,23 @@ static_assert(kMajorVersion == TSAR_FORMAT_MAJOR && kMinorVersion == TSAR_FORMAT
 // archive (§4.11). Bit 2 (format 1.4): tensors laid out for tensor-parallel
 // ranks (§4.12); it is defined only from minor 4 on, so an archive of a lower
 // minor that sets it is refused like any bit its format does not define (R79).
+// Bit 3 (format 1.5): tensor groups, sparse records of layout kGroup (§4.13).
 inline constexpr uint32_t kFeatureValueTree = 0x1;
 inline constexpr uint32_t kFeatureLayers = 0x2;
 inline constexpr uint32_t kFeatureTensorParallel = 0x4;
+inline constexpr uint32_t kFeatureTensorGroups = 0x8;
 inline constexpr uint32_t kKnownFeatures =
-    kFeatureValueTree | kFeatureLayers | kFeatureTensorParallel;
+    kFeatureValueTree | kFeatureLayers | kFeatureTensorParallel | kFeatureTensorGroups;
 // R79: the feature bits that format 1.`minor` defines (minor 0 defines none: R13).
 inline constexpr uint32_t FeaturesOfMinor(uint16_t minor) {
-  return minor >= 4 ? kKnownFeatures : kFeatureValueTree | kFeatureLayers;
+  return minor >= 5   ? kKnownFeatures
+         : minor >= 4 ? kFeatureValueTree | kFeatureLayers | kFeatureTensorParallel
+                      : kFeatureValueTree | kFeatureLayers;
 }
 // §7.5: the lowest minor version that defines every feature in `flags`.
 inline constexpr uint16_t MinorForFeatures(uint32_t flags) {
-  return (flags & kFeatureTensorParallel) ? 4
+  return (flags & kFeatureTensorGroups)     ? 5
+         : (flags & kFeatureTensorParallel) ? 4
          : (flags & kFeatureLayers)       ? 2
          : (flags & kFeatureValueTree)    ? 1
                                           : 0;
@@ -129,10 +134,16 @@ inline constexpr bool DTypeCodeMayRequireGrad(uint16_t code) {
 enum class DeviceType : uint8_t { kUnspecified = 0, kCpu = 1, kCuda = 2 };
 inline constexpr uint8_t kDeviceTypeMax = 2;
 
-// §4.6 sparse layouts and the number of component tensors each has.
-enum class SparseLayout : uint8_t { kCoo = 1, kCsr = 2, kCsc = 3 };
-inline constexpr uint8_t kSparseLayoutMax = 3;
+// §4.6 sparse layouts and the number of component tensors each has. Layout
+// kGroup (format 1.5, header flag kFeatureTensorGroups) is a tensor group
+// (§4.13): 1 to kMaxGroupMembers components, an outer dtype in the record's
+// bytes 14-15 and outer sizes and strides in the dims table.
+enum class SparseLayout : uint8_t { kCoo = 1, kCsr = 2, kCsc = 3, kGroup = 4 };
+inline constexpr uint8_t kSparseLayoutMax = 3;  // without kFeatureTensorGroups
+inline constexpr uint32_t kMaxGroupMembers = 64;
 inline constexpr uint8_t kSparseFlagCoalesced = 0x01;
+// §4.13: the metadata key of a group's description is this prefix and its name.
+inline constexpr char kGroupKeyPrefix[] = "group:";
 
 // §4.7 metadata value types.
 enum class MetaType : uint8_t { kString = 1, kInt = 2, kFloat = 3, kBytes = 4 };

@@ -997,7 +997,7 @@ TEST(IndexDecode, AcceptsAHigherMinorWithALongerHeader) {
   const uint64_t storage_off = data_offset;
   f += v10.substr(v10.size() - 8);
   auto* p = reinterpret_cast<uint8_t*>(f.data());
-  StoreU16(p + kOffMinor, 5);
+  StoreU16(p + kOffMinor, kMinorVersion + 1);
   StoreU32(p + kOffHeaderSize, 128);
   StoreU64(p + kOffIndexOffset, 128);
   StoreU64(p + kOffDataOffset, data_offset);
@@ -1007,14 +1007,14 @@ TEST(IndexDecode, AcceptsAHigherMinorWithALongerHeader) {
   StoreU64(p + storages, storage_off);
   StoreU64(p + kOffIndexXxh3, IndexChecksum(p, 128 + index_size));
   const Index idx = ParseString(f);
-  EXPECT_EQ(idx.header().minor, 5);
+  EXPECT_EQ(idx.header().minor, kMinorVersion + 1);
   EXPECT_EQ(idx.tensors()[0].name, "w");
   // A feature bit this reader does not know: refused, naming the format needed (R79).
-  StoreU32(p + kOffFlags, 0x8);
+  StoreU32(p + kOffFlags, 0x10);
   StoreU64(p + kOffIndexXxh3, IndexChecksum(p, 128 + index_size));
   ExpectDecodeError(f, ErrorCode::kUnsupportedVersion, kOffFlags,
-                    "flags: expected feature bits of format 1.4 (0x7), found 0x8 (the archive "
-                    "needs a reader of format 1.5)");
+                    "flags: expected feature bits of format 1.5 (0xf), found 0x10 (the archive "
+                    "needs a reader of format 1.6)");
   // Minor 1 exactly: the header must be 64 bytes again (R4).
   StoreU16(p + kOffMinor, 1);
   StoreU32(p + kOffFlags, 0);

@@ -147,7 +147,9 @@ struct Draft {
     nlohmann::ordered_json j;
     j["file_size"] = file.size();
     // §7.1: the lowest version with the features and dtype codes the sample uses.
-    int minor = tp_world ? 4 : layer ? 2 : values.empty() ? 0 : 1;
+    bool groups = false;
+    for (const auto& sp : sparse) groups |= sp.first.layout == format::SparseLayout::kGroup;
+    int minor = groups ? 5 : tp_world ? 4 : layer ? 2 : values.empty() ? 0 : 1;
     for (const TensorSpec& t : tensors) {
       if (static_cast<uint16_t>(t.dtype) >= 19) minor = std::max(minor, 3);
     }
@@ -197,15 +199,19 @@ struct Draft {
     if (!files.is_null()) j["files"] = files;
     nlohmann::ordered_json sparse_records = nlohmann::ordered_json::array();
     for (const auto& [sp, entry] : sparse) {
-      static const char* const kLayouts[] = {"", "coo", "csr", "csc"};
-      sparse_records.push_back(
-          {{"entry", entry},
-           {"name", sp.name},
-           {"layout", kLayouts[static_cast<int>(sp.layout)]},
-           {"coalesced", sp.coalesced},
-           {"shape", sp.sizes},
-           {"first_component", sp.first_component},
-           {"component_count", sp.layout == format::SparseLayout::kCoo ? 2 : 3}});
+      static const char* const kLayouts[] = {"", "coo", "csr", "csc", "group"};
+      nlohmann::ordered_json rec = {{"entry", entry},
+                                    {"name", sp.name},
+                                    {"layout", kLayouts[static_cast<int>(sp.layout)]},
+                                    {"coalesced", sp.coalesced},
+                                    {"shape", sp.sizes},
+                                    {"first_component", sp.first_component},
+                                    {"component_count", format::ComponentCount(sp)}};
+      if (sp.layout == format::SparseLayout::kGroup) {  // §4.13: outer dtype and strides
+        rec["dtype"] = DTypeName(sp.dtype);
+        rec["strides"] = sp.strides;
+      }
+      sparse_records.push_back(std::move(rec));
     }
     j["sparse"] = sparse_records;
     if (layer) {

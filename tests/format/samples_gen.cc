@@ -267,6 +267,47 @@ Draft SparseTensors() {
   return d;
 }
 
+// valid/groups (format 1.5, §4.13): a torchao Int8Tensor weight of a
+// bfloat16 nn.Linear(8, 4) as a tensor group: "0.weight" of outer dtype
+// bfloat16, sizes [4, 8], strides [8, 1], made of "0.weight.qdata" (int8
+// [4, 8]) and "0.weight.scale" (float32 [4, 1]), described by the string
+// metadata record "group:0.weight" of its entry; "0.bias" beside it.
+Draft Groups() {
+  Draft d;
+  d.Entry("model");
+  format::SparseSpec g;
+  g.name = "0.weight";
+  g.layout = format::SparseLayout::kGroup;
+  g.dtype = DType::kBFloat16;
+  g.sizes = {4, 8};
+  g.strides = {8, 1};
+  g.first_component = 0;
+  g.component_count = 2;
+  const uint32_t w = d.Sparse(g);
+  TensorSpec q = T("0.weight.qdata", d.Storage(Pattern(32, 7)), DType::kInt8, {4, 8}, {8, 1}, 0,
+                   Role::kSparseComponent);
+  q.sparse = w;
+  d.Tensor(q);
+  TensorSpec sc = T("0.weight.scale", d.Storage(Floats({0.5f, 0.25f, 0.125f, 1.0f})),
+                    DType::kFloat32, {4, 1}, {1, 1}, 0, Role::kSparseComponent);
+  sc.sparse = w;
+  d.Tensor(sc);
+  d.Tensor(T("0.bias", d.Storage(Pattern(8, 9)), DType::kBFloat16, {4}, {1}, 0, Role::kParameter));
+  const std::string description =
+      R"({"attributes":{"block_size":["list",[1,8]],"dtype":["dtype","bfloat16"]},)"
+      R"("class":"Int8Tensor","library":"torchao","members":["qdata","scale"],)"
+      R"("version":"0.18.0"})";
+  MetadataSpec m;
+  m.entry = 0;
+  m.key = "group:0.weight";
+  m.type = MetaType::kString;
+  m.bytes = description;
+  d.Meta(m);
+  d.meta.push_back({0, m.key, {{"entry", 0}, {"key", m.key}, {"type", "string"},
+                               {"value", description}}});
+  return d;
+}
+
 // valid/value_tree (format 1.1): what a training checkpoint holds, as a value
 // tree (§4.10) with one value of every kind: a state_dict entry with
 // attributes, a loose tensor, numbers of each kind, a bigint, strings, bytes,
@@ -367,7 +408,7 @@ std::string LayersManifest(const std::vector<SampleFile>& files,
 
 std::vector<SampleFile> GenerateSamples() {
   std::vector<SampleFile> out;
-  std::string minimal, shared, meta, sparse, aligned, empty_views, tree, tp;
+  std::string minimal, shared, meta, sparse, aligned, empty_views, tree, tp, groups;
   struct Named {
     const char* name;
     Draft (*make)();
@@ -383,7 +424,8 @@ std::vector<SampleFile> GenerateSamples() {
                          {"empty_views", EmptyViews},
                          {"sparse", SparseTensors},
                          {"value_tree", ValueTree},
-                         {"tensor_parallel", TensorParallel}};
+                         {"tensor_parallel", TensorParallel},
+                         {"groups", Groups}};
   for (const Named& n : valid) {
     Draft d = n.make();
     const std::string bytes = d.Bytes();
@@ -397,6 +439,7 @@ std::vector<SampleFile> GenerateSamples() {
     if (std::string(n.name) == "empty_views") empty_views = bytes;
     if (std::string(n.name) == "value_tree") tree = bytes;
     if (std::string(n.name) == "tensor_parallel") tp = bytes;
+    if (std::string(n.name) == "groups") groups = bytes;
   }
   std::string layer;
   {
@@ -407,7 +450,8 @@ std::vector<SampleFile> GenerateSamples() {
   }
   std::string manifest = "file\tcode\toffset\tmessage\tdescription\n";
   for (const Invalid& inv :
-       InvalidCatalogue(minimal, shared, meta, sparse, aligned, empty_views, tree, layer, tp)) {
+       InvalidCatalogue(minimal, shared, meta, sparse, aligned, empty_views, tree, layer, tp,
+                        groups)) {
     const std::string bytes = inv.make();
     const std::string file = std::string(inv.name) + ".tsar";
     try {

@@ -9,7 +9,7 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
                                       const std::string& meta, const std::string& sparse,
                                       const std::string& aligned, const std::string& empty_views,
                                       const std::string& tree, const std::string& layer,
-                                      const std::string& tp) {
+                                      const std::string& tp, const std::string& groups) {
   auto fixed = [](uint64_t o) { return [o](const std::string&) { return o; }; };
   auto tensor0 = [](uint64_t field) {
     return [field](const std::string& f) { return Table(f, 2) + field; };
@@ -382,6 +382,27 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
            tp, [](std::string& f) { Put32(f, ShardsAt(f) + 3 * 8 + 4, 1); }, true),
        ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 2) + 3 * 48 + 8; },
        "\"head.weight\" shares \"emb.weight\"'s storage but is split along dim 1, not 0"},
+      // Format 1.5 (§4.13, R111, R112 and the group forms of R56-R62).
+      {"group_dtype_bad",
+       with(
+           groups, [](std::string& f) { Put16(f, Table(f, 3) + 14, 99); }, true),
+       ErrorCode::kBadDtype, [](const std::string& f) { return Table(f, 3) + 14; },
+       "group \"0.weight\" has outer dtype code 99"},
+      {"group_no_members",
+       with(
+           groups, [](std::string& f) { Put32(f, Table(f, 3) + 28, 0); }, true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 3) + 28; },
+       "group \"0.weight\" has component_count 0"},
+      {"group_without_description",
+       with(
+           groups,
+           [](std::string& f) {
+             const size_t at = f.find("group:0.weight");
+             f[at + 13] = 'u';  // the key becomes "group:0.weighu"
+           },
+           true),
+       ErrorCode::kInvalidValue, [](const std::string& f) { return Table(f, 3); },
+       "no metadata record \"group:0.weight\" describes group \"0.weight\""},
   };
   return v;
 }

@@ -24,6 +24,6 @@ std::vector<Invalid> InvalidCatalogue(const std::string& minimal, const std::str
                                       const std::string& meta, const std::string& sparse,
                                       const std::string& aligned, const std::string& empty_views,
                                       const std::string& tree, const std::string& layer,
-                                      const std::string& tp);
+                                      const std::string& tp, const std::string& groups);
 
 }  // namespace tsar::testing::samples

@@ -182,7 +182,7 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
     EXPECT_EQ(nlohmann::json(j.value("files", nlohmann::json::object())), files) << tsar_path;
     // Every sparse record (§4.6).
     ASSERT_EQ(j["sparse"].size(), idx.sparse().size()) << tsar_path;
-    static const char* const kLayouts[] = {"", "coo", "csr", "csc"};
+    static const char* const kLayouts[] = {"", "coo", "csr", "csc", "group"};
     for (size_t i = 0; i < idx.sparse().size(); ++i) {
       const format::SparseRecord& sp = idx.sparse()[i];
       const auto& e = j["sparse"][i];
@@ -196,6 +196,16 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
       }
       EXPECT_EQ(e["first_component"], sp.first_component) << tsar_path << " sparse #" << i;
       EXPECT_EQ(e["component_count"], sp.component_count) << tsar_path << " sparse #" << i;
+      if (idx.IsGroup(static_cast<uint32_t>(i))) {  // §4.13: outer dtype and strides
+        EXPECT_EQ(e["dtype"], DTypeName(sp.dtype)) << tsar_path << " sparse #" << i;
+        ASSERT_EQ(e["strides"].size(), sp.ndim) << tsar_path << " sparse #" << i;
+        for (uint32_t d = 0; d < sp.ndim; ++d) {
+          EXPECT_EQ(e["strides"][d], idx.dims()[sp.dims_index + sp.ndim + d]) << tsar_path;
+        }
+        EXPECT_FALSE(idx.GroupDescription(static_cast<uint32_t>(i)).empty()) << tsar_path;
+      } else {
+        EXPECT_FALSE(e.contains("dtype") || e.contains("strides")) << tsar_path;
+      }
     }
     // The value tree (§4.10, format 1.1): every value record and link.
     EXPECT_EQ(j["format_version"], "1." + std::to_string(idx.header().minor)) << tsar_path;
@@ -204,7 +214,11 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
       const uint32_t d = idx.tensors()[i].shard_dim;
       EXPECT_EQ(j["tensors"][i].value("shard_dim", format::kNone), d) << tsar_path << " #" << i;
     }
-    EXPECT_EQ(idx.header().minor, std::max<int>(idx.tp_world() != 0     ? 4
+    const bool groups = std::any_of(idx.sparse().begin(), idx.sparse().end(), [](const auto& s) {
+      return s.layout == format::SparseLayout::kGroup;
+    });
+    EXPECT_EQ(idx.header().minor, std::max<int>(groups                 ? 5
+                                                : idx.tp_world() != 0  ? 4
                                                 : idx.is_layer()       ? 2
                                                 : idx.values().empty() ? 0
                                                                        : 1,
@@ -236,7 +250,7 @@ TEST(Samples, ValidOnesDecodeToTheirExpectedJson) {
     EXPECT_EQ(j.value("links", nlohmann::json::array()), nlohmann::json(idx.links())) << tsar_path;
     ++checked;
   }
-  EXPECT_EQ(checked, 13);
+  EXPECT_EQ(checked, 14);
 }
 
 // valid/layer.tsar opens over valid/shared.tsar (§4.11): its base storages
