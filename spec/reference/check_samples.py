@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""check_samples.py SAMPLES_DIR: runs the reference decoder (tsar_ref.py, written
+"""check_samples.py [SAMPLES_DIR]: runs the reference decoder (tsar_ref.py, written
 from spec/FORMAT.md alone) over every sample: valid ones must decode to their
 expected.json, invalid ones must fail with the code, offset and message of
 invalid/MANIFEST.tsv. For a valid sample it compares the storages, tensors, the number of
@@ -8,10 +8,13 @@ the value tree (§4.10), and for a layer (format 1.2, §4.11) its layer record a
 storage table; it then opens the layer with its base (found next to it, B1-B6) and
 verifies every storage (R76), base storages included. For a tensor-parallel archive
 (format 1.4, §4.12) it compares tp_world and each tensor's shard_dim, and checks the
-writer rule that the padding between a sharded tensor's slices is zero. The samples of
+writer rule that the padding between a sharded tensor's slices is zero. It compares every
+sparse record with the "sparse" array of expected.json, a tensor group's (format 1.5, §4.13)
+outer dtype and strides included, and checks each group's description against the grammar
+of §4.13.2 (group_description). The samples of
 layers/MANIFEST.tsv are opened from inside layers/ (so that paths are as its messages give them), with no
 search list, and must fail resolution with the code, offset and message listed (§8.4).
-Exit 0 when the spec and the samples agree."""
+SAMPLES_DIR defaults to the repository's samples/. Exit 0 when the spec and the samples agree."""
 import contextlib
 import glob
 import json
@@ -19,8 +22,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tsar_ref import (TsarError, attached_files, decode, full_bytes, hexb, open_archive, shard_layout,  # noqa: E402
-                      storage_bytes, verify, xxh3)
+from tsar_ref import (DTNAME, TsarError, attached_files, decode, full_bytes, group_description, hexb,  # noqa: E402
+                      open_archive, shard_layout, storage_bytes, verify, xxh3)
 
 ROLES = {"tensor": 0, "parameter": 1, "buffer": 2, "sparse_component": 3}
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
@@ -58,7 +61,7 @@ def check_manifest(path, run, failures, missing, label):
 
 
 def main():
-    root = sys.argv[1]
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "samples")
     failures, missing = [], []
     invalid = check_manifest(os.path.join(root, "invalid", "MANIFEST.tsv"),
                              lambda name: decode(open(os.path.join(root, "invalid", name), "rb").read(), name),
@@ -103,6 +106,22 @@ def main():
             ok &= ROLES[t["role"]] == rt["role"] and t["requires_grad"] == rt["rg"] and t["storage_offset"] == rt["sof"]
             ok &= t.get("shard_dim") == rt.get("shard_dim")  # §4.12: only on sharded tensors
         ok &= len(want["metadata"]) == len(r["metadata"])
+        # Sparse records (§4.6) and tensor groups (§4.13.1): every field expected.json lists;
+        # a group has its outer dtype and strides too, and a description that the grammar
+        # of §4.13.2 accepts.
+        ok &= len(want.get("sparse", [])) == len(r["sparse"])
+        for w, sp in zip(want.get("sparse", []), r["sparse"]):
+            ok &= (w["entry"], w["name"], w["layout"], w["coalesced"], w["shape"], w["first_component"],
+                   w["component_count"]) == (sp["entry"], sp["name"].decode(), sp["layout_name"], sp["coalesced"],
+                                             sp["sizes"], sp["fc"], sp["cc"])
+            ok &= w.get("dtype") == (DTNAME[sp["dtype"]] if sp["dtype"] is not None else None)
+            ok &= w.get("strides") == sp.get("strides")
+        for i, sp in enumerate(r["sparse"]):
+            if sp["layout_name"] == "group":
+                try:
+                    group_description(r, i)
+                except TsarError as e:
+                    failures.append(f"{path}: {e}")
         # §4.7.1: the attached files, by the key grammar alone.
         ok &= want.get("files", {}) == {n.decode(): v.hex() for n, v in attached_files(r).items()}
         h = r["header"]

@@ -1,8 +1,8 @@
-"""tsar_ref.py: an independent decoder of tsar format 1.4 (document revision 7), written
+"""tsar_ref.py: an independent decoder of tsar format 1.5 (document revision 9), written
 from the rules of spec/FORMAT.md alone (not from the C++ code). Used to check the spec against samples/
 and, in tests, to read archives that the C++ packer wrote.
 
-decode(data, path) checks rules R1-R75, R77-R110 of §6.3 in their order (not R14, which
+decode(data, path) checks rules R1-R75, R77-R112 of §6.3 in their order (not R14, which
 needs two reads of a file, nor R76, full verification) and raises TsarError at the first
 one broken: e.code is the short name of §6.2, e.off the offset, str(e) the message of §6.7. It returns the decoded header,
 tables and, for an archive with a value tree (header flag bit 0, §4.10), its value
@@ -23,8 +23,17 @@ r["tp_world"] and r["shards"] (the shard records, (tensor, dim) in order), and e
 tensor has a "shard_dim"; archives and tensors without the feature have neither key, as
 in expected.json. shard_layout(r, i) gives where each rank's slice of sharded tensor i
 lies in its storage, and full_bytes(archive, i) / rank_bytes(archive, i, rank) its bytes
-in C order (§4.12.2, §4.12.3)."""
-import ctypes, json, os, struct, sys
+in C order (§4.12.2, §4.12.3).
+
+r["sparse"] holds every sparse record, in order, as a dict: name, entry, layout (1-4),
+layout_name ("coo", "csr", "csc" or "group"), coalesced, ndim, sizes, fc and cc (first
+component and component count), and, for a tensor group (header flag bit 3, format 1.5,
+a record of layout 4, §4.13), dtype (its outer dtype code) and strides; records of
+layouts 1-3 have dtype None and no strides key. decode() checks that each group has its
+description (R112), not its text: group_description(r, i) checks the description of
+group record i against the grammar of §4.13.2 and returns it as data (not a decode
+rule: a reader that rebuilds groups does it, §4.13.3)."""
+import ctypes, json, os, re, struct, sys
 
 _lib = ctypes.CDLL("libxxhash.so.0")
 _lib.XXH3_64bits.restype = ctypes.c_uint64
@@ -50,15 +59,19 @@ GRAD_DTYPES = set(range(7, 16)) | set(range(19, 23))  # §5.1: the floating-poin
 NONE = 0xFFFFFFFF
 I64MAX = 2**63 - 1
 U64 = 2**64
-MINOR = 4                  # §7: this decoder implements format 1.4
-KNOWN_FEATURES = 0x7       # §5.3: header flag bits 0, the value tree (§4.10), 1, layers (§4.11), and 2, tensor-parallel layout (§4.12)
+MINOR = 5                  # §7: this decoder implements format 1.5
+KNOWN_FEATURES = 0xF       # §5.3: header flag bits 0, the value tree (§4.10), 1, layers (§4.11), 2, tensor-parallel layout (§4.12), and 3, tensor groups (§4.13)
 MAX_LAYER_DEPTH = 8        # §4.11.1: kMaxLayerDepth
 MAX_WORLD = 65536          # §4.12: the most ranks a tensor-parallel archive is laid out for (R100)
+MAX_GROUP_MEMBERS = 64     # §4.13.1: kMaxGroupMembers, the most components of a group (R62)
+LAYOUTS = {1: "coo", 2: "csr", 3: "csc", 4: "group"}  # §5.5, as expected.json names them
+GROUP = 4                  # §5.5: the layout of a tensor group (format 1.5)
+MTYPES = {1: "string", 2: "int", 3: "float", 4: "bytes"}  # §5.6
 
 def features_of_minor(m):
     """§7.5, R79: the feature bits that format 1.m defines, for m >= 1: bits 0 and 1 from
-    minor 1 on, bit 2 from minor 4 on."""
-    return KNOWN_FEATURES if m >= 4 else 0x3
+    minor 1 on, bit 2 from minor 4 on, bit 3 from minor 5 on."""
+    return 0xF if m >= 5 else 0x7 if m == 4 else 0x3
 
 # §5.7: value kinds, by code, as ValueKindName spells them
 KINDS = [None, "none", "bool", "int", "bigint", "float", "str", "bytes", "list", "tuple", "dict",
@@ -326,31 +339,52 @@ def decode(data, path):
     shards = []
     if tp:  # §4.12: R103-R109 per shard record, then R110, before the sparse records
         shards = decode_shards(data, fail, shards_at, SHC, TW, al, tensors, nbytes_of, tab[2])
+    groups = bool(fl & 8)
     sparse = []
-    for i in range(PC):
+    for i in range(PC):  # §4.6 and, for layout 4, §4.13.1: R54-R64, with R111 in place of R58 for a group
         off = tab[3] + 32 * i; f = f"sparse #{i}"
-        nm = bstr(off, f + " name")
+        nm = bstr(off, f + " name")  # R54
         en = u32(off + 8)
-        if en >= EC: fail("out_of_bounds", off + 8, f + " entry", f"less than entry_count {EC}", en)
+        if en >= EC: fail("out_of_bounds", off + 8, f + " entry", f"less than entry_count {EC}", en)  # R55
         lay = u8(off + 12)
-        if lay == 0 or lay > 3: fail("invalid_value", off + 12, f + " layout", "1-3", lay)
+        maxlay = GROUP if groups else 3  # R56: layout 4 only with the groups flag
+        if lay == 0 or lay > maxlay: fail("invalid_value", off + 12, f + " layout", f"1-{maxlay}", lay)
+        group = lay == GROUP
         sf = u8(off + 13)
-        if sf & 0xFE: fail("reserved_non_zero", off + 13, f + " flags", "bits 1-7 zero", f"0x{sf:02x}")
-        zero(off + 14, 2, f + " reserved")
+        if group and sf: fail("reserved_non_zero", off + 13, f + " flags", "0 (a group has no flags)", f"0x{sf:02x}")  # R57
+        if not group and sf & 0xFE: fail("reserved_non_zero", off + 13, f + " flags", "bits 1-7 zero", f"0x{sf:02x}")
+        gdt = None
+        if not group:
+            zero(off + 14, 2, f + " reserved")  # R58
+        else:  # R111: the group's outer dtype, as R37 by the archive's minor
+            gdt = u16(off + 14)
+            maxdt = 22 if minor >= 3 else 18
+            if gdt not in ESIZE or gdt > maxdt:
+                fail("bad_dtype", off + 14, f + " dtype", f"a dtype code of §5 (1-{maxdt})" +
+                     (f" in format 1.{minor}; code {gdt} needs minor 3" if gdt in ESIZE else ""), gdt)
         nd, di = u32(off + 16), u32(off + 20)
-        if nd > 64: fail("bad_shape", off + 16, f + " ndim", "at most 64", nd)
-        if di > DC or nd > DC - di: fail("out_of_bounds", off + 20, f + " dims_index", f"ndim dims inside the dims table of {DC}", di)
-        for d in range(nd):
-            if dims[di + d] > I64MAX: fail("bad_shape", tab[5] + 8 * (di + d), f + f" size {d}", "at most 2^63-1", dims[di + d])
+        if nd > 64: fail("bad_shape", off + 16, f + " ndim", "at most 64", nd)  # R59
+        q = 2 * nd if group else nd  # a group names its sizes, then its strides
+        if di > DC or q > DC - di:  # R60
+            fail("out_of_bounds", off + 20, f + " dims_index", ("2 * ndim" if group else "ndim") + f" dims inside the dims table of {DC}", di)
+        for j in range(q):  # R61, in the order of the dims table
+            if dims[di + j] > I64MAX:
+                fail("bad_shape", tab[5] + 8 * (di + j), f + (f" size {j}" if j < nd else f" stride {j - nd}"), "at most 2^63-1", dims[di + j])
         fc, cc = u32(off + 24), u32(off + 28)
-        w = 2 if lay == 1 else 3
-        if cc != w: fail("invalid_value", off + 28, f + " component_count", w, cc)
+        if group:  # R62
+            if not 1 <= cc <= MAX_GROUP_MEMBERS: fail("invalid_value", off + 28, f + " component_count", f"1 to {MAX_GROUP_MEMBERS} for a group", cc)
+        else:
+            w = 2 if lay == 1 else 3
+            if cc != w: fail("invalid_value", off + 28, f + " component_count", w, cc)
         e = entries[en]
-        if fc < e[1] or fc + w > e[1] + e[2]: fail("out_of_bounds", off + 24, f + " first_component", f"components inside entry #{en}'s tensors", fc)
-        for c in range(w):
+        if fc < e[1] or fc + cc > e[1] + e[2]: fail("out_of_bounds", off + 24, f + " first_component", f"components inside entry #{en}'s tensors", fc)  # R63
+        for c in range(cc):  # R64
             t = tensors[fc + c]
             if t["sparse"] != i: fail("invalid_value", tab[2] + 48 * (fc + c) + 32, f"tensor #{fc+c} {quote(t['name'])} sparse", i, t["sparse"])
-        sparse.append(dict(name=nm, entry=en, fc=fc, cc=cc))
+        rec = dict(name=nm, entry=en, layout=lay, layout_name=LAYOUTS[lay], coalesced=bool(sf & 1), dtype=gdt,
+                   ndim=nd, sizes=dims[di:di + nd], fc=fc, cc=cc, offset=off)
+        if group: rec["strides"] = dims[di + nd:di + 2 * nd]
+        sparse.append(rec)
     for i, t in enumerate(tensors):
         if t["sparse"] == NONE: continue
         sp = sparse[t["sparse"]]
@@ -387,11 +421,19 @@ def decode(data, path):
             if pe == en and pk == key: fail("duplicate_name", off, f + " key", "a key unique in its scope", quote(key))
             if pe > en or (pe == en and pk > key): fail("invalid_value", off, f + " key", "records sorted by (entry, key)", f"{quote(key)} after {quote(pk)}")
         meta.append((en, key, ty, val))
+    for i, sp in enumerate(sparse):  # R112 (format 1.5): each group's description, after R75
+        if sp["layout"] != GROUP: continue
+        key = b"group:" + sp["name"]
+        k = find_metadata(meta, sp["entry"], key)
+        if k is None or meta[k][2] != 1:
+            fail("invalid_value", sp["offset"], f"sparse #{i} name",
+                 f"a metadata record {quote(key)} of type string in entry #{sp['entry']}",
+                 "none" if k is None else f"one of type {MTYPES[meta[k][2]]}")
     values, links = [], []
     if tree:
         values, links = decode_values(data, fail, values_at, VC, links_at, LC, ih + 36, blob, blob_size, EC,
                                       [t["role"] == 3 for t in tensors])
-    r = dict(header=dict(major=major, minor=minor, header_size=hs, file_size=fs, index_offset=io, index_size=isz,
+    r = dict(path=path, header=dict(major=major, minor=minor, header_size=hs, file_size=fs, index_offset=io, index_size=isz,
                          data_offset=do, alignment=al, flags=fl, index_xxh3=sumv),
              counts=counts, blob_size=blob_size, tables=tab, blob=blob, entries=entries, storages=storages,
              tensors=tensors, sparse=sparse, metadata=meta, dims=dims, values=values, links=links,
@@ -705,6 +747,144 @@ def attached_files(r):
         if name is not None:
             out[name] = bytes(val)
     return out
+
+
+def find_metadata(meta, entry, key):
+    """The index of the metadata record (entry, key) in decoded records `meta`
+    ((entry, key, type, value) tuples, sorted as R75 requires), or None."""
+    lo, hi = 0, len(meta)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (meta[mid][0], meta[mid][1]) < (entry, key): lo = mid + 1
+        else: hi = mid
+    return lo if lo < len(meta) and (meta[lo][0], meta[lo][1]) == (entry, key) else None
+
+
+GROUP_MEMBERS = ("attributes", "class", "library", "members", "version")  # §4.13.2, sorted
+MAX_TYPED_DEPTH = 32  # §4.13.2: typed values nest at most 32 deep
+_FLOAT_TEXT = re.compile(r"-?0x[01]\.[0-9a-f]+p[+-][0-9]+")
+
+
+def _json_kind(x):
+    """What a parsed JSON value is, for messages."""
+    if isinstance(x, _Pairs): return "an object"
+    if isinstance(x, list): return "an array"
+    if x is None: return "null"
+    if isinstance(x, bool): return "true" if x else "false"
+    if isinstance(x, int): return "an integer"
+    if isinstance(x, float): return "a number that is not an int64 integer"
+    return "a string"
+
+
+def float_text(t):
+    """§4.13.2: the value of a float text (what float.hex() writes), or None when `t` is not one."""
+    if t in ("nan", "inf", "-inf"): return float(t)
+    if not _FLOAT_TEXT.fullmatch(t): return None
+    try:
+        return float.fromhex(t)  # rounds to nearest, ties to even
+    except OverflowError:
+        return None  # beyond the largest finite binary64
+
+
+def _unique(pairs):
+    """The key that a JSON object (_Pairs) repeats first, or None."""
+    seen = set()
+    for k, _ in pairs:
+        if k in seen: return k
+        seen.add(k)
+    return None
+
+
+def _typed(x, bad):
+    """§4.13.2: (depth, value) of typed value x, the value with its objects as dicts;
+    calls bad(expected, found), which raises, when x is not a typed value."""
+    if x is None or isinstance(x, (bool, str)): return 0, x
+    if isinstance(x, int): return 0, x  # _parse_json keeps int64 integers only as ints
+    if not isinstance(x, list) or isinstance(x, _Pairs) or not x or not isinstance(x[0], str):
+        bad("a typed value", "an empty array" if type(x) is list and not x else _json_kind(x))
+    tag, args = x[0], x[1:]
+    def form(ok, what):
+        if not ok: bad(what, "[" + ", ".join([quote(tag.encode())] + [_json_kind(a) for a in args]) + "]")
+    if tag == "float":
+        form(len(args) == 1 and isinstance(args[0], str), '["float", a float text]')
+        if float_text(args[0]) is None: bad("a float text (what float.hex() writes)", quote(args[0].encode()))
+        return 1, x
+    if tag in ("list", "tuple"):
+        form(len(args) == 1 and isinstance(args[0], list) and not isinstance(args[0], _Pairs), f'["{tag}", [typed values]]')
+        items = [_typed(v, bad) for v in args[0]]
+        return 1 + max((d for d, _ in items), default=0), [tag, [v for _, v in items]]
+    if tag == "dtype":
+        form(len(args) == 1 and isinstance(args[0], str), '["dtype", a name]')
+        return 1, x
+    if tag == "size":
+        form(len(args) == 1 and isinstance(args[0], list) and not isinstance(args[0], _Pairs), '["size", [integers]]')
+        for n in args[0]:
+            if not isinstance(n, int) or isinstance(n, bool): bad('["size", [integers]]', f"an item that is {_json_kind(n)}")
+        return 1, x
+    if tag == "enum":
+        form(len(args) == 2 and all(isinstance(a, str) for a in args), '["enum", a name, a member]')
+        return 1, x
+    if tag == "record":
+        form(len(args) == 2 and isinstance(args[0], str) and isinstance(args[1], _Pairs), '["record", a name, {fields}]')
+        k = _unique(args[1])
+        if k is not None: bad("record fields with distinct names", f"{quote(k.encode())} twice")
+        fields = [(k, _typed(v, bad)) for k, v in args[1]]
+        return 1 + max((d for _, (d, _) in fields), default=0), ["record", args[0], {k: v for k, (_, v) in fields}]
+    bad("a typed value", f"an array tagged {quote(tag.encode())}")
+
+
+def group_description(r, i):
+    """§4.13.2, §4.13.3: the description of group record #i of the decoded archive r,
+    checked against the grammar, as a dict: library, version, class (str), members (a list
+    of str, one per component, in order) and attributes (name -> typed value, as JSON gives
+    it, objects as dicts). Raises TsarError invalid_value at the description's value field
+    (M(k) + 16), naming the group, when it breaks the grammar. Not a decode rule: decode()
+    has checked only that the description exists and is a string (R112)."""
+    sp = r["sparse"][i]
+    if sp["layout"] != GROUP:
+        raise ValueError(f"sparse #{i} is not a group")
+    k = find_metadata(r["metadata"], sp["entry"], b"group:" + sp["name"])  # R112: there is one
+    off = r["tables"][4] + 32 * k + 16
+    field = f"sparse #{i} {quote(sp['name'])} description"
+
+    def bad(exp, found):
+        raise TsarError("invalid_value", r["path"], off, field, exp, found)
+    text = bytes(r["metadata"][k][3]).decode("utf-8")
+    d = _parse_json(text)
+    if d is None: bad("JSON text (RFC 8259, §4.10.3)", quote(text.encode()))
+    if not isinstance(d, _Pairs): bad("a JSON object", _json_kind(d))
+    rep = _unique(d)
+    if rep is not None: bad("each member once", f"{quote(rep.encode())} twice")
+    got = dict(d)
+    if tuple(sorted(got)) != GROUP_MEMBERS:
+        extra = sorted(set(got) - set(GROUP_MEMBERS))
+        bad("exactly the members " + ", ".join(GROUP_MEMBERS),
+            (f"a member {quote(extra[0].encode())}" if extra else
+             f"no member {quote(sorted(set(GROUP_MEMBERS) - set(got))[0].encode())}"))
+    for m in ("library", "version", "class"):
+        if not isinstance(got[m], str): bad(f"a string for {m}", _json_kind(got[m]))
+    members = got["members"]
+    if not isinstance(members, list) or isinstance(members, _Pairs) or not all(isinstance(m, str) for m in members):
+        bad("an array of strings for members", _json_kind(members))
+    if len(members) != sp["cc"]:
+        bad(f"{sp['cc']} members (component_count)", len(members))
+    for m in members:
+        if m == "": bad('non-empty member names', '""')
+        if members.count(m) > 1: bad("distinct member names", f"{quote(m.encode())} twice")
+    attrs = got["attributes"]
+    if not isinstance(attrs, _Pairs): bad("an object for attributes", _json_kind(attrs))
+    rep = _unique(attrs)
+    if rep is not None: bad("attributes with distinct names", f"{quote(rep.encode())} twice")
+    out = {}
+    for name, v in attrs:
+        def bad_in(exp, found, name=name):
+            bad(f"attribute {quote(name.encode())}: {exp}", found)
+        depth, val = _typed(v, bad_in)
+        if depth > MAX_TYPED_DEPTH:
+            bad_in(f"a typed value at most {MAX_TYPED_DEPTH} deep", f"one {depth} deep")
+        out[name] = val
+    return dict(library=got["library"], version=got["version"], **{"class": got["class"]},
+                members=list(members), attributes=out)
 
 
 class Archive:
