@@ -75,7 +75,7 @@ void Index::DecodeSparse(const ByteReader& r, uint64_t blob, uint64_t blob_size)
     const uint32_t dims = group ? 2 * sp.ndim : sp.ndim;
     if (sp.dims_index > dims_count || dims > dims_count - sp.dims_index) {  // R60
       r.Fail(ErrorCode::kOutOfBounds, off + 20, field() + " dims_index",
-             (group ? "2 x ndim" : "ndim") + std::string(" dims inside the dims table of ") +
+             (group ? "2 * ndim" : "ndim") + std::string(" dims inside the dims table of ") +
                  Dec(dims_count),
              Dec(sp.dims_index));
     }

@@ -89,8 +89,17 @@ torch::OrderedDict<std::string, at::Tensor> Archive::state_dict(const std::strin
   // Every tensor first, then the dict: its hash nodes then lie together.
   std::vector<std::pair<std::string_view, at::Tensor>> made;
   made.reserve(count);
+  const format::Index& index = impl_->index();
   impl_->ForEachVisible(e, [&](std::string_view name, uint32_t t, uint32_t s) {
-    made.emplace_back(name, t != format::kNone ? impl_->Make(t) : impl_->MakeSparse(s));
+    if (t != format::kNone) {
+      made.emplace_back(name, impl_->Make(t));
+    } else if (!index.IsGroup(s)) {
+      made.emplace_back(name, impl_->MakeSparse(s));
+    } else {  // §4.13: a group's members under their own names (C++ has no torchao)
+      const format::SparseRecord& sp = index.sparse()[s];
+      for (uint32_t k = sp.first_component; k < sp.first_component + sp.component_count; ++k)
+        made.emplace_back(index.tensors()[k].name, impl_->Make(k));
+    }
   });
   for (auto& [name, tensor] : made) out.insert(std::string(name), std::move(tensor));
   return out;

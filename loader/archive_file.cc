@@ -250,6 +250,28 @@ TensorInfo MakeInfo(const format::Index& index, uint32_t i) {
 
 uint32_t ArchiveFile::tp_world() const { return core_->index.tp_world(); }
 
+std::vector<GroupInfo> ArchiveFile::groups(const std::string& entry) const {
+  const format::Index& index = core_->index;
+  const uint32_t e = core_->Entry(entry);
+  std::vector<GroupInfo> out;
+  for (uint32_t s = 0; s < index.sparse().size(); ++s) {
+    const format::SparseRecord& sp = index.sparse()[s];
+    if (sp.entry != e || !index.IsGroup(s)) continue;
+    GroupInfo g;
+    g.name = std::string(sp.name);
+    g.entry = std::string(index.entries()[e].name);
+    g.dtype = sp.dtype;
+    const int64_t* dims = index.dims().data() + sp.dims_index;
+    g.sizes.assign(dims, dims + sp.ndim);
+    g.strides.assign(dims + sp.ndim, dims + 2 * sp.ndim);
+    for (uint32_t k = 0; k < sp.component_count; ++k)
+      g.members.emplace_back(index.tensors()[sp.first_component + k].name);
+    g.description = std::string(index.GroupDescription(s));
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
 TensorInfo ArchiveFile::info(const std::string& name, const std::string& entry) const {
   return MakeInfo(core_->index, core_->Find(name, entry));
 }

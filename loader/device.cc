@@ -298,15 +298,24 @@ torch::OrderedDict<std::string, at::Tensor> to_device(const Archive& archive, c1
   std::vector<at::Tensor> tensors;
   std::vector<size_t> dense;  // positions in `tensors` of the `sources`
   std::vector<at::Tensor> sources;
-  impl.ForEachVisible(entry_index, [&](std::string_view name, uint32_t i, uint32_t sparse) {
+  const format::Index& index = impl.index();
+  const auto add_dense = [&](std::string_view name, uint32_t i) {
     names.emplace_back(name);
-    if (i == format::kNone) {
-      tensors.push_back(impl.MakeSparse(sparse).to(device));
-      return;
-    }
     dense.push_back(tensors.size());
     tensors.emplace_back();
     sources.push_back(impl.Make(i));
+  };
+  impl.ForEachVisible(entry_index, [&](std::string_view name, uint32_t i, uint32_t sparse) {
+    if (i != format::kNone) {
+      add_dense(name, i);
+    } else if (index.IsGroup(sparse)) {  // §4.13: its members, as state_dict() gives them
+      const format::SparseRecord& sp = index.sparse()[sparse];
+      for (uint32_t k = sp.first_component; k < sp.first_component + sp.component_count; ++k)
+        add_dense(index.tensors()[k].name, k);
+    } else {
+      names.emplace_back(name);
+      tensors.push_back(impl.MakeSparse(sparse).to(device));
+    }
   });
   const std::vector<at::Tensor> on_device = CopyToDevice(sources, device, options, *impl.core);
   for (size_t k = 0; k < dense.size(); ++k) {

@@ -15,6 +15,19 @@ namespace tsar {
 
 at::Tensor Archive::Impl::MakeSparse(uint32_t s) const {
   const format::SparseRecord& sp = index().sparse()[s];
+  if (sp.layout == format::SparseLayout::kGroup) {  // §4.13
+    std::string members;
+    for (uint32_t k = 0; k < sp.component_count; ++k) {
+      members += (k ? ", " : "") +
+                 format::Quote(std::string(index().tensors()[sp.first_component + k].name));
+    }
+    throw Error(ErrorCode::kUnsupported, core->path, std::nullopt,
+                "tensor " + format::Quote(std::string(sp.name)) +
+                    " is a tensor group (a torchao quantized tensor, spec §4.13), which C++ "
+                    "cannot rebuild: its members are " + members +
+                    " (Archive::state_dict() gives them; Python's tsar.open(path).state_dict() "
+                    "rebuilds the tensor)");
+  }
   const std::string what = "sparse tensor " + format::Quote(std::string(sp.name));
   std::vector<at::Tensor> c;
   for (uint32_t k = 0; k < sp.component_count; ++k) c.push_back(Make(sp.first_component + k));

@@ -34,6 +34,10 @@ struct ArchiveWriter::State {
     format::SparseLayout layout;
     bool coalesced;
     std::vector<int64_t> sizes;
+    // A group's (§4.13): outer dtype and strides, component count.
+    DType dtype = DType::kFloat32;
+    std::vector<int64_t> strides;
+    uint32_t component_count = 0;
   };
   struct Entry {
     std::string name;
@@ -152,7 +156,18 @@ void ArchiveWriter::add(const std::string& name, TensorRef tensor, Role role) {
 
 void ArchiveWriter::add_sparse(const std::string& name, SparseRef sparse) {
   if (state_->entries.empty()) add_entry(state_->options.entry);
-  state_->sparse.push_back({name, sparse.layout, sparse.coalesced, std::move(sparse.sizes)});
+  const bool group = sparse.layout == format::SparseLayout::kGroup;
+  if (group) {  // §4.13, R112: its description, in its entry
+    if (sparse.description.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, state_->path, std::nullopt,
+                  "group " + format::Quote(name) + ": expected a description, found none");
+    }
+    state_->metadata.push_back({state_->entries.back().name,
+                                {format::kGroupKeyPrefix + name, std::move(sparse.description)}});
+  }
+  state_->sparse.push_back({name, sparse.layout, sparse.coalesced, std::move(sparse.sizes),
+                            sparse.dtype, std::move(sparse.strides),
+                            group ? static_cast<uint32_t>(sparse.components.size()) : 0});
   const int id = static_cast<int>(state_->sparse.size() - 1);
   for (auto& [suffix, part] : sparse.components) {
     state_->entries.back().items.push_back(
@@ -185,7 +200,13 @@ void ArchiveWriter::finish() {
   if (st.options.dtype) {
     std::vector<ConvertItem> items;
     for (auto& e : st.entries) {
-      for (auto& item : e.items) items.push_back({&item.name, &item.tensor});
+      for (auto& item : e.items) {
+        // A group's inner tensors are what its class reads: never converted.
+        if (item.sparse >= 0 && st.sparse[item.sparse].layout == format::SparseLayout::kGroup) {
+          continue;
+        }
+        items.push_back({&item.name, &item.tensor});
+      }
     }
     const std::string note = ConvertFloating(items, *st.options.dtype);
     if (!note.empty() && st.options.note) st.options.note(note);
@@ -288,6 +309,9 @@ void ArchiveWriter::finish() {
         s.coalesced = sp.coalesced;
         s.sizes = sp.sizes;
         s.first_component = tensor_index;
+        s.dtype = sp.dtype;
+        s.strides = sp.strides;
+        s.component_count = sp.component_count;
         WithPath(st.path, [&] { sparse_ids[item.sparse] = b.AddSparse(std::move(s)); });
       }
       const uint32_t span = storage_ids.at(t.storage.get());

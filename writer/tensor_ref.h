@@ -56,11 +56,20 @@ struct TensorRef {
 // A sparse tensor (spec §4.6): its component tensors, in the order of the
 // spec (COO: indices, values; CSR: crow_indices, col_indices, values; CSC:
 // ccol_indices, row_indices, values), named "<name>.<component>".
+//
+// With layout kGroup, a tensor group (spec §4.13, format 1.5: a torchao
+// quantized tensor): its inner tensors as components ("<name>.qdata"...),
+// the outer dtype, sizes and strides, and its description, the JSON text the
+// writer stores as the entry's string metadata "group:<name>".
 struct SparseRef {
   format::SparseLayout layout = format::SparseLayout::kCoo;
   bool coalesced = false;
   std::vector<int64_t> sizes;
   std::vector<std::pair<std::string, TensorRef>> components;  // suffix (".values"), tensor
+  // Groups only:
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> strides;
+  std::string description;
 };
 
 }  // namespace tsar::writer

@@ -84,6 +84,22 @@ struct TensorInfo {
   int64_t shard_dim = -1;
 };
 
+// A tensor group (spec §4.13, format 1.5): one tensor made of several, as a
+// torchao quantized weight is. C++ gives its parts; Python's tsar rebuilds
+// the class (tsar.open(p).state_dict()). `members` are the component tensors'
+// names in the archive ("w.qdata"), in component order; `description` is the
+// JSON text that names the class, each component's role ("qdata") and the
+// class's attributes.
+struct GroupInfo {
+  std::string name;
+  std::string entry;
+  DType dtype;  // the outer tensor's
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  std::vector<std::string> members;
+  std::string description;
+};
+
 struct StorageInfo {
   uint32_t id;
   uint64_t offset;  // absolute offset in the file that holds it (layers()[layer])
@@ -136,6 +152,10 @@ class ArchiveFile {
   bool contains(const std::string& name, const std::string& entry = "") const;
   TensorInfo info(const std::string& name, const std::string& entry = "") const;
   std::vector<TensorInfo> infos() const;  // every tensor of every entry
+  // The tensor groups of `entry` (spec §4.13), in file order; none before
+  // format 1.5. names() lists a group by its own name; Archive::state_dict()
+  // gives its members under theirs.
+  std::vector<GroupInfo> groups(const std::string& entry = "") const;
   // Every storage a tensor may name, a layer's base storages included.
   std::vector<StorageInfo> storages() const;
   // Storage i's bytes (in this file's mapping or a base's); kNotFound past

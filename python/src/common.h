@@ -120,6 +120,20 @@ void DefArchiveFileMembers(pybind11::class_<T>& c, DtypeOf dtype) {
              for (const auto& i : a.infos()) out.append(info(i));
              return out;
            })
+      // (name, [member names], sizes, strides, dtype, description) of each
+      // tensor group of `entry` (spec §4.13), in file order.
+      .def(
+          "groups",
+          [dtype](const T& a, const std::string& entry) {
+            py::list out;
+            for (const GroupInfo& g : a.groups(entry)) {
+              out.append(py::make_tuple(g.name, g.members, py::tuple(py::cast(g.sizes)),
+                                        py::tuple(py::cast(g.strides)), dtype(g.dtype),
+                                        g.description));
+            }
+            return out;
+          },
+          py::arg("entry"))
       .def("verify", [](const T& a) { a.verify(); }, py::call_guard<py::gil_scoped_release>())
       .def("damaged", [](const T& a) { return a.damaged(); },
            py::call_guard<py::gil_scoped_release>());

@@ -58,15 +58,28 @@ writer::TensorRef PyTensorRefs::Ref(const py::tuple& t) {
 void PyTensorRefs::AddTo(writer::ArchiveWriter& w, const py::handle& item) {
   const auto t = item.cast<py::tuple>();
   const auto name = t[0].cast<std::string>();
-  if (t.size() != 6) {
+  if (t.size() == 8) {
     w.add(name, Ref(t), static_cast<Role>(t[1].cast<int>()));
     return;
   }
   writer::SparseRef sp;
   const int layout = t[2].cast<int>();
-  if (layout < 1 || layout > format::kSparseLayoutMax)
-    throw py::value_error("sparse item: layout " + std::to_string(layout));
+  const bool group = layout == static_cast<int>(format::SparseLayout::kGroup);
+  if (layout < 1 || (layout > format::kSparseLayoutMax && !group) || t.size() != (group ? 9 : 6))
+    throw py::value_error("sparse item: layout " + std::to_string(layout) + " with " +
+                          std::to_string(t.size()) + " fields");
   sp.layout = static_cast<format::SparseLayout>(layout);
+  if (group) {  // (..., outer dtype name, outer strides, description)
+    const auto dtype = t[6].cast<std::string>();
+    const std::optional<DType> d = DTypeFromName(dtype);
+    if (!d) {
+      throw Error(ErrorCode::kInvalidArgument, path_, std::nullopt,
+                  "tensor " + format::Quote(name) + ": dtype " + dtype + " has no tsar code");
+    }
+    sp.dtype = *d;
+    sp.strides = t[7].cast<std::vector<int64_t>>();
+    sp.description = t[8].cast<std::string>();
+  }
   sp.coalesced = t[3].cast<bool>();
   sp.sizes = t[4].cast<std::vector<int64_t>>();
   for (const auto& c : t[5].cast<py::list>()) {

@@ -9,6 +9,9 @@
 //            device index))
 //   sparse: (name, role, layout (format::SparseLayout), coalesced, sizes,
 //            [(".indices", dense item), ...]), components in the spec's order.
+//   group:  (name, role, 4 (format::SparseLayout::kGroup), False, outer sizes,
+//            [(".qdata", dense item), ...], outer dtype name, outer strides,
+//            description JSON): a tensor group (spec §4.13), tsar/_torchao.py.
 // Storages are torch's own bytes, not copied; items with one storage key
 // share one writer::Storage (views, ties), as tsar::TensorRefs keys them by
 // c10::StorageImpl.

@@ -5,7 +5,10 @@ over as its dtype's name, sizes, strides, offset and its storage's host
 address (python/src/portable_refs.h): no copy of a CPU tensor's bytes. A CUDA
 storage is copied to the host first (the archive still records the device, as
 the accelerator's does). A sparse COO, CSR or CSC tensor goes over as its
-component tensors, in the order and under the names tsar::Writer gives them."""
+component tensors, in the order and under the names tsar::Writer gives them.
+A torchao quantized tensor goes over as a tensor group (spec §4.13): its
+inner tensors and its description (tsar/_torchao.py). tsar.save writes every
+archive that holds one through here, on either path."""
 from __future__ import annotations
 
 import torch
@@ -14,6 +17,7 @@ from . import _tsar_portable
 from ._errors import Error, ErrorCode
 
 _CUDA = 2  # format::DeviceType::kCuda
+_GROUP = 4  # format::SparseLayout::kGroup (spec §4.13)
 # format::SparseLayout, and each layout's components as tsar::Writer names them.
 _SPARSE = {
     torch.sparse_coo: (1, (("indices", "_indices"), ("values", "_values"))),
@@ -40,6 +44,9 @@ class Tensors:
         self._storages = {}
 
     def item(self, name: str, t: torch.Tensor, role: int):
+        if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter \
+                and getattr(type(t), "__tensor_flatten__", None) is not None:
+            return self._group(name, t, role)
         if t.layout in _SPARSE:
             return self._sparse(name, t, role)
         if t.layout != torch.strided:
@@ -81,6 +88,27 @@ class Tensors:
                               "component of an unsupported dtype or device")
             components.append((f".{suffix}", self._dense(f"{name}.{suffix}", part, role)))
         return (name, int(role), layout, coalesced, tuple(t.shape), components)
+
+
+    def _group(self, name, t, role):
+        """A torchao tensor as a group item (python/src/portable_refs.h):
+        its inner tensors as components "<name>.<member>", in the order of
+        its class's flatten, and its description."""
+        from . import _torchao
+
+        g = _torchao.flatten(name, t)  # tsar.Error naming it for any other subclass
+        components = [(f".{member}", self._dense(f"{name}.{member}", inner, role))
+                      for member, inner in g.tensors.items()]
+        return (name, int(role), _GROUP, False, g.shape, components,
+                str(g.dtype).replace("torch.", ""), g.stride, _torchao.describe(g))
+
+
+def has_groups(entries) -> bool:
+    """Whether tsar.save's entries hold a tensor subclass made of inner
+    tensors (``__tensor_flatten__``), which only this writer takes."""
+    return any(type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter
+               and getattr(type(t), "__tensor_flatten__", None) is not None
+               for _, items in entries for _, t, _ in items)
 
 
 def save(path: str, entries, metadata, alignment: int, dtype: str, base: str, durable: bool,

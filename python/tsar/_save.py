@@ -139,22 +139,6 @@ def _alignment(alignment, tp):
     return 2 << 20 if tp else 4096
 
 
-def _refuse_subclasses(entries) -> None:
-    """A tensor subclass made of inner tensors (``__tensor_flatten__``: a
-    torchao quantized weight, a DTensor...) has no storage of its own to
-    write: tsar.Error naming it, before anything is written."""
-    for entry_name, tensors in entries:
-        for name, t, _ in tensors:
-            cls = type(t)
-            if getattr(cls, "__tensor_flatten__", None) is not None:
-                raise Error(
-                    f"save: entry {entry_name!r}: {name!r} is a {cls.__module__}.{cls.__qualname__}, "
-                    "a tensor subclass made of inner tensors (__tensor_flatten__), which tsar does "
-                    "not store: its bytes are not one storage. Convert it to a plain tensor first "
-                    "(for a quantized weight: dequantize(), or save the model before quantizing "
-                    "and quantize after load_into). Nothing was written", ErrorCode.UNSUPPORTED)
-
-
 def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[int] = None,
          dtype=None, base=None, tp: Optional[int] = None, shard=None) -> None:
     """Writes ``obj`` as a .tsar archive at ``path``, atomically.
@@ -167,7 +151,14 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[
     of str to str, int, float or bytes.
 
     Tensors that share a storage (tied weights, views, transposes) are stored
-    once, only the bytes they cover, and load back sharing one storage. The file
+    once, only the bytes they cover, and load back sharing one storage.
+    A torchao quantized weight (``Int8Tensor``, ``IntxUnpackedToInt8Tensor``,
+    ``Float8Tensor``, the ``Int4*Tensor`` classes) is stored as a tensor group
+    (format 1.5): its inner tensors as tensors ``<name>.qdata``... and a
+    description of its class and attributes; it loads back as that class,
+    rebuilt through tsar's own table (never by a name read from the file).
+    Any other tensor subclass made of inner tensors raises tsar.Error
+    (UNSUPPORTED) naming it. The file
     is written next to ``path``, flushed, then renamed into place (published
     read-only, 0444): ``path`` holds the old file or the complete new one, never
     a half-written one. The same tensors give the same bytes as C++
@@ -207,16 +198,16 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[
             (quantized or meta tensors), IO.
     """
     entries, entry_meta = _entries(obj, entry)
-    _refuse_subclasses(entries)
+    from . import _portable_save
+
+    groups = _portable_save.has_groups(entries)
     meta = entry_meta + [("", k, v) for k, v in _metadata_items(metadata)]
     world, plan = _shard_plan(tp, shard)
     args = (os.fspath(path), entries, meta, _alignment(alignment, world), _dtype_name(dtype),
             "" if base is None else os.fspath(base), True, world, plan)
-    if _backend.accelerator is not None:
+    if _backend.accelerator is not None and not groups:
         _backend.accelerator.save(*args)
-    else:  # the same writer, fed from Python
-        from . import _portable_save
-
+    else:  # the same writer, fed from Python; the only one that takes groups
         _portable_save.save(*args)
 
 

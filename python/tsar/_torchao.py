@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
+import json
 import sys
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
@@ -151,6 +152,59 @@ def flatten(name: str, t: torch.Tensor) -> Group:
     return Group(key, tensors, attributes, shape, stride, dtype, _torchao_version())
 
 
+# spec §4.13.2: the members of a group's description, and its library.
+_DESCRIPTION_KEYS = ("attributes", "class", "library", "members", "version")
+LIBRARY = "torchao"
+
+
+def describe(g: Group) -> str:
+    """The description of ``g`` as the archive stores it (spec §4.13.2,
+    §4.9 rule 17): JSON with sorted keys and no whitespace, so that equal
+    groups give equal bytes."""
+    return json.dumps({"library": LIBRARY, "version": g.torchao, "class": g.cls,
+                       "members": list(g.tensors), "attributes": g.attributes},
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse(name: str, text: str, tensors: Dict[str, torch.Tensor], shape, stride,
+          dtype: torch.dtype) -> Group:
+    """The Group that a description (spec §4.13.2) and the group record's
+    members, shape, stride and dtype make. ``tensors`` maps each member's
+    archive name (``w.qdata``) to its tensor, in component order.
+    tsar.Error naming the group: INVALID_VALUE for a description that breaks
+    the grammar, UNSUPPORTED for a library other than torchao."""
+    def fail(why):
+        return Error(f"tensor {name!r}: description (spec §4.13.2): {why}",
+                     ErrorCode.INVALID_VALUE)
+
+    try:
+        d = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise fail(f"expected JSON, found {type(e).__name__}: {e}") from None
+    if type(d) is not dict or sorted(d) != list(_DESCRIPTION_KEYS):
+        found = sorted(d) if type(d) is dict else type(d).__name__
+        raise fail(f"expected an object with exactly {', '.join(_DESCRIPTION_KEYS)}, found {found}")
+    for key in ("class", "library", "version"):
+        if type(d[key]) is not str:
+            raise fail(f"{key}: expected a string, found {type(d[key]).__name__}")
+    if d["library"] != LIBRARY:
+        raise Error(f"tensor {name!r}: a {d['library']} {d['class']} (version {d['version']}): "
+                    f"tsar rebuilds {LIBRARY}'s classes only", ErrorCode.UNSUPPORTED)
+    members = d["members"]
+    if type(members) is not list or len(members) != len(tensors) or \
+            any(type(m) is not str or not m for m in members) or len(set(members)) != len(members):
+        raise fail(f"members: expected {len(tensors)} distinct non-empty names, one per member "
+                   f"tensor, found {members!r}")
+    if type(d["attributes"]) is not dict:
+        raise fail(f"attributes: expected an object, found {type(d['attributes']).__name__}")
+    return Group(d["class"], dict(zip(members, tensors.values())), d["attributes"], tuple(shape),
+                 tuple(stride), dtype, d["version"])
+
+
 def encode(value, where: str = "value"):
     """``value`` as a typed tree (module docstring); UNSUPPORTED for a type
     the tree does not hold."""
@@ -196,6 +250,8 @@ class _Decoder:
         return Error(f"{self.where}: {why}", ErrorCode.INVALID_VALUE)
 
     def __call__(self, tree):
+        if type(tree) is int and not -2**63 <= tree < 2**63:
+            raise self.fail(f"expected an integer of int64, found {tree}")
         if tree is None or type(tree) in (bool, int, str):
             return tree
         if self.depth >= self.MAX_DEPTH:
