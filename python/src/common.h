@@ -14,8 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "tsar/dtype.h"
+#include "loader/archive_core.h"
 #include "tsar/archive_file.h"
+#include "tsar/dtype.h"
 #include "tsar/pack_options.h"
 
 namespace tsar::python {
@@ -120,6 +121,15 @@ void DefArchiveFileMembers(pybind11::class_<T>& c, DtypeOf dtype) {
              for (const auto& i : a.infos()) out.append(info(i));
              return out;
            })
+      // The entry load_into binds when none is named: the only one, else
+      // "model", else the only one holding parameters or buffers (NOT_FOUND
+      // listing them otherwise).
+      .def(
+          "bind_entry",
+          [](const T& a, const std::string& entry) {
+            return std::string(a.core()->index.entries()[a.core()->BindEntry(entry)].name);
+          },
+          py::arg("entry"))
       // (name, [member names], sizes, strides, dtype, description) of each
       // tensor group of `entry` (spec §4.13), in file order.
       .def(

@@ -124,15 +124,6 @@ PYBIND11_MODULE(_tsar_portable, m) {
             return out;
           },
           py::arg("entry"), py::arg("dtypes"))
-      // The entry load_into binds when none is named: the only one, else
-      // "model", else the only one holding parameters or buffers (as the
-      // accelerator's bind; NOT_FOUND listing them otherwise).
-      .def(
-          "bind_entry",
-          [](const ArchiveFile& a, const std::string& entry) {
-            return std::string(a.core()->index.entries()[a.core()->BindEntry(entry)].name);
-          },
-          py::arg("entry"))
       .def("storage_count",
            [](const ArchiveFile& a) { return a.core()->index.storages().size(); })
       // Storage i's bytes as its tensors' records describe them

@@ -108,8 +108,18 @@ class Archive:
     def tensor(self, name: str, entry: Optional[str] = None) -> torch.Tensor:
         """The tensor ``name`` of ``entry`` (default: the first), zero-copy.
 
+        A tensor group (a torchao quantized weight, format 1.5) comes back
+        as its class, its inner tensors views of the mapping.
+
         Raises :class:`tsar.Error` with code NOT_FOUND when there is none.
         """
+        if self._a().format_version[1] >= 5:
+            from . import _groups
+
+            g = _groups.find(_groups.groups(self, entry or ""), name)
+            if g is not None:
+                return _groups.rebuild(self.path, g, {m: self._a().tensor(m, entry or "")
+                                                      for m in g.members})
         return self._a().tensor(name, entry or "")
 
     def state_dict(self, entry: Optional[str] = None, *, device=None, pinned_bytes: int = 64 << 20,
@@ -148,6 +158,12 @@ class Archive:
         :attr:`device_stats` says what the last copy did. Raises tsar.Error
         (UNSUPPORTED) where torch has no CUDA or there is no GPU.
 
+        A tensor group (a torchao quantized weight: ``Int8Tensor``...,
+        format 1.5) comes back as its class, rebuilt through tsar's own table
+        of torchao classes (never by a name read from the file; torchao must
+        be installed), its inner tensors views of the mapping (or of the
+        device copies).
+
         In a tensor-parallel archive (:attr:`tp_world` > 0) a sharded tensor
         comes back whole, as saved: a copy, unless its ranks' runs lie back to
         back in C order (split along its first dimension, slices a multiple of
@@ -165,8 +181,15 @@ class Archive:
             items, self.device_stats = self._a().to_device(
                 str(target), entry or "", int(pinned_bytes), int(buffers), int(streams),
                 int(fill_threads), stage_from == "file", direct)
-            return collections.OrderedDict(items)
-        return collections.OrderedDict(self._a().state_dict(entry or ""))
+        else:
+            items = self._a().state_dict(entry or "")
+        if self._a().format_version[1] >= 5:  # groups come as their members: rebuilt here
+            from . import _groups
+
+            rows = _groups.groups(self, entry or "")
+            if rows:
+                return _groups.with_groups(self.path, items, rows)
+        return collections.OrderedDict(items)
 
     def shard(self, name: str, rank: int, world: int, dim: Optional[int] = None,
               entry: Optional[str] = None) -> torch.Tensor:

@@ -154,7 +154,10 @@ def load_into(
         # state_dict() (hooks, an overridden _save_to_state_dict...).
         accelerator = _backend.accelerator
         try:
-            if accelerator is not None:
+            rows = _group_rows(archive, entry)
+            if rows:
+                report = _bind_groups(module, archive, rows, options)
+            elif accelerator is not None:
                 report = accelerator.bind_module(archive._a(), module, PLAIN, plain, options)
                 if report is None:
                     items, training, loose = state_items(module)
@@ -179,6 +182,47 @@ def load_into(
     finally:
         if collecting:
             gc.enable()
+
+
+def _group_rows(archive: Archive, entry: Optional[str]):
+    """The tensor groups (quantized weights, format 1.5) of the entry
+    load_into binds: [] for every archive before 1.5."""
+    if archive._a().format_version[1] < 5:
+        return []
+    from . import _groups
+
+    return _groups.groups(archive, archive._a().bind_entry(entry or ""))
+
+
+def _bind_groups(module, archive: Archive, rows, options):
+    """load_into of an archive that holds tensor groups: the groups are
+    matched and rebuilt in Python (tsar/_groups.py), every other tensor is
+    bound by the path's own bind, then the groups take their slots. A
+    mismatch under strict, on either side, changes nothing."""
+    from . import _groups
+
+    (entry, strict, _allow_training, archive_prefix, module_prefix, rank, world, target,
+     _read_ahead, _direct) = options
+    items, training, loose = state_items(module)
+    p = _groups.plan(module, rows, items, archive_prefix, module_prefix)
+    if p.assign and world > 1:
+        raise _invalid(f"{archive.path}: rank {rank} of {world}: the archive holds quantized "
+                       f"tensors ({p.assign[0][1].name!r}...), which a tensor-parallel bind does "
+                       "not slice yet; bind the whole model (world=0)")
+    if strict and (p.unexpected or p.mismatched):
+        raise _groups.refuse(archive.path, archive._a().bind_entry(entry), p)
+    made = _groups.make(archive, archive._a().bind_entry(entry), p, target)
+    taken = {name for name, _ in p.assign}
+    items = [(n, t) for n, t in items if n not in taken]
+    loose = [(n, t) for n, t in loose if n not in taken]
+    if _backend.accelerator is not None:
+        report = _backend.accelerator.bind(archive._a(), items, training, options, loose)
+    else:
+        from . import _portable_bind
+        report = _portable_bind.bind_items(archive._a(), items, training, options, loose)
+    bound, missing, unexpected, mismatched, tied = report
+    return (bound + _groups.put(module, made), missing, unexpected + p.unexpected,
+            mismatched + p.mismatched, tied)
 
 
 def _non_persistent_named(e: Error, module, archive_prefix: str, module_prefix: str) -> Error:

@@ -72,6 +72,12 @@ class PortableArchive:
     def contains(self, name, entry):
         return self._file.contains(name, entry)
 
+    def groups(self, entry):
+        return self._file.groups(entry)
+
+    def bind_entry(self, entry):
+        return self._file.bind_entry(entry)
+
     def metadata_items(self, entry):
         return self._file.metadata_items(entry)
 
@@ -165,6 +171,10 @@ class PortableArchive:
         values checked by torch (INVALID_VALUE where they are out of range),
         as the accelerator's (loader/sparse.cc)."""
         name, _, layout, sizes, coalesced, components = row
+        if layout == _GROUP:
+            raise Error(f'{self.path}: tensor "{name}" is a tensor group (spec §4.13): '
+                        "tsar.Archive rebuilds it from its members", ErrorCode.UNSUPPORTED,
+                        self.path)
         c = [self.view(r) for r in components]
         values = c[-1]
 
@@ -213,6 +223,9 @@ class PortableArchive:
         fast = self._file.dlpack_tensors(entry, torch._C._from_dlpack, self._first, DTYPES)
         out = []
         for r, t in zip(rows, fast):
+            if r[1] is None and r[2] == _GROUP:  # its members, as the accelerator's
+                out.extend((c[0], self.make(c)) for c in r[5])
+                continue
             if t is None:
                 t = self.make(r)
             elif r[6]:  # requires_grad, as saved
@@ -325,7 +338,7 @@ class PortableArchive:
         return _portable_device.to_device(self, *args)
 
 
-_COO, _CSR = 1, 2  # format::SparseLayout (3: CSC)
+_COO, _CSR, _GROUP = 1, 2, 4  # format::SparseLayout (3: CSC; 4: a tensor group, §4.13)
 
 
 def _row_of(info) -> tuple:

@@ -95,27 +95,42 @@ def bind_module(archive: PortableArchive, module, options):
     archive's, a module with its own state_dict()...) comes back None,
     nothing changed, and
     :func:`bind` below runs, with the rules' messages."""
-    (entry, strict, allow_training, archive_prefix, module_prefix, rank, world, device,
-     read_ahead, _direct) = options
-    # In C++ too: a rank of the world the archive was packed for (its slices
-    # are blocks); other worlds, whole modules of such an archive, below.
-    fast = not device and (world <= 1 and rank == 0 or world == archive.tp_world)
+    read_ahead = options[8]
     report = None
-    if fast:
-        fast_options = (entry, archive_prefix, module_prefix, strict, allow_training, rank, world)
-        api = archive.bind_api(PLAIN, plain)
-        report = _tsar_portable.bind_fast(archive._file, module, None, False, None, fast_options,
-                                             api)
+    if _fast(archive, options):
+        report = _tsar_portable.bind_fast(archive._file, module, None, False, None,
+                                             _fast_options(options),
+                                             archive.bind_api(PLAIN, plain))
     if report is None:
         items, training, loose = state_items(module)
-        if fast:
-            report = _tsar_portable.bind_fast(archive._file, None, items, training, loose,
-                                                 fast_options, api)
-        if report is None:
-            report = bind(archive, items, training, options, loose)
+        report = bind_items(archive, items, training, options, loose)
     if read_ahead:
         _read_ahead(archive, module, report[0])
     return report
+
+
+def _fast(archive: PortableArchive, options) -> bool:
+    """Whether bind_fast may answer: the CPU, and a rank of the world the
+    archive was packed for (its slices are blocks) or no ranks; other
+    worlds, whole modules of such an archive, in _bind."""
+    rank, world, device = options[5], options[6], options[7]
+    return not device and (world <= 1 and rank == 0 or world == archive.tp_world)
+
+
+def _fast_options(options):
+    entry, strict, allow_training, archive_prefix, module_prefix, rank, world = options[:7]
+    return (entry, archive_prefix, module_prefix, strict, allow_training, rank, world)
+
+
+def bind_items(archive: PortableArchive, items, training: bool, options, loose):
+    """The bind of ``items`` (a module's (name, tensor), as state_items
+    gives them): in C++ where it answers, else :func:`bind`."""
+    report = None
+    if _fast(archive, options):
+        report = _tsar_portable.bind_fast(archive._file, None, items, training, loose,
+                                             _fast_options(options),
+                                             archive.bind_api(PLAIN, plain))
+    return report if report is not None else bind(archive, items, training, options, loose)
 
 
 def _read_ahead(archive: PortableArchive, module, bound) -> None:
