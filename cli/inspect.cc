@@ -3,12 +3,14 @@
 #include <charconv>
 #include <cmath>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/describe.h"
+#include "cli/groups.h"
 #include "cli/tensor_parallel.h"
 #include "format/attached_file.h"
 #include "format/reader.h"
@@ -402,6 +404,40 @@ ArchiveMetadata SplitMetadata(const ArchiveFile& a) {
   return m;
 }
 
+// §4.13: a tensor group, as one line and its attributes.
+void PrintGroup(const GroupInfo& g) {
+  const GroupSummary s = Summarize(g);
+  std::string members;
+  for (size_t k = 0; k < g.members.size(); ++k) {
+    members += (k ? ", " : "") + (s.valid ? Printable(s.members[k].first) + " " : std::string()) +
+               Printable(g.members[k]);
+  }
+  std::printf("  group %s: %s %s %s, of %s\n", Printable(g.name).c_str(),
+              s.valid ? (Printable(s.library) + " " + Printable(s.cls) + " (" +
+                         Printable(s.version) + ")")
+                            .c_str()
+                      : "a group whose description tsar cannot read,",
+              std::string(DTypeName(g.dtype)).c_str(), Dims(g.sizes).c_str(), members.c_str());
+  if (s.valid) std::printf("    attributes %s\n", Printable(s.attributes).c_str());
+}
+
+nlohmann::ordered_json GroupJson(const GroupInfo& g) {
+  const GroupSummary s = Summarize(g);
+  nlohmann::ordered_json j = {{"entry", g.entry},       {"name", g.name},
+                              {"dtype", DTypeName(g.dtype)}, {"shape", g.sizes},
+                              {"strides", g.strides}, {"members", g.members}};
+  if (s.valid) {
+    j["library"] = s.library;
+    j["class"] = s.cls;
+    j["version"] = s.version;
+    nlohmann::ordered_json roles = nlohmann::ordered_json::array();
+    for (const auto& [role, tensor] : s.members) roles.push_back(role);
+    j["member_roles"] = roles;
+  }
+  j["description"] = g.description;
+  return j;
+}
+
 int RunInspect(const std::string& path, bool json) {
   const ArchiveFile a = OpenArchive(path);
   const ArchiveMetadata archive_meta = SplitMetadata(a);
@@ -479,6 +515,11 @@ int RunInspect(const std::string& path, bool json) {
       if (!m.empty()) json::Append(entry_meta, e, std::move(m));
     }
     out.Member("entry_metadata", entry_meta);
+    nlohmann::ordered_json groups = nlohmann::ordered_json::array();  // §4.13
+    for (const auto& e : a.entries()) {
+      for (const GroupInfo& g : a.groups(e)) groups.push_back(GroupJson(g));
+    }
+    out.Member("groups", groups);
     const Totals totals = Sum(infos, storages);
     nlohmann::ordered_json dtypes = nlohmann::ordered_json::object();
     for (const auto& [name, d] : totals.dtypes) {
@@ -549,8 +590,16 @@ int RunInspect(const std::string& path, bool json) {
     std::printf("\nentry \"%s\"\n", Printable(e).c_str());
     columns.Print(header);
     for (size_t i : by_entry[e]) columns.Print(rows[i]);
-    for (const auto& [k, v] : a.metadata_items(e))
-      std::printf("  metadata %s = %s\n", Printable(k).c_str(), MetaText(v).c_str());
+    const std::vector<GroupInfo> groups = a.groups(e);
+    std::set<std::string> described;  // their "group:" metadata, shown as groups
+    for (const GroupInfo& g : groups) {
+      described.insert("group:" + g.name);
+      PrintGroup(g);
+    }
+    for (const auto& [k, v] : a.metadata_items(e)) {
+      if (described.count(k) == 0)
+        std::printf("  metadata %s = %s\n", Printable(k).c_str(), MetaText(v).c_str());
+    }
   }
   const Totals totals = Sum(infos, storages);
   std::printf("\ntotals: %s elements in %zu tensors", Grouped(totals.elements).c_str(),
