@@ -209,7 +209,7 @@ def _bind_groups(module, archive: Archive, rows, options):
         raise _invalid(f"{archive.path}: rank {rank} of {world}: the archive holds quantized "
                        f"tensors ({p.assign[0][1].name!r}...), which a tensor-parallel bind does "
                        "not slice yet; bind the whole model (world=0)")
-    if strict and (p.unexpected or p.mismatched):
+    if strict and (p.unexpected or p.mismatched) or p.left_on_meta:
         raise _groups.refuse(archive.path, archive._a().bind_entry(entry), p)
     made = _groups.make(archive, archive._a().bind_entry(entry), p, target)
     taken = {name for name, _ in p.assign}

@@ -98,7 +98,8 @@ class Plan(NamedTuple):
     changes: the module names they bind, and what does not match."""
     assign: List[Tuple[str, GroupRow]]  # (module name, group)
     unexpected: List[str]
-    mismatched: List[str]
+    mismatched: List[str]  # "name: why", as BindReport.mismatched
+    left_on_meta: List[str]  # the mismatched module names whose tensor is on meta
 
 
 def plan(module: torch.nn.Module, rows: List[GroupRow], items, archive_prefix: str,
@@ -107,7 +108,7 @@ def plan(module: torch.nn.Module, rows: List[GroupRow], items, archive_prefix: s
     load_into names them: ``items`` are the module's (name, tensor)), its
     outer shape against the slot's."""
     slots = dict(items)
-    assign, unexpected, mismatched = [], [], []
+    assign, unexpected, mismatched, meta = [], [], [], []
     for g in rows:
         if not g.name.startswith(archive_prefix):
             unexpected.append(g.name)
@@ -119,9 +120,11 @@ def plan(module: torch.nn.Module, rows: List[GroupRow], items, archive_prefix: s
         elif tuple(slot.shape) != g.sizes:
             mismatched.append(f"{name}: shape {list(slot.shape)} vs archive {list(g.sizes)} "
                               f"(a quantized {g.name!r})")
+            if slot.is_meta:
+                meta.append(name)
         else:
             assign.append((name, g))
-    return Plan(assign, unexpected, mismatched)
+    return Plan(assign, unexpected, mismatched, meta)
 
 
 def make(archive, entry: str, p: Plan, device: str) -> List[Tuple[str, torch.Tensor]]:
@@ -158,6 +161,8 @@ def refuse(path: str, entry: str, p: Plan) -> Error:
         parts.append("not in module: " + ", ".join(p.unexpected))
     if p.mismatched:
         parts.append("mismatched: " + "; ".join(p.mismatched))
+    why = (f" ({', '.join(p.left_on_meta)} would stay on the meta device: a module on meta is "
+           "bound completely or not at all)" if p.left_on_meta else "")
     return Error(f"{path}: bind of entry {entry!r}: the archive's quantized tensors do not match "
-                 f"the module: {'; '.join(parts)}. Nothing was changed",
+                 f"the module: {'; '.join(parts)}{why}. Nothing was changed",
                  ErrorCode.BIND_MISMATCH, path)
