@@ -51,9 +51,20 @@ struct Imported {
     writer::TensorRef tensor;
     Role role = Role::kTensor;
   };
+  // A tensor group (spec §4.13, format 1.5: a torchao quantized weight):
+  // `group` has layout kGroup, its members as components (suffix
+  // ".<member>", each named "<name>.<member>" in the archive) and its
+  // description. It stands in its entry before tensors[before]
+  // (tensors.size(): after all of them).
+  struct Group {
+    std::string name;
+    writer::SparseRef group;
+    size_t before = 0;
+  };
   struct Entry {
     std::string name;
     std::vector<Tensor> tensors;
+    std::vector<Group> groups = {};  // in entry order (ascending `before`)
   };
   struct Meta {
     std::string entry;  // "" = archive-level

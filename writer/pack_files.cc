@@ -2,6 +2,7 @@
 #include "writer/pack_files.h"
 
 #include <algorithm>
+#include <deque>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -35,7 +36,28 @@ void CheckInputTensors(const std::string& input, const importer::Imported::Entry
                        const PackOptions& pack) {
   std::unordered_set<std::string_view> names;
   names.reserve(e.tensors.size());
+  std::deque<std::string> owned;  // group and member names
   const bool plan = pack.tp >= 2 && pack.tp <= format::kMaxWorld && !pack.shard.empty();
+  for (const auto& g : e.groups) {
+    const std::string what = "group " + format::Quote(g.name);
+    if (g.group.sizes.size() > format::kMaxNdim) {
+      throw Error(ErrorCode::kBadInput, input, std::nullopt,
+                  what + ": ndim: expected at most " + std::to_string(format::kMaxNdim) +
+                      " (what an archive holds), found " + std::to_string(g.group.sizes.size()));
+    }
+    // The names stay in `owned` while `names` views them.
+    owned.push_back(g.name);
+    for (const auto& [suffix, part] : g.group.components) owned.push_back(g.name + suffix);
+    for (size_t k = owned.size() - 1 - g.group.components.size(); k < owned.size(); ++k) {
+      const std::string& n = owned[k];
+      if (!names.insert(n).second) {
+        throw Error(ErrorCode::kBadInput, input, std::nullopt,
+                    what + ": expected the names of the group and its members (" +
+                        format::Quote(n) + ") unique in entry " + format::Quote(e.name) +
+                        ", found one twice");
+      }
+    }
+  }
   for (const auto& t : e.tensors) {
     const std::string what = "tensor " + format::Quote(t.name);
     if (t.tensor.sizes.size() > format::kMaxNdim) {
@@ -221,6 +243,11 @@ size_t StripPrefix(importer::Imported& in, const std::string& prefix) {
       stripped += n.size() != t.name.size();
       t.name = std::move(n);
     }
+    for (auto& g : e.groups) {  // its members are named after it
+      std::string n = strip(g.name);
+      stripped += n.size() != g.name.size();
+      g.name = std::move(n);
+    }
   }
   if (in.value) {
     in.value = RenameEntries(
@@ -355,6 +382,11 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
     for (auto& e : in.entries) {
       CheckInputName(s.path, "entry", e.name);
       for (const auto& t : e.tensors) CheckInputName(s.path, "tensor", t.name);
+      for (const auto& g : e.groups) {
+        CheckInputName(s.path, "group", g.name);
+        for (const auto& [suffix, part] : g.group.components)
+          CheckInputName(s.path, "tensor", g.name + suffix);
+      }
       CheckInputTensors(s.path, e, options.pack);
       if (const auto [it, fresh] = entry_inputs.emplace(e.name, s.path); !fresh) {
         throw Error(ErrorCode::kInvalidArgument, s.path, std::nullopt,
@@ -364,8 +396,21 @@ PackSummary PackFiles(const std::vector<PackSource>& sources, const std::string&
       }
       summary.entries.push_back(e.name);
       writer.add_entry(e.name);
-      for (const auto& t : e.tensors) writer.add(t.name, t.tensor, t.role);
+      // Each group where it stands (§4.13: before tensors[before]); the
+      // writer keeps the order it is given.
+      size_t next_group = 0;
+      for (size_t i = 0; i <= e.tensors.size(); ++i) {
+        for (; next_group < e.groups.size() && e.groups[next_group].before <= i; ++next_group) {
+          const auto& g = e.groups[next_group];
+          writer.add_sparse(g.name, g.group);
+        }
+        if (i < e.tensors.size()) {
+          const auto& t = e.tensors[i];
+          writer.add(t.name, t.tensor, t.role);
+        }
+      }
       summary.tensors += e.tensors.size();
+      for (const auto& g : e.groups) summary.tensors += g.group.components.size();
     }
     for (auto& m : in.metadata) {
       CheckInputName(s.path, "metadata", m.key, "key");
