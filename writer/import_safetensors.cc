@@ -26,6 +26,7 @@
 #include "writer/json_util.h"
 #include "writer/safe_open.h"
 #include "writer/strict_json.h"
+#include "writer/torchao_safetensors.h"
 
 namespace tsar::importer {
 namespace {
@@ -330,6 +331,8 @@ Imported ImportSafetensorsMapped(const std::shared_ptr<const MappedInput>& input
   out.entries.push_back({options.default_entry, {}});
   AppendTensors(p, &out.entries.back().tensors);
   for (const auto& [key, value] : p.metadata) out.metadata.push_back({"", key, value});
+  // torchao's quantized tensors (transformers' TorchAoConfig): groups.
+  torchao::GroupTorchaoSafetensors(out, input->path(), options.strict);
   return out;
 }
 
@@ -466,6 +469,9 @@ Imported ImportSafetensorsIndex(const std::string& path, const ImportOptions& op
       }
     }
   }
+  // torchao's quantized tensors, whose inner tensors may lie in different
+  // shards (each shard holds the whole model's torchao metadata).
+  torchao::GroupTorchaoSafetensors(out, path, options.strict);
   return out;
 }
 
