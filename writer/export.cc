@@ -1,4 +1,6 @@
 // Format selection and dispatch of the exporters (writer/exporter.h).
+#include <unordered_set>
+
 #include "format/reader.h"
 #include "writer/export_internal.h"
 
@@ -42,12 +44,36 @@ std::optional<uint64_t> ContiguousBytes(const TensorInfo& t) {
 
 std::vector<std::string> Export(const ArchiveFile& archive, const std::string& path, Format format,
                                 const ExportOptions& options) {
+  // Tensor groups (spec §4.13): safetensors in torchao's layout, which
+  // transformers' from_pretrained reads (ExportSafetensors); torch.save and
+  // HDF5 refuse them.
+  std::unordered_set<std::string> members;  // "entry\0name"
+  std::string groups;
+  for (const auto& e : archive.entries()) {
+    for (const auto& g : archive.groups(e)) {
+      groups += (groups.empty() ? "" : ", ") + format::Quote(g.name);
+      for (const auto& m : g.members) members.insert(e + '\0' + m);
+    }
+  }
+  if (!groups.empty() && format == Format::kTorchSave) {
+    throw Error(ErrorCode::kUnsupported, archive.path(), std::nullopt,
+                "the archive holds tensor groups (torchao quantized tensors: " + groups +
+                    "), which tsar does not write as a torch.save file (torch.save pickles "
+                    "their classes); export to .safetensors, which writes them in torchao's "
+                    "layout that transformers' from_pretrained reads, or save "
+                    "tsar.open(ARCHIVE).state_dict() with torch.save in Python");
+  }
+  if (!groups.empty() && format == Format::kHdf5) {
+    throw Error(ErrorCode::kUnsupported, archive.path(), std::nullopt,
+                "the archive holds tensor groups (torchao quantized tensors: " + groups +
+                    "), which HDF5 cannot express; export to .safetensors");
+  }
   // Sparse tensors: torch.save files get their component tensors (with a
   // note); safetensors and HDF5 have no way to say they belong together.
   std::string components;
   const FlatNames flat(archive);
   for (const auto& t : archive.infos()) {
-    if (t.role == Role::kSparseComponent) {
+    if (t.role == Role::kSparseComponent && !members.count(t.entry + '\0' + t.name)) {
       components += (components.empty() ? "" : ", ") + format::Quote(flat(t));
     }
   }

@@ -4,6 +4,7 @@
 // storage, so aliasing tensors are refused or, on request, copied apart.
 #include <limits>
 #include <map>
+#include <unordered_set>
 #include <nlohmann/json.hpp>
 
 #include "format/endian.h"
@@ -11,6 +12,7 @@
 #include "writer/atomic_file.h"
 #include "writer/export_internal.h"
 #include "writer/pieces.h"
+#include "writer/torchao_safetensors.h"
 
 namespace tsar::exporter {
 namespace {
@@ -88,10 +90,38 @@ std::vector<std::string> ExportSafetensors(const ArchiveFile& a, const std::stri
                       " (use --materialize-shared to write each as its own copy)");
     }
   }
+  // Tensor groups (spec §4.13): torchao's layout (writer/torchao_safetensors.h),
+  // each member under its torchao key, and the metadata torchao's reader needs.
+  std::vector<std::string> keys;
+  keys.reserve(infos.size());
+  std::vector<std::pair<std::string, std::string>> torchao_meta;
+  std::unordered_set<std::string> torchao_keys;
+  bool groups = false;
+  for (const auto& e : a.entries()) groups = groups || !a.groups(e).empty();
+  if (groups) {
+    if (a.entries().size() != 1) {
+      throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
+                  "the archive holds tensor groups and " + std::to_string(a.entries().size()) +
+                      " entries: safetensors in torchao's layout holds one model's state_dict; "
+                      "pack each entry on its own (tsar pack ARCHIVE --only ENTRY)");
+    }
+    torchao::TorchaoLayout layout = torchao::TorchaoSafetensorsLayout(a, infos);
+    for (const auto& item : layout.items) keys.push_back(item.key);
+    torchao_meta = std::move(layout.metadata);
+    for (const auto& [k, v] : torchao_meta) torchao_keys.insert(k);
+    if (!a.metadata("format")) torchao_meta.emplace_back("format", "pt");
+  } else {
+    for (const auto& t : infos) keys.push_back(flat(t));
+  }
   // JSON objects are written member by member, in archive order: an ordered
   // JSON object would look each key up by a linear scan (quadratic).
   std::string meta;
   for (const auto& [k, v] : a.metadata_items()) {
+    if (torchao_keys.count(k)) {
+      notes.push_back("metadata " + k + ": replaced by what torchao's layout of the tensor groups "
+                      "writes under that key");
+      continue;
+    }
     std::string value;
     if (const auto* s = std::get_if<std::string>(&v)) {
       value = *s;
@@ -109,8 +139,13 @@ std::vector<std::string> ExportSafetensors(const ArchiveFile& a, const std::stri
     meta +=
         (meta.empty() ? "" : ",") + nlohmann::json(k).dump() + ":" + nlohmann::json(value).dump();
   }
+  for (const auto& [k, v] : torchao_meta) {
+    meta += (meta.empty() ? "" : ",") + nlohmann::json(k).dump() + ":" + nlohmann::json(v).dump();
+  }
   for (const auto& e : a.entries()) {
     for (const auto& [k, v] : a.metadata_items(e)) {
+      // A group's description: what torchao's layout above says again.
+      if (groups && k.rfind(format::kGroupKeyPrefix, 0) == 0) continue;
       notes.push_back("entry " + e + " metadata " + k +
                       ": safetensors has no per-entry metadata; left out");
     }
@@ -118,7 +153,8 @@ std::vector<std::string> ExportSafetensors(const ArchiveFile& a, const std::stri
   std::string json = "{";
   if (!meta.empty()) json += "\"__metadata__\":{" + meta + "}";
   uint64_t offset = 0;
-  for (const auto& t : infos) {
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const TensorInfo& t = infos[i];
     const char* code = Code(t.dtype);
     if (!code) {
       throw Error(ErrorCode::kUnsupported, a.path(), std::nullopt,
@@ -150,7 +186,7 @@ std::vector<std::string> ExportSafetensors(const ArchiveFile& a, const std::stri
       shape.back() *= 2;
     }
     if (json.size() > 1) json += ',';
-    json += nlohmann::json(flat(t)).dump();
+    json += nlohmann::json(keys[i]).dump();
     json += ':';
     json +=
         nlohmann::ordered_json{{"dtype", code}, {"shape", shape}, {"data_offsets", {offset, end}}}
