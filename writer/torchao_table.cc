@@ -21,6 +21,11 @@ constexpr std::string_view kGranularity = "torchao.quantization.granularity";
 
 // Checked against the pinned torchao by tests/python/test_torchao_transformers.py,
 // as python/tsar/_torchao.py's CLASSES is by test_torchao_groups.py.
+// tests/python/test_torchao_pack.py reads the rows of Table(), Enums(),
+// Records() and IsTorchDTypeName()'s kNames as text and compares them with
+// _torchao.py's (the records' fields with the pinned torchao's, the dtype
+// names with torch's): keep them braced lists of string literals, the k
+// constants of this file and booleans.
 const std::vector<Class>& Table() {
   static const std::vector<Class> table = {
       {"Int8Tensor",
@@ -239,26 +244,37 @@ const std::vector<Class>& Classes() { return Table(); }
 
 const std::vector<Named>& Enums() {
   static const std::vector<Named> enums = {
-      {"MappingType", "torchao.quantization.quant_primitives"},
-      {"KernelPreference", "torchao.quantization.quantize_.common.kernel_preference"},
+      {"MappingType", "torchao.quantization.quant_primitives", false, {}},
+      {"KernelPreference", "torchao.quantization.quantize_.common.kernel_preference", false, {}},
       {"IntxUnpackedToInt8TensorActivationQuantization",
-       "torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor"},
+       "torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor",
+       false,
+       {}},
   };
   return enums;
 }
 
 const std::vector<Named>& Records() {
   static const std::vector<Named> records = {
-      {"PerRow", kGranularity},
-      {"PerTensor", kGranularity},
-      {"PerGroup", kGranularity},
-      {"PerAxis", kGranularity},
-      {"PerBlock", kGranularity},
-      {"PerToken", kGranularity},
-      {"QuantizeTensorToInt8Kwargs", "torchao.quantization.quantize_.workflows.int8.int8_tensor"},
+      {"PerRow", kGranularity, false, {"dim"}},
+      {"PerTensor", kGranularity, false, {}},
+      {"PerGroup", kGranularity, false, {"group_size"}},
+      {"PerAxis", kGranularity, false, {"axis"}},
+      {"PerBlock", kGranularity, false, {"block_size"}},
+      {"PerToken", kGranularity, false, {}},
+      {"QuantizeTensorToInt8Kwargs",
+       "torchao.quantization.quantize_.workflows.int8.int8_tensor",
+       false,
+       {"granularity", "mapping_type", "reduce_range"}},
       {"QuantizeTensorToFloat8Kwargs",
-       "torchao.quantization.quantize_.workflows.float8.float8_tensor"},
-      {"Float8MMConfig", "torchao.float8.inference"},
+       "torchao.quantization.quantize_.workflows.float8.float8_tensor",
+       false,
+       {"float8_dtype", "granularity", "mm_config", "hp_value_lb", "hp_value_ub",
+        "kernel_preference"}},
+      {"Float8MMConfig",
+       "torchao.float8.inference",
+       true,
+       {"emulate", "use_fast_accum", "pad_inner_dim"}},
   };
   return records;
 }
@@ -339,6 +355,20 @@ std::optional<double> ParseFloatHex(std::string_view t) {
   const double v = std::strtod(text.c_str(), &end);
   if (end != text.c_str() + text.size() || std::isinf(v)) return std::nullopt;
   return v;
+}
+
+bool IsTorchDTypeName(std::string_view name) {
+  // str(d) of every torch.dtype d of torch 2.15, without "torch.".
+  // clang-format off
+  static constexpr std::string_view kNames[] = {
+      "bcomplex32", "bfloat16", "bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "bool",
+      "complex128", "complex32", "complex64", "float16", "float32", "float4_e2m1fn_x2", "float64",
+      "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+      "int1", "int16", "int2", "int3", "int32", "int4", "int5", "int6", "int64", "int7", "int8",
+      "qint32", "qint8", "quint2x4", "quint4x2", "quint8", "uint1", "uint16", "uint2", "uint3",
+      "uint32", "uint4", "uint5", "uint6", "uint64", "uint7", "uint8"};
+  // clang-format on
+  return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
 }
 
 std::optional<DType> DTypeOfName(std::string_view name) {

@@ -66,6 +66,11 @@ struct Class {
 struct Named {
   std::string_view name;    // "MappingType"
   std::string_view module;  // "torchao.quantization.quant_primitives"
+  // Records: a named tuple (pickled as NEWOBJ of its class with its fields,
+  // in this order) or a dataclass (NEWOBJ with (), then BUILD of its
+  // __dict__, which holds exactly these fields), and its fields.
+  bool named_tuple = false;
+  std::vector<std::string_view> fields;
 };
 
 const std::vector<Class>& Classes();
@@ -96,6 +101,10 @@ std::string FloatHex(double x);
 // Python's float.fromhex() of what FloatHex writes (spec §4.13.2's float
 // text); nullopt for any other text, or a value beyond binary64's range.
 std::optional<double> ParseFloatHex(std::string_view text);
+
+// Whether `name` is what str(dtype) writes after "torch." for a dtype of
+// PyTorch (2.15): "bfloat16", "int4"; not an alias ("float", "half").
+bool IsTorchDTypeName(std::string_view name);
 
 // The dtype a ["dtype", N] value names when tsar has a code for it
 // (DTypeFromName without the aliases), or nullopt ("int4" has none).
