@@ -62,6 +62,8 @@ endfunction()
 # The restricted pickle reader; the safetensors and HDF5 importers.
 tsar_fixture_suite(tsar_pickle_tests writer/pickle_test.cc pickles
   ${CMAKE_CURRENT_SOURCE_DIR}/writer/make_pickle_fixtures.py ${CMAKE_BINARY_DIR}/pickle_fixtures TSAR_PICKLE_FIXTURES)
+# torchao's tensors in hand-written pickles (no fixture: in the same suite).
+target_sources(tsar_pickle_tests PRIVATE writer/pickle_torchao_test.cc)
 tsar_fixture_suite(tsar_import_tests writer/import_test.cc imports
   ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/make_import_fixtures.py ${CMAKE_BINARY_DIR}/import_fixtures TSAR_IMPORT_FIXTURES)
 

@@ -1,6 +1,8 @@
 // The importer of Python torch.save zip files, without LibTorch: the zip is
 // read with minizip (writer/zip_reader.h), data.pkl with our restricted
-// pickle reader (writer/pickle.h), which never executes anything.
+// pickle reader (writer/pickle.h), which never executes anything. A
+// torchao quantized tensor in a state_dict becomes a tensor group (spec
+// §4.13) where the reader's table knows its class (writer/torchao_table.h).
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <unordered_set>
@@ -11,6 +13,7 @@
 #include "writer/importer.h"
 #include "writer/json_util.h"
 #include "writer/pickle.h"
+#include "writer/torchao_table.h"
 #include "writer/zip_reader.h"
 
 namespace tsar::importer {
@@ -52,12 +55,13 @@ struct Walker {
     return out;
   }
 
-  // A state_dict: a non-empty dict of tensors with str keys. It becomes an
-  // entry; every other tensor goes to the entry of loose tensors.
+  // A state_dict: a non-empty dict of tensors and torchao tensors (tensor
+  // groups, spec §4.13) with str keys. It becomes an entry; every other
+  // tensor goes to the entry of loose tensors.
   static bool IsTensorDict(const pickle::Value& v) {
     if (v.kind != pickle::Value::Kind::kDict || v.items.empty()) return false;
     for (size_t k = 0; k < v.items.size(); ++k) {
-      if (v.items[k].kind != pickle::Value::Kind::kTensor ||
+      if ((v.items[k].kind != pickle::Value::Kind::kTensor && !v.items[k].group) ||
           v.key_values[k].kind != pickle::Value::Kind::kString)
         return false;
     }
@@ -131,11 +135,27 @@ struct Walker {
         return v.kind == K::kList ? Value::List(std::move(items)) : Value::Tuple(std::move(items));
       }
       case K::kOpaque: {
+        const std::string what =
+            where.empty() ? std::string("the top object") : format::Quote(where);
+        // A torchao tensor is a group only where an entry holds it (a tree
+        // cannot name a group, spec §4.13.3); elsewhere, or when tsar's
+        // table does not know it, it stays a fragment and its inner tensors
+        // loose tensors, with a note.
+        const std::string why =
+            v.group ? "a torchao " + v.group->cls +
+                          " is stored as a tensor group only in a state_dict (a dict of tensors)"
+                    : v.not_group;
         if (options.strict) {
           Bad(path, std::nullopt,
-              (where.empty() ? std::string("the top object") : format::Quote(where)) + ": a " +
-                  v.str +
-                  " object would be kept as an opaque pickle fragment, which --strict refuses");
+              what + ": a " + v.str +
+                  " object would be kept as an opaque pickle fragment, which --strict refuses" +
+                  (why.empty() ? "" : " (" + why + ")"));
+        }
+        if (!why.empty()) {
+          out.skipped.push_back(what +
+                                ": kept as an opaque pickle fragment, its tensors loose, "
+                                "not as a tensor group: " +
+                                why);
         }
         std::vector<Value> items;
         for (size_t k = 0; k < v.items.size(); ++k)
@@ -164,9 +184,13 @@ struct Walker {
   }
 
   void Entry(const std::string& name, const pickle::Value& dict) {
-    Imported::Entry e{name, {}};
+    Imported::Entry e{name, {}, {}};
     for (size_t i = 0; i < dict.items.size(); ++i) {
       const auto& t = dict.items[i];
+      if (t.group) {
+        e.groups.push_back(Group(dict.keys[i], t, e.tensors.size()));
+        continue;
+      }
       e.tensors.push_back({dict.keys[i], Tensor(t, dict.keys[i]),
                            t.tensor.is_parameter ? Role::kParameter : Role::kTensor});
       placed.emplace(t.tensor.object, std::make_pair(name, dict.keys[i]));
@@ -178,6 +202,23 @@ struct Walker {
       // restores it when the archive has no tree of its own.
       out.metadata.push_back({name, "torch._metadata", ToJson(*md).dump()});
     }
+  }
+
+  // The tensor group (spec §4.13) of torchao tensor `v` (a kOpaque value
+  // with a group), named `name` in its entry, before tensors[before]: its
+  // members are the value's items, named "<name>.<member>".
+  Imported::Group Group(const std::string& name, const pickle::Value& v, size_t before) const {
+    const pickle::Group& g = *v.group;
+    Imported::Group out{name, {}, before};
+    out.group.layout = format::SparseLayout::kGroup;
+    out.group.dtype = *torchao::DTypeOfName(g.dtype);  // the reader took only such a dtype
+    out.group.sizes = g.sizes;
+    out.group.strides = g.strides;
+    out.group.description = g.description;
+    for (const auto& [member, item] : g.members) {
+      out.group.components.emplace_back("." + member, Tensor(v.items[item], name + "." + member));
+    }
+    return out;
   }
 
   static nlohmann::ordered_json ToJson(const pickle::Value& v) {

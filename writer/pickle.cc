@@ -277,6 +277,7 @@ Result Machine::Run() {
                " more bytes");
         Result result;
         converted_.assign(nodes_.size(), false);
+        typed_.assign(nodes_.size(), false);
         result.root = Convert(stack_[0], 0);
         result.storages = std::move(storages_);
         return result;

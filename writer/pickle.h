@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tsar::pickle {
@@ -36,6 +37,25 @@ struct TensorRef {
   bool is_parameter = false;  // rebuilt through torch._utils._rebuild_parameter*
   // The Python object it is: equal for every reference to one tensor object.
   uint32_t object = 0;
+};
+
+// A torchao quantized tensor (a tensor group of format 1.5, spec §4.13) that
+// a kOpaque value is the pickle of, as tsar stores it: read through tsar's
+// table of torchao classes, enums and records (writer/torchao_table.h), never
+// by running anything (writer/pickle_torchao.cc).
+struct Group {
+  std::string cls;  // the class's name in the table ("Int8Tensor")
+  // Each member's name and the index of its tensor among the opaque
+  // value's items, in the group's order (the class's tensors, then its
+  // optional tensors that are there).
+  std::vector<std::pair<std::string, size_t>> members;
+  std::string dtype;  // the outer dtype (tsar::DTypeName)
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  // The description (spec §4.13.2) as python/tsar/_torchao.py's describe()
+  // writes it for the same tensor, but "version": "unknown" (a pickle does
+  // not record which torchao wrote it).
+  std::string description;
 };
 
 // A node of the unpickled object tree. Copyable; children are owned by value.
@@ -74,6 +94,11 @@ struct Value {
   // Attributes a BUILD opcode set on a dict object (an OrderedDict state_dict's
   // "_metadata" lives here), as a kDict; null when there were none.
   std::shared_ptr<const Value> attributes;
+  // kOpaque: the torchao tensor it is, when tsar can store it as a tensor
+  // group; else null, and `not_group` says why a tensor of a torchao class
+  // is not one ("" for everything else).
+  std::shared_ptr<const Group> group;
+  std::string not_group;
 
   // The value stored under the str or int key `key` in a kDict, or nullptr.
   const Value* Find(std::string_view key) const;
@@ -103,9 +128,12 @@ inline constexpr uint64_t kMaxSharedBytes = uint64_t{64} << 20;
 // builtins.bytes for protocol-2 bytes. Every other global is never resolved:
 // what is built from it (an object, a set, a numpy scalar, a pickled module)
 // becomes a kOpaque value holding the opcodes that rebuild it, with the
-// tensors inside it as items. Supports pickle protocols 2 to 5 as torch.save
-// writes them. Dict keys may be any hashable value; a repeated str or int key
-// keeps its first position and takes the last value, as in Python.
+// tensors inside it as items. A torchao quantized tensor
+// (torch._tensor._rebuild_from_type_v2 of a class of writer/torchao_table.h)
+// is such a value too, with its Group beside it (Value::group). Supports
+// pickle protocols 2 to 5 as torch.save writes them. Dict keys may be any
+// hashable value; a repeated str or int key keeps its first position and
+// takes the last value, as in Python.
 // Throws tsar::Error: kBadInput for malformed or refused input (the offset is
 // that of the offending opcode), kOverflow when a tensor's extent overflows,
 // kUnsupported for valid but unsupported input (conj/neg bits, a storage used

@@ -1,8 +1,9 @@
 // The restricted pickle machine's parts (writer/pickle.h is its interface):
 // the opcodes, the VM's objects, the allow-list of globals and the Machine,
-// whose members live in three files: writer/pickle.cc (the opcode loop, the
-// memo), writer/pickle_globals.cc (globals, calls, tensors and storages) and
-// writer/pickle_tree.cc (the tree handed out, and pickling objects back).
+// whose members live in four files: writer/pickle.cc (the opcode loop, the
+// memo), writer/pickle_globals.cc (globals, calls, tensors and storages),
+// writer/pickle_tree.cc (the tree handed out, and pickling objects back) and
+// writer/pickle_torchao.cc (torchao's tensors, read as tensor groups).
 // Internal to those files.
 #pragma once
 
@@ -271,6 +272,10 @@ class Machine {
   void RetypeStorage(uint32_t storage, uint32_t dtype_node, const std::string& name);
   void Charge(uint64_t bytes);
   Value Convert(uint32_t id, size_t depth);
+  // writer/pickle_torchao.cc: sets v.group (or v.not_group) when object `id`,
+  // converted to the opaque `v`, is a torchao tensor.
+  void TorchaoGroup(uint32_t id, Value& v);
+  friend class TorchaoReader;
 
   const uint8_t* data_;
   size_t size_;
@@ -295,6 +300,7 @@ class Machine {
   std::vector<StorageRef> storages_;
   std::unordered_map<std::string, uint32_t> storage_index_;
   std::vector<bool> converted_;  // by node id: copied into the tree already
+  std::vector<bool> typed_;      // by node id: read as a group's attribute already
   uint64_t shared_bytes_ = 0;
 };
 

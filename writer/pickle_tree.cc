@@ -108,6 +108,7 @@ Value Machine::Convert(uint32_t id, size_t depth) {
       Pickle(id, depth + 1, f);
       v.segments = std::move(f.segments);
       v.items = std::move(f.items);
+      if (n.kind == NodeKind::kObject) TorchaoGroup(id, v);
       break;
     }
     case NodeKind::kStorage:
