@@ -36,7 +36,8 @@ const std::vector<Class>& Table() {
        {"act_quant_kwargs", "reduce_range"},
        OuterShape::kFirstTensor,
        OuterDtype::kDtypeAttribute,
-       {}},
+       {},
+       {{"act_quant_kwargs", "null"}, {"reduce_range", "false"}}},
       {"IntxUnpackedToInt8Tensor",
        kQuantization,
        {"qdata", "scale", "zero_point"},
@@ -54,7 +55,12 @@ const std::vector<Class>& Table() {
        {"block_size", "mm_config", "act_quant_kwargs", "kernel_preference", "dtype"},
        OuterShape::kFirstTensor,
        OuterDtype::kDtypeAttribute,
-       {}},
+       {},
+       {{"block_size", "null"},
+        {"mm_config", "null"},
+        {"act_quant_kwargs", "null"},
+        {"kernel_preference", "[\"enum\",\"KernelPreference\",\"AUTO\"]"},
+        {"dtype", "null"}}},
       {"Int4Tensor",
        kQuantization,
        {"qdata", "scale", "zero_point"},
@@ -63,7 +69,8 @@ const std::vector<Class>& Table() {
        {"activation_dtype"},
        OuterShape::kShapeAttribute,
        OuterDtype::kMemberDtype,
-       "scale"},
+       "scale",
+       {{"activation_dtype", "[\"dtype\",\"bfloat16\"]"}}},
       {"Int4PlainInt32Tensor",
        kQuantization,
        {"qdata", "scale", "zero_point"},
@@ -238,6 +245,13 @@ bool Class::TakesTensor(std::string_view member) const {
 
 bool Class::TakesAttribute(std::string_view attribute) const {
   return Has(attributes, attribute) || Has(optional_attributes, attribute);
+}
+
+std::optional<nlohmann::json> Class::Default(std::string_view attribute) const {
+  for (const auto& [name, text] : defaults) {
+    if (name == attribute) return nlohmann::json::parse(text);
+  }
+  return std::nullopt;
 }
 
 const std::vector<Class>& Classes() { return Table(); }

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tsar/dtype.h"
@@ -57,9 +58,16 @@ struct Class {
   OuterShape shape = OuterShape::kFirstTensor;
   OuterDtype dtype = OuterDtype::kDtypeAttribute;
   std::string_view dtype_member;  // kMemberDtype only
+  // The value an instance made without each optional attribute holds (its
+  // __init__'s default, as __init__ stores it: Int4Tensor's activation_dtype
+  // None becomes bfloat16), as a typed value's JSON text: what the group of a
+  // description that leaves it out holds (the .pt exporter pickles it).
+  std::vector<std::pair<std::string_view, std::string_view>> defaults = {};
 
   bool TakesTensor(std::string_view member) const;
   bool TakesAttribute(std::string_view attribute) const;
+  // The typed value of defaults for `attribute`, or nullopt.
+  std::optional<nlohmann::json> Default(std::string_view attribute) const;
 };
 
 // An enum or a record (a dataclass or named tuple) an attribute may hold.
