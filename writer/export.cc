@@ -45,8 +45,9 @@ std::optional<uint64_t> ContiguousBytes(const TensorInfo& t) {
 std::vector<std::string> Export(const ArchiveFile& archive, const std::string& path, Format format,
                                 const ExportOptions& options) {
   // Tensor groups (spec §4.13): safetensors in torchao's layout, which
-  // transformers' from_pretrained reads (ExportSafetensors); torch.save and
-  // HDF5 refuse them.
+  // transformers' from_pretrained reads (ExportSafetensors); torch.save
+  // files as torch.save pickles the torchao tensor (ExportTorchSave); HDF5
+  // refuses them.
   std::unordered_set<std::string> members;  // "entry\0name"
   std::string groups;
   for (const auto& e : archive.entries()) {
@@ -55,18 +56,10 @@ std::vector<std::string> Export(const ArchiveFile& archive, const std::string& p
       for (const auto& m : g.members) members.insert(e + '\0' + m);
     }
   }
-  if (!groups.empty() && format == Format::kTorchSave) {
-    throw Error(ErrorCode::kUnsupported, archive.path(), std::nullopt,
-                "the archive holds tensor groups (torchao quantized tensors: " + groups +
-                    "), which tsar does not write as a torch.save file (torch.save pickles "
-                    "their classes); export to .safetensors, which writes them in torchao's "
-                    "layout that transformers' from_pretrained reads, or save "
-                    "tsar.open(ARCHIVE).state_dict() with torch.save in Python");
-  }
   if (!groups.empty() && format == Format::kHdf5) {
     throw Error(ErrorCode::kUnsupported, archive.path(), std::nullopt,
                 "the archive holds tensor groups (torchao quantized tensors: " + groups +
-                    "), which HDF5 cannot express; export to .safetensors");
+                    "), which HDF5 cannot express; export to .safetensors or .pt");
   }
   // Sparse tensors: torch.save files get their component tensors (with a
   // note); safetensors and HDF5 have no way to say they belong together.

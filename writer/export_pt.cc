@@ -4,13 +4,17 @@
 // stay shared: tensors that share a tsar storage reference one record.
 #include <caffe2/serialize/inline_container.h>
 
+#include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "format/reader.h"
+#include "format/spec.h"
 #include "tsar/value.h"
 #include "writer/atomic_file.h"
 #include "writer/export_internal.h"
 #include "writer/pickler.h"
+#include "writer/torchao_table.h"
 
 namespace tsar::exporter {
 namespace {
@@ -47,6 +51,82 @@ const char* StorageClass(DType dt) {
   }
 }
 
+// A tensor group (spec §4.13) as torch.save pickles its torchao tensor:
+// _rebuild_from_type_v2(_rebuild_wrapper_subclass, Class, (Class, dtype,
+// sizes, strides, 0, torch.strided, cpu, False), state), where state is the
+// instance's __dict__: every inner tensor of the class (None for an optional
+// one the group lacks) and every attribute but `dtype` and `shape`, which
+// the wrapper holds (what each class's __init__ sets, torchao 0.18).
+struct GroupPlan {
+  const GroupInfo* info;
+  torchao::Description d;
+  const torchao::Class* cls;
+};
+
+// Each group of `a` checked against tsar's table, by "entry\0first member";
+// throws kUnsupported / kInvalidValue naming the group.
+std::unordered_map<std::string, GroupPlan> PlanGroups(const ArchiveFile& a,
+                                                      const std::vector<GroupInfo>& groups) {
+  std::unordered_map<std::string, GroupPlan> out;
+  for (const GroupInfo& g : groups) {
+    torchao::Description d = torchao::ParseDescription(g.name, g.description);
+    const std::string here = "group " + format::Quote(g.entry + "/" + g.name) + " (a " +
+                             d.library + " " + d.cls + ", written by " + d.library + " " +
+                             d.version + ")";
+    const auto refuse = [&](ErrorCode code, const std::string& why) {
+      return Error(code, a.path(), std::nullopt, here + ": " + why);
+    };
+    const torchao::Class* cls =
+        d.library == torchao::kLibrary ? torchao::FindClass(d.cls) : nullptr;
+    if (!cls) {
+      throw refuse(ErrorCode::kUnsupported, "not in tsar's table of torchao classes (" +
+                                                torchao::ClassNames() +
+                                                "), so tsar cannot write it as torch.save does");
+    }
+    if (d.members.size() != g.members.size() || g.members.empty()) {
+      throw refuse(ErrorCode::kInvalidValue,
+                   "description: members: expected " + std::to_string(g.members.size()) +
+                       " names, one per member tensor, found " + std::to_string(d.members.size()));
+    }
+    for (const std::string& m : d.members) {
+      if (!cls->TakesTensor(m)) {
+        throw refuse(ErrorCode::kInvalidValue,
+                     "member " + format::Quote(m) + " is not an inner tensor of " + d.cls);
+      }
+    }
+    for (const auto list : {&cls->tensors, &cls->attributes, &cls->optional_attributes}) {
+      for (const std::string_view n : *list) {
+        const std::string name(n);
+        const bool tensor = list == &cls->tensors;
+        const bool has = tensor ? std::find(d.members.begin(), d.members.end(), name) !=
+                                      d.members.end()
+                                : d.attributes.contains(name);
+        if (has) continue;
+        // An optional attribute left out: the value the class's __init__
+        // stores without it.
+        if (list == &cls->optional_attributes) {
+          if (std::optional<nlohmann::json> v = cls->Default(n)) {
+            d.attributes[name] = std::move(*v);
+            continue;
+          }
+        }
+        throw refuse(ErrorCode::kInvalidValue,
+                     "lacks " + std::string(tensor ? "member " : "attribute ") +
+                         format::Quote(name) + ", which " + d.cls + " holds");
+      }
+    }
+    for (const auto& [k, v] : d.attributes.items()) {
+      if (!cls->TakesAttribute(k)) {
+        throw refuse(ErrorCode::kInvalidValue,
+                     "attribute " + format::Quote(k) + " is not one " + d.cls + " takes");
+      }
+    }
+    const std::string key = g.entry + '\0' + g.members[0];
+    out.emplace(key, GroupPlan{&g, std::move(d), cls});
+  }
+  return out;
+}
+
 // Writes an archive's value tree (spec §4.10; the implied tree of §4.10.3 for
 // an archive without one) as the pickle torch.load reads: each tensor as
 // torch.save writes it, once (a second reference is a memo lookup, so it is
@@ -54,8 +134,12 @@ const char* StorageClass(DType dt) {
 class TreeWriter {
  public:
   TreeWriter(const ArchiveFile& a, const std::vector<TensorInfo>& infos,
-             const std::vector<StorageInfo>& storages, pickle::Pickler& p)
-      : a_(a), p_(p), infos_(infos), storages_(storages) {
+             const std::vector<StorageInfo>& storages,
+             const std::unordered_map<std::string, GroupPlan>& groups, pickle::Pickler& p)
+      : a_(a), p_(p), infos_(infos), storages_(storages), groups_(groups) {
+    for (const auto& [key, g] : groups) {
+      for (const auto& m : g.info->members) members_.insert(g.info->entry + '\0' + m);
+    }
     for (uint32_t i = 0; i < infos.size(); ++i) {
       const auto& t = infos[i];
       index_.emplace(t.entry + '\0' + t.name, i);
@@ -118,8 +202,17 @@ class TreeWriter {
         bool any = false;
         for (uint32_t i : by_entry_[v.entry()]) {
           const TensorInfo& t = infos_[i];
+          const std::string key = t.entry + '\0' + t.name;
+          // A group stands where its first member does, its members only in it.
+          const auto g = groups_.find(key);
+          if (g == groups_.end() && members_.count(key)) continue;
           if (!any) p_.Mark();
           any = true;
+          if (g != groups_.end()) {
+            p_.Str(g->second.info->name);
+            Group(g->second);
+            continue;
+          }
           p_.Str(t.name);
           Tensor(t.entry, t.name);
         }
@@ -150,6 +243,147 @@ class TreeWriter {
   }
 
  private:
+  void Group(const GroupPlan& g) {
+    const std::string module(g.cls->module), cls(g.cls->name);
+    p_.Global("torch._tensor", "_rebuild_from_type_v2");
+    p_.Mark();
+    p_.Global("torch._utils", "_rebuild_wrapper_subclass");
+    p_.Global(module, cls);
+    p_.Mark();
+    {
+      p_.Global(module, cls);
+      p_.Global("torch", std::string(DTypeName(g.info->dtype)));
+      p_.Mark();
+      for (int64_t s : g.info->sizes) p_.Int(s);
+      p_.Tuple();
+      p_.Mark();
+      for (int64_t s : g.info->strides) p_.Int(s);
+      p_.Tuple();
+      p_.Int(0);
+      p_.Global("torch.serialization", "_get_layout");
+      p_.Mark();
+      p_.Str("torch.strided");
+      p_.Tuple();
+      p_.Reduce();
+      p_.Global("torch", "device");
+      p_.Mark();
+      p_.Str("cpu");
+      p_.Tuple();
+      p_.Reduce();
+      p_.Bool(false);
+    }
+    p_.Tuple();
+    p_.EmptyDict();
+    p_.Mark();
+    for (const auto list : {&g.cls->tensors, &g.cls->optional_tensors}) {
+      for (const std::string_view n : *list) {
+        p_.Str(std::string(n));
+        const auto at = std::find(g.d.members.begin(), g.d.members.end(), n);
+        if (at == g.d.members.end()) {
+          p_.None();
+        } else {
+          Tensor(g.info->entry, g.info->members[at - g.d.members.begin()]);
+        }
+      }
+    }
+    for (const auto list : {&g.cls->attributes, &g.cls->optional_attributes}) {
+      for (const std::string_view n : *list) {
+        if (n == "dtype" || n == "shape") continue;  // the wrapper's
+        const std::string name(n);
+        p_.Str(name);
+        Attribute(g.d.attributes[name], g.info->name, "attribute " + format::Quote(name));
+      }
+    }
+    p_.SetItems();
+    p_.Tuple();
+    p_.Reduce();
+  }
+
+  // A typed value (spec §4.13.2, checked by ParseDescription) as the Python
+  // object torch.save pickles: its enums and records only through tsar's
+  // table.
+  void Attribute(const nlohmann::json& v, const std::string& group, const std::string& where) {
+    const auto fail = [&](const std::string& why) {
+      throw Error(ErrorCode::kInvalidValue, a_.path(), std::nullopt,
+                  "group " + format::Quote(group) + ": " + where + ": " + why);
+    };
+    if (v.is_null()) return p_.None();
+    if (v.is_boolean()) return p_.Bool(v.get<bool>());
+    if (v.is_number_integer()) return p_.Int(v.get<int64_t>());
+    if (v.is_string()) return p_.Str(v.get<std::string>());
+    const std::string& tag = v[0].get_ref<const std::string&>();
+    if (tag == "float") return p_.Float(*torchao::ParseFloatHex(v[1].get<std::string>()));
+    if (tag == "list") {
+      p_.EmptyList();
+      if (v[1].empty()) return;
+      p_.Mark();
+      for (const auto& x : v[1]) Attribute(x, group, where);
+      return p_.Appends();
+    }
+    if (tag == "tuple") {
+      p_.Mark();
+      for (const auto& x : v[1]) Attribute(x, group, where);
+      return p_.Tuple();
+    }
+    if (tag == "size") {  // torch.Size(tuple): its __reduce__
+      p_.Global("torch", "Size");
+      p_.Mark();
+      p_.Mark();
+      for (const auto& x : v[1]) p_.Int(x.get<int64_t>());
+      p_.Tuple();
+      p_.Tuple();
+      return p_.Reduce();
+    }
+    if (tag == "dtype") {
+      const std::string& name = v[1].get_ref<const std::string&>();
+      if (!torchao::IsTorchDTypeName(name)) fail("dtype " + format::Quote(name) + " is not torch's");
+      return p_.Global("torch", name);
+    }
+    const std::string& type = v[1].get_ref<const std::string&>();
+    if (tag == "enum") {  // getattr(Enum, "MEMBER"), as pickle writes an enum
+      const torchao::Named* e = torchao::FindEnum(type);
+      if (!e) fail("enum " + format::Quote(type) + " is not one of tsar's torchao table");
+      p_.Global("__builtin__", "getattr");
+      p_.Mark();
+      p_.Global(std::string(e->module), type);
+      p_.Str(v[2].get<std::string>());
+      p_.Tuple();
+      return p_.Reduce();
+    }
+    const torchao::Named* r = torchao::FindRecord(type);  // "record"
+    if (!r) fail("record " + format::Quote(type) + " is not one of tsar's torchao table");
+    const nlohmann::json& fields = v[2];
+    bool exact = fields.size() == r->fields.size();
+    for (const std::string_view f : r->fields) exact = exact && fields.contains(std::string(f));
+    if (!exact) {
+      std::string want;
+      for (const std::string_view f : r->fields) want += (want.empty() ? "" : ", ") + std::string(f);
+      fail("record " + type + ": expected the fields " + want + ", found " + fields.dump());
+    }
+    constexpr uint8_t kNewObj = 0x81;
+    p_.Global(std::string(r->module), type);
+    if (r->named_tuple) {  // cls.__new__(cls, *fields)
+      p_.Mark();
+      for (const std::string_view f : r->fields)
+        Attribute(fields[std::string(f)], group, where + "." + std::string(f));
+      p_.Tuple();
+      return p_.Op(kNewObj);
+    }
+    // A dataclass: cls.__new__(cls), then its __dict__.
+    p_.EmptyTuple();
+    p_.Op(kNewObj);
+    p_.EmptyDict();
+    if (!r->fields.empty()) {
+      p_.Mark();
+      for (const std::string_view f : r->fields) {
+        p_.Str(std::string(f));
+        Attribute(fields[std::string(f)], group, where + "." + std::string(f));
+      }
+      p_.SetItems();
+    }
+    p_.Build();
+  }
+
   void Tensor(const std::string& entry, const std::string& name) {
     const std::string key = entry + '\0' + name;
     if (auto it = memo_.find(key); it != memo_.end()) return p_.Get(it->second);
@@ -212,6 +446,8 @@ class TreeWriter {
   std::unordered_map<std::string, uint32_t> index_;  // "entry\0name" -> infos_ index
   std::unordered_map<std::string, uint32_t> memo_;   // tensors written: memo key
   std::unordered_map<std::string, std::vector<uint32_t>> by_entry_;  // entry -> infos_ indices
+  const std::unordered_map<std::string, GroupPlan>& groups_;  // by "entry\0first member"
+  std::unordered_set<std::string> members_;                   // "entry\0name" of every member
   uint32_t next_memo_ = 0;
 };
 
@@ -249,16 +485,25 @@ std::vector<std::string> ExportTorchSave(const ArchiveFile& a, const std::string
     root = std::move(state_dict);
   }
 
+  // Tensor groups: their torchao tensors, each where its first member stands.
+  std::vector<GroupInfo> groups;
+  for (const auto& e : a.entries()) {
+    for (auto& g : a.groups(e)) groups.push_back(std::move(g));
+  }
+  const std::unordered_map<std::string, GroupPlan> plans = PlanGroups(a, groups);
+
   std::string pkl;
   pickle::Pickler p(&pkl);
   p.Proto();
-  TreeWriter tree(a, infos, storages, p);
+  TreeWriter tree(a, infos, storages, plans, p);
   tree.Write(root);
   p.Stop();
   for (const auto& name : tree.Unwritten())
     notes.push_back("tensor " + name + ": not part of the archive's value tree; left out");
   for (const auto& e : a.entries()) {
     for (const auto& [k, v] : a.metadata_items(e)) {
+      // A group's description: its torchao tensor says it.
+      if (!groups.empty() && k.rfind(format::kGroupKeyPrefix, 0) == 0) continue;
       if (stored_tree || k != "torch._metadata")
         notes.push_back("entry " + e + " metadata " + k +
                         ": torch.save state_dicts have no place for it; left out");

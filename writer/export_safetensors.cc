@@ -9,6 +9,7 @@
 
 #include "format/endian.h"
 #include "format/reader.h"
+#include "format/spec.h"
 #include "writer/atomic_file.h"
 #include "writer/export_internal.h"
 #include "writer/pieces.h"

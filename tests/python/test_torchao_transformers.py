@@ -5,8 +5,9 @@ parameter, with the description Python's tsar would write for the same
 weight (writer/torchao_safetensors.cc, no Python at pack time);
 tsar.transformers.load_model binds it, and `tsar export -o x.safetensors`
 writes torchao's layout back, which from_pretrained reads with the archive's
-config.json, giving the same logits bit for bit. A .pt export is refused,
-naming the groups. torchao and transformers are pinned in
+config.json, giving the same logits bit for bit; `-o x.pt` pickles each group
+as torch.save pickles its torchao tensor. An .h5 export is refused, naming the
+groups. torchao and transformers are pinned in
 scripts/requirements.txt; without either these tests skip."""
 import json
 import os
@@ -145,16 +146,59 @@ def test_pack_stores_each_quantized_weight_as_a_group_and_export_gives_it_back(
     assert tsar.open(str(again))._a().groups("model") == groups
 
 
-def test_export_to_pt_refuses_groups_and_says_what_to_do(tmp_path, cli, base):
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_export_to_pt_pickles_each_group_as_torch_save_does(tmp_path, cli, base, config):
+    hf = tmp_path / "hf"
+    _quantized_dir(base, hf, config)
+    archive = tmp_path / "m.tsar"
+    run_cli(cli, "pack", hf, "-o", archive, "-q")
+    run_cli(cli, "export", archive, "-o", tmp_path / "m.pt", "-q")
+    reference = _reference(hf)
+    want = reference.state_dict()
+    # Its enums pickle through getattr, which weights_only=True refuses, as it
+    # refuses torch.save's own file of the same state_dict.
+    sd = torch.load(tmp_path / "m.pt", weights_only=False)
+    assert set(sd) == set(want)
+    for name, w in want.items():
+        got = sd[name]
+        assert type(got) is type(w), name
+        if name not in QUANTIZED:
+            assert torch.equal(got, w) and got.dtype == w.dtype, name
+            continue
+        assert got.shape == w.shape and got.dtype == w.dtype and got.stride() == w.stride()
+        names, context = got.__tensor_flatten__()
+        assert (names, context) == w.__tensor_flatten__(), name
+        for n in names:
+            assert torch.equal(getattr(got, n), getattr(w, n)), (name, n)
+        # The instance's __dict__ is what torch.load of torch.save's file gives
+        # (transformers' own markers aside).
+        assert sorted(got.__dict__) == sorted(k for k in w.__dict__ if not k.startswith("_is_"))
+    model = _reference(base)  # plain weights, replaced by the file's
+    model.load_state_dict(sd, assign=True)
+    assert type(model.model.layers[0].self_attn.q_proj.weight).__name__ == CONFIGS[config][1]
+    assert torch.equal(_logits(model), _logits(reference))
+
+
+def test_export_to_pt_of_a_description_without_optional_attributes(tmp_path, cli, samples):
+    """samples/valid/groups.tsar leaves Int8Tensor's optional attributes out:
+    the .pt holds what its __init__ stores without them, as tsar's rebuild."""
+    src = os.path.join(samples, "valid", "groups.tsar")
+    run_cli(cli, "export", src, "-o", tmp_path / "g.pt", "-q")
+    got = torch.load(tmp_path / "g.pt", weights_only=True)["0.weight"]
+    want = tsar.open(src).state_dict()["0.weight"]
+    assert type(got) is type(want)
+    assert got.__tensor_flatten__() == want.__tensor_flatten__()
+    assert torch.equal(got.dequantize(), want.dequantize())
+
+
+def test_export_to_h5_refuses_groups(tmp_path, cli, base):
     hf = tmp_path / "hf"
     _quantized_dir(base, hf, "int8_weight_only")
     archive = tmp_path / "m.tsar"
     run_cli(cli, "pack", hf, "-o", archive, "-q")
-    r = run_cli(cli, "export", archive, "-o", tmp_path / "m.pt", code=3)
-    assert "tensor groups" in r.stderr and QUANTIZED[0] in r.stderr and ".safetensors" in r.stderr
-    assert not (tmp_path / "m.pt").exists()
     r = run_cli(cli, "export", archive, "-o", tmp_path / "m.h5", code=3)
-    assert "tensor groups" in r.stderr
+    assert "tensor groups" in r.stderr and QUANTIZED[0] in r.stderr and ".safetensors" in r.stderr
+    assert not (tmp_path / "m.h5").exists()
 
 
 def test_a_sharded_checkpoint_groups_members_across_shards(tmp_path, cli, base):
