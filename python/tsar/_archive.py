@@ -118,7 +118,8 @@ class Archive:
 
             g = _groups.find(_groups.groups(self, entry or ""), name)
             if g is not None:
-                return _groups.rebuild(self.path, g, {m: self._a().tensor(m, entry or "")
+                impl = self._a()
+                return _groups.rebuild(self.path, g, {m: impl.tensor(m, entry or "")
                                                       for m in g.members})
         return self._a().tensor(name, entry or "")
 

@@ -84,12 +84,13 @@ def find(rows: List[GroupRow], name: str):
 
 
 def _owner(module: torch.nn.Module, name: str):
-    """(submodule, attribute) that module name ``name`` is, or None."""
-    prefix, _, attr = name.rpartition(".")
-    try:
-        m = module.get_submodule(prefix) if prefix else module
-    except AttributeError:
-        return None
+    """(submodule, attribute) that module name ``name`` (one state_items
+    listed, so each step is a child) is: through the _modules dicts, as
+    state_dict() walks them (get_submodule costs 10 us a name)."""
+    *path, attr = name.split(".")
+    m = module
+    for part in path:
+        m = m._modules[part]
     return m, attr
 
 
@@ -132,8 +133,9 @@ def make(archive, entry: str, p: Plan, device: str) -> List[Tuple[str, torch.Ten
     anything changes, so that a group torchao refuses leaves the module as
     it was. On a ``device``, its members are copied there first."""
     made = []
+    impl = archive._a()
     for name, g in p.assign:
-        tensors = {m: archive.tensor(m, entry) for m in g.members}
+        tensors = {m: impl.tensor(m, entry) for m in g.members}
         if device:
             tensors = {m: t.to(device) for m, t in tensors.items()}
         made.append((name, rebuild(archive.path, g, tensors)))
@@ -148,7 +150,11 @@ def put(module: torch.nn.Module, made: List[Tuple[str, torch.Tensor]]) -> List[s
     for name, t in made:
         owner, attr = _owner(module, name)
         if attr in owner._parameters:
-            owner._parameters[attr] = torch.nn.Parameter(t, requires_grad=False)
+            # What Parameter(t, requires_grad=False) makes of a tensor
+            # subclass, less its detach(): t is new, no one else holds it.
+            t.requires_grad_(False)
+            t._is_param = True
+            owner._parameters[attr] = t
         else:
             owner._buffers[attr] = t
     return [name for name, _ in made]

@@ -9,7 +9,6 @@ from typing import List, NamedTuple, Optional, Sequence
 import torch
 
 from . import _backend
-from ._errors import Error, ErrorCode
 
 _ROLE_TENSOR, _ROLE_PARAMETER, _ROLE_BUFFER = 0, 1, 2
 _INT64 = (-(2**63), 2**63 - 1)

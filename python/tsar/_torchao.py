@@ -166,17 +166,14 @@ def describe(g: Group) -> str:
                       sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _no_constant(name):
-    raise ValueError(f"{name} is not JSON")
+# Descriptions already found well-formed, by text (the decoder makes fresh
+# values from them each time: nothing read from here is handed out).
+_PARSED: Dict[str, dict] = {}
 
 
-def parse(name: str, text: str, tensors: Dict[str, torch.Tensor], shape, stride,
-          dtype: torch.dtype) -> Group:
-    """The Group that a description (spec §4.13.2) and the group record's
-    members, shape, stride and dtype make. ``tensors`` maps each member's
-    archive name (``w.qdata``) to its tensor, in component order.
-    tsar.Error naming the group: INVALID_VALUE for a description that breaks
-    the grammar, UNSUPPORTED for a library other than torchao."""
+def _parsed(name: str, text: str, count: int) -> dict:
+    """The description ``text`` as JSON of spec §4.13.2's form, for a group
+    of ``count`` members; tsar.Error naming ``name`` otherwise."""
     def fail(why):
         return Error(f"tensor {name!r}: description (spec §4.13.2): {why}",
                      ErrorCode.INVALID_VALUE)
@@ -195,12 +192,41 @@ def parse(name: str, text: str, tensors: Dict[str, torch.Tensor], shape, stride,
         raise Error(f"tensor {name!r}: a {d['library']} {d['class']} (version {d['version']}): "
                     f"tsar rebuilds {LIBRARY}'s classes only", ErrorCode.UNSUPPORTED)
     members = d["members"]
-    if type(members) is not list or len(members) != len(tensors) or \
+    if type(members) is not list or len(members) != count or \
             any(type(m) is not str or not m for m in members) or len(set(members)) != len(members):
-        raise fail(f"members: expected {len(tensors)} distinct non-empty names, one per member "
+        raise fail(f"members: expected {count} distinct non-empty names, one per member "
                    f"tensor, found {members!r}")
     if type(d["attributes"]) is not dict:
         raise fail(f"attributes: expected an object, found {type(d['attributes']).__name__}")
+    return d
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse(name: str, text: str, tensors: Dict[str, torch.Tensor], shape, stride,
+          dtype: torch.dtype) -> Group:
+    """The Group that a description (spec §4.13.2) and the group record's
+    members, shape, stride and dtype make. ``tensors`` maps each member's
+    archive name (``w.qdata``) to its tensor, in component order.
+    tsar.Error naming the group: INVALID_VALUE for a description that breaks
+    the grammar, UNSUPPORTED for a library other than torchao."""
+    def fail(why):
+        return Error(f"tensor {name!r}: description (spec §4.13.2): {why}",
+                     ErrorCode.INVALID_VALUE)
+
+    d = _PARSED.get(text)
+    if d is None:
+        d = _parsed(name, text, len(tensors))
+        if len(text) <= 4096:  # bounded, as _CHECKED: torchao's are ~200 bytes
+            if len(_PARSED) >= 4096:
+                _PARSED.clear()
+            _PARSED[text] = d
+    elif len(d["members"]) != len(tensors):
+        raise fail(f"members: expected {len(tensors)} distinct non-empty names, one per member "
+                   f"tensor, found {d['members']!r}")
+    members = d["members"]
     return Group(d["class"], dict(zip(members, tensors.values())), d["attributes"], tuple(shape),
                  tuple(stride), dtype, d["version"])
 
@@ -232,9 +258,17 @@ def encode(value, where: str = "value"):
                 "and records of tsar's torchao table)", ErrorCode.UNSUPPORTED)
 
 
+_IMPORTED: Dict[Tuple[str, str], Any] = {}
+
+
 def _import(module: str, name: str):
-    """``name`` of ``module``, both from tsar's tables, never from a file."""
-    return getattr(importlib.import_module(module), name)
+    """``name`` of ``module``, both from tsar's tables, never from a file
+    (kept: a bind looks up one class per quantized weight)."""
+    key = (module, name)
+    found = _IMPORTED.get(key)
+    if found is None:
+        found = _IMPORTED[key] = getattr(importlib.import_module(module), name)
+    return found
 
 
 class _Decoder:
@@ -247,7 +281,8 @@ class _Decoder:
         self.depth = 0
 
     def fail(self, why: str) -> Error:
-        return Error(f"{self.where}: {why}", ErrorCode.INVALID_VALUE)
+        where = self.where() if callable(self.where) else self.where
+        return Error(f"{where}: {why}", ErrorCode.INVALID_VALUE)
 
     def __call__(self, tree):
         if type(tree) is int and not -2**63 <= tree < 2**63:
@@ -314,7 +349,43 @@ def rebuild(name: str, group: Group) -> torch.Tensor:
     class and the torchao version that wrote it: UNSUPPORTED for a class not
     in the table or without torchao, INVALID_VALUE for attributes or inner
     tensors this torchao's class does not take."""
-    written = f"written by torchao {group.torchao}"
+    written = "written by torchao " + group.torchao
+    cls, row = _checked(name, group, written)
+
+    def here():  # made only for a message
+        return f"tensor {name!r} ({group.cls}, {written}, read with torchao {_torchao_version()})"
+
+    decode = _Decoder(here)
+    attributes = {k: decode(v) for k, v in group.attributes.items()}
+    for k in row.optional_attributes:  # absent: the constructor's default
+        if k not in attributes:
+            attributes[k] = _default(cls, k)
+    try:
+        out = cls.__tensor_unflatten__(dict(group.tensors), attributes, torch.Size(group.shape),
+                                       tuple(group.stride))
+    except Exception as e:  # noqa: BLE001 - torchao's own checks, reported as the file's fault
+        raise Error(f"{here()}: torchao refused its inner tensors and attributes: "
+                    f"{type(e).__name__}: {e}", ErrorCode.INVALID_VALUE) from None
+    if tuple(out.shape) != tuple(group.shape) or out.dtype != group.dtype:
+        raise Error(f"{here()}: rebuilt as {list(out.shape)} {out.dtype}, expected "
+                    f"{list(group.shape)} {group.dtype}", ErrorCode.INVALID_VALUE)
+    return out
+
+
+# What _checked found right, by (class, version, tensor names, attribute
+# names): a model's quantized weights share a handful of such forms, and a
+# bind rebuilds one weight per linear layer. Bounded: a hostile archive of
+# a million forms cannot grow it without end.
+_CHECKED: Dict[tuple, tuple] = {}
+
+
+def _checked(name: str, group: Group, written: str):
+    """(class, its CLASSES row) for ``group``, whose inner tensors and
+    attributes that row takes; tsar.Error naming ``name`` otherwise."""
+    key = (group.cls, group.torchao, tuple(group.tensors), tuple(group.attributes))
+    found = _CHECKED.get(key)
+    if found is not None:
+        return found
     row = CLASSES.get(group.cls)
     if row is None:
         raise Error(f"tensor {name!r}: class {group.cls!r} ({written}) is not in tsar's table "
@@ -335,24 +406,20 @@ def rebuild(name: str, group: Group) -> torch.Tensor:
             s for s in (missing and f"missing {', '.join(missing)}",
                         extra and f"this torchao's class does not take {', '.join(extra)}") if s),
                     ErrorCode.INVALID_VALUE)
-    decode = _Decoder(here)
-    attributes = {k: decode(v) for k, v in group.attributes.items()}
-    for k in row.optional_attributes:  # absent: the constructor's default
-        attributes.setdefault(k, _default(cls, k))
-    try:
-        out = cls.__tensor_unflatten__(dict(group.tensors), attributes, torch.Size(group.shape),
-                                       tuple(group.stride))
-    except Exception as e:  # noqa: BLE001 - torchao's own checks, reported as the file's fault
-        raise Error(f"{here}: torchao refused its inner tensors and attributes: "
-                    f"{type(e).__name__}: {e}", ErrorCode.INVALID_VALUE) from None
-    if tuple(out.shape) != tuple(group.shape) or out.dtype != group.dtype:
-        raise Error(f"{here}: rebuilt as {list(out.shape)} {out.dtype}, expected "
-                    f"{list(group.shape)} {group.dtype}", ErrorCode.INVALID_VALUE)
-    return out
+    if len(_CHECKED) >= 4096:
+        _CHECKED.clear()
+    _CHECKED[key] = (cls, row)
+    return cls, row
+
+
+_DEFAULTS: Dict[Tuple[type, str], Any] = {}  # (class, attribute) -> its constructor's default
 
 
 def _default(cls, attribute: str):
-    import inspect
+    key = (cls, attribute)
+    if key not in _DEFAULTS:  # inspect.signature costs ~50 us: once per class and attribute
+        import inspect
 
-    p = inspect.signature(cls.__init__).parameters.get(attribute)
-    return None if p is None or p.default is inspect.Parameter.empty else p.default
+        p = inspect.signature(cls.__init__).parameters.get(attribute)
+        _DEFAULTS[key] = None if p is None or p.default is inspect.Parameter.empty else p.default
+    return _DEFAULTS[key]
