@@ -177,6 +177,10 @@ def test_export_to_pt_pickles_each_group_as_torch_save_does(tmp_path, cli, base,
     model.load_state_dict(sd, assign=True)
     assert type(model.model.layers[0].self_attn.q_proj.weight).__name__ == CONFIGS[config][1]
     assert torch.equal(_logits(model), _logits(reference))
+    # tsar pack of that .pt (the torch.save importer) gives the same groups.
+    run_cli(cli, "pack", tmp_path / "m.pt", "-o", tmp_path / "back.tsar", "--strict", "-q")
+    assert tsar.open(str(tmp_path / "back.tsar"))._a().groups("model") == \
+        tsar.open(str(archive))._a().groups("model")
 
 
 def test_export_to_pt_of_a_description_without_optional_attributes(tmp_path, cli, samples):
