@@ -339,3 +339,55 @@ def test_two_processes_that_bind_one_quantized_archive_share_it(tmp_path, tsar_p
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def _int4_tensors():
+    """One tensor of each Int4* class, made from plain inner tensors: their
+    kernels (mslk, CUDA) are not on this machine, but their constructors are,
+    and an archive written where the kernels work holds these forms."""
+    from torchao.quantization import (Int4PlainInt32Tensor, Int4PreshuffledTensor, Int4Tensor,
+                                      Int4TilePackedTo4dTensor)
+
+    n, k, group = 32, 256, 128
+    g = torch.Generator().manual_seed(0)
+
+    def u8(*s):
+        return torch.randint(0, 255, s, dtype=torch.uint8, generator=g)
+
+    def i32(*s):
+        return torch.randint(0, 2**30, s, dtype=torch.int32, generator=g)
+
+    def bf(*s):
+        return torch.randn(*s, generator=g).to(torch.bfloat16)
+
+    size = torch.Size([n, k])
+    return {
+        "a.weight": Int4Tensor(u8(n, k // 2), bf(k // group, n), bf(k // group, n), [1, group],
+                               size),
+        "b.weight": Int4PlainInt32Tensor(i32(n, k // 8), bf(k // group, n), bf(k // group, n),
+                                         [1, group], size),
+        "c.weight": Int4PreshuffledTensor(u8(n, k // 2), bf(k // group, n), [1, group], [n, k],
+                                          group_zero=bf(k // group, n)),
+        "d.weight": Int4TilePackedTo4dTensor(i32(n // 8, k // 64, 32, 4), bf(k // group, n, 2),
+                                             [1, group], size),
+    }
+
+
+def _same_torchao(got, want):
+    names, context = want.__tensor_flatten__()
+    assert type(got) is type(want) and got.shape == want.shape and got.dtype == want.dtype
+    assert got.__tensor_flatten__() == (names, context)
+    for n in names:
+        assert torch.equal(getattr(got, n), getattr(want, n)), n
+
+
+def test_the_int4_classes_are_stored_and_rebuilt_on_the_cpu(tmp_path, tsar_path, cli):
+    made = _int4_tensors()
+    tsar.save(made, tmp_path / "s.tsar")
+    torch.save(made, tmp_path / "i4.pt")
+    run_cli(cli, "pack", str(tmp_path / "i4.pt"), "-o", str(tmp_path / "p.tsar"), "--strict")
+    for archive in ("s.tsar", "p.tsar"):
+        sd = tsar.open(tmp_path / archive).state_dict()
+        assert list(sd) == list(made)
+        for name, want in made.items():
+            _same_torchao(sd[name], want)
