@@ -419,6 +419,7 @@ void GroupTorchaoSafetensors(importer::Imported& in, const std::string& path, bo
   for (size_t i = 0; i < entry.tensors.size(); ++i) by_key.emplace(entry.tensors[i].name, i);
   std::vector<Planned> planned;
   std::vector<std::string> names;
+  std::unordered_set<std::string> plain;  // {"_type": "Tensor"}
   try {
     if (!names_text) Refuse("", "\"tensor_names\": expected a string of JSON");
     names = TensorNames(path, *names_text);
@@ -438,6 +439,7 @@ void GroupTorchaoSafetensors(importer::Imported& in, const std::string& path, bo
           Refuse(name, "a plain tensor, says the __metadata__, and the file has no tensor "
                        "of that name");
         }
+        plain.insert(name);
         continue;
       }
       planned.push_back(Plan(name, m, entry.tensors, by_key));
@@ -448,6 +450,10 @@ void GroupTorchaoSafetensors(importer::Imported& in, const std::string& path, bo
         if (const auto [at, fresh] = owner.emplace(k, &p.name); !fresh) {
           Refuse(p.name, "tensor " + Quote(k) + " is an inner tensor of " + Quote(*at->second) +
                              " too");
+        }
+        if (plain.count(k)) {
+          Refuse(p.name, "tensor " + Quote(k) + " is its inner tensor, and a plain tensor of "
+                         "\"tensor_names\" too");
         }
       }
     }

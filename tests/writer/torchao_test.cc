@@ -316,6 +316,28 @@ TEST(TorchaoSafetensors, WhatTheTableDoesNotKnowIsRefusedOrKeptPlain) {
   }
 }
 
+TEST(TorchaoSafetensors, AnInnerTensorIsNoOtherTensor) {
+  TempDir dir;
+  const std::string path = dir / "model.safetensors";
+  WriteSafetensors(path,
+                   {{"0._weight_qdata", "I8", {4, 8}, Bytes(32, 1)},
+                    {"0._weight_scale", "F32", {4, 1}, Bytes(16, 2)}},
+                   {{"tensor_names", "[\"0.weight\", \"0._weight_scale\"]"},
+                    {"0.weight", kInt8Meta},
+                    {"0._weight_scale", "{\"_type\": \"Tensor\"}"}});
+  importer::ImportOptions strict;
+  strict.strict = true;
+  try {
+    importer::Import(path, strict);
+    ADD_FAILURE() << "one tensor in two places";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a plain tensor of \"tensor_names\" too"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(importer::Import(path).entries[0].groups.empty());
+}
+
 TEST(TorchaoSafetensors, PlainFilesAndPlainTorchaoFilesAreUnchanged) {
   TempDir dir;
   const std::string path = dir / "model.safetensors";
