@@ -37,7 +37,7 @@ TEST_F(CliTest, HelpVersionAndUsageErrors) {
   EXPECT_NE(r.out.find("--entry model=sd.pt"), std::string::npos) << r.out;
   r = Tsar("--version");
   EXPECT_EQ(r.code, 0);
-  EXPECT_NE(r.out.find("(format 1.4)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(format 1.5)"), std::string::npos) << r.out;
   r = Tsar("");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(OneErrorLine(r, "a command is required: one of pack, inspect"));
