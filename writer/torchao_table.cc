@@ -446,8 +446,11 @@ Description ParseDescription(const std::string& group, std::string_view text) {
   if (!d["attributes"].is_object()) {
     fail("attributes: expected an object, found " + Kind(d["attributes"]));
   }
-  for (const auto& [k, v] : d["attributes"].items()) {
-    TypedDepth(v, [&](const std::string& why) { fail("attributes: " + format::Quote(k) + ": " + why); });
+  for (const auto& item : d["attributes"].items()) {
+    // Not a structured binding: C++17 lambdas cannot capture one (clang refuses).
+    const std::string& k = item.key();
+    TypedDepth(item.value(),
+               [&](const std::string& why) { fail("attributes: " + format::Quote(k) + ": " + why); });
   }
   out.attributes = std::move(d["attributes"]);
   return out;
