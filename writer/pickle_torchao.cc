@@ -181,6 +181,13 @@ class TorchaoReader {
       const std::vector<int64_t> dims = Dims(args[0], where + ": torch.Size");
       return nlohmann::json::array({"size", dims});
     }
+    // Python before 3.11 pickles an enum member by value (<enum class>(value)):
+    // the table has no values, so it cannot say which member that is.
+    if (const torchao::Named* e = global ? torchao::FindEnum(name) : nullptr;
+        e != nullptr && e->module == module && o.how == op::kReduce) {
+      throw NotGroup{where + ": enum " + std::string(name) +
+                     " pickled by value (Python before 3.11), which tsar does not read"};
+    }
     // A record: a dataclass (NEWOBJ of its class with (), BUILD of its
     // __dict__) or a named tuple (NEWOBJ of its class with its fields).
     const torchao::Named* row = global ? torchao::FindRecord(name) : nullptr;

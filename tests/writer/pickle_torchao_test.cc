@@ -328,6 +328,10 @@ TEST(PickleTorchao, WhatTheTableDoesNotHoldStaysOpaqueWithTheReason) {
        "holds \"zap\", which tsar's table of Int8Tensor does not list"},
       {"torchao.quantization.quant_primitives\nMappingType", "torchao.elsewhere\nMappingType",
        "enum torchao.elsewhere.MappingType is not in tsar's torchao table"},
+      {"c__builtin__\ngetattr\nctorchao.quantization.quant_primitives\nMappingType\n"
+       "X\x09\x00\x00\x00SYMMETRIC\x86R"s,
+       "ctorchao.quantization.quant_primitives\nMappingType\nK\x01\x85R"s,
+       "enum MappingType pickled by value (Python before 3.11)"},
       {"torchao.quantization.granularity\nPerRow", "torchao.quantization.granularity\nPerRoe",
        "a torchao.quantization.granularity.PerRoe, which is not an enum or record"},
       {"X\x03\x00\x00\x00"
