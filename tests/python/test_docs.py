@@ -7,6 +7,7 @@ before its fence say how:
     <!-- no-test: why -->         not run (it uses names the reader supplies)
     <!-- test-setup: NAME -->     SETUPS[NAME] runs first, in the same directory
     <!-- test-needs: tsar.X -->   run only where the package has tsar.X
+    <!-- test-needs: module -->   run only where that module is installed
 """
 import os
 import re
@@ -162,8 +163,14 @@ def blocks():
 
 
 def has(name):
+    """Whether this build has tsar.X, or (a module name without "tsar.")
+    that module is installed (torchao, beside the oldest torch it is not)."""
+    import importlib.util
+
     import tsar
 
+    if not name.startswith("tsar."):
+        return importlib.util.find_spec(name) is not None
     obj = tsar
     for part in name.split(".")[1:]:
         if not hasattr(obj, part):
