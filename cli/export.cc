@@ -27,6 +27,9 @@ Run AddExport(CLI::App& app) {
       "metadata\n"
       "  .safetensors   one flat namespace (entry/name with several entries); string metadata\n"
       "  .h5/.hdf5      h5py layout: dotted names as groups, metadata as attributes\n"
+      "torchao quantized tensors (tensor groups) go to .safetensors in torchao's layout\n"
+      "(what transformers' save_pretrained writes with TorchAoConfig) and to .pt as\n"
+      "torch.save pickles them; .h5 refuses them.\n"
       "Examples:\n"
       "  tsar export model.tsar -o model.pt\n"
       "  tsar export model.tsar -o model.safetensors --materialize-shared");
