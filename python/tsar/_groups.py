@@ -52,9 +52,8 @@ def rebuild(path: str, g: GroupRow, tensors: Dict[str, torch.Tensor]) -> torch.T
     from . import _torchao
 
     try:
-        group = _torchao.parse(g.name, g.description, {m: tensors[m] for m in g.members},
-                               g.sizes, g.strides, g.dtype)
-        return _torchao.rebuild(g.name, group)
+        return _torchao.rebuild_described(g.name, g.description, [tensors[m] for m in g.members],
+                                          g.sizes, g.strides, g.dtype)
     except Error as e:
         raise Error(f"{path}: {e}", e.code, path) from None
 
@@ -147,16 +146,20 @@ def put(module: torch.nn.Module, made: List[Tuple[str, torch.Tensor]]) -> List[s
     would: a parameter becomes a Parameter of the group's class
     (requires_grad False: quantized weights are not trained), a buffer the
     tensor itself. Returns the module names bound."""
-    for name, t in made:
-        owner, attr = _owner(module, name)
-        if attr in owner._parameters:
-            # What Parameter(t, requires_grad=False) makes of a tensor
-            # subclass, less its detach(): t is new, no one else holds it.
-            t.requires_grad_(False)
-            t._is_param = True
-            owner._parameters[attr] = t
-        else:
-            owner._buffers[attr] = t
+    # The tensors' own requires_grad and attributes, not through torchao's
+    # __torch_function__ (1.5 us a tensor).
+    with torch._C.DisableTorchFunctionSubclass():
+        for name, t in made:
+            owner, attr = _owner(module, name)
+            if attr in owner._parameters:
+                # What Parameter(t, requires_grad=False) makes of a tensor
+                # subclass, less its detach(): t is new, no one else holds it.
+                if t.requires_grad:
+                    t.requires_grad_(False)
+                t._is_param = True
+                owner._parameters[attr] = t
+            else:
+                owner._buffers[attr] = t
     return [name for name, _ in made]
 
 

@@ -27,7 +27,7 @@ import enum
 import importlib
 import json
 import sys
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -369,6 +369,81 @@ def rebuild(name: str, group: Group) -> torch.Tensor:
     if tuple(out.shape) != tuple(group.shape) or out.dtype != group.dtype:
         raise Error(f"{here()}: rebuilt as {list(out.shape)} {out.dtype}, expected "
                     f"{list(group.shape)} {group.dtype}", ErrorCode.INVALID_VALUE)
+    return out
+
+
+class _Recipe(NamedTuple):
+    """What rebuilding a group of one description takes, worked out once:
+    the class, the member names, the attributes decoded with the
+    constructor's defaults filled in, and which of them hold a list or a
+    record, decoded again for each tensor (a tensor is never handed
+    another's mutable attribute)."""
+    cls: type
+    members: Tuple[str, ...]
+    attributes: Dict[str, Any]
+    fresh: Dict[str, Any]  # attribute -> its typed tree, decoded per tensor
+    here: str  # the class and versions, for messages
+
+
+_RECIPES: Dict[str, _Recipe] = {}
+
+
+def _mutable(tree) -> bool:
+    """Whether a typed tree (already decoded once: at most 32 deep) holds a
+    list or a record anywhere."""
+    if type(tree) is dict:
+        return any(_mutable(v) for v in tree.values())
+    if type(tree) is list:
+        return (bool(tree) and tree[0] in ("list", "record")) or any(_mutable(v) for v in tree)
+    return False
+
+
+def rebuild_described(name: str, text: str, tensors: List[torch.Tensor], shape, stride,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """What ``rebuild(name, parse(name, text, ...))`` gives, for a group
+    read from an archive: its description ``text`` and its member tensors in
+    component order. A model's quantized weights share a few descriptions, so
+    what one description decides is worked out once (bounded, as _CHECKED)."""
+    r = _RECIPES.get(text)
+    if r is None or len(r.members) != len(tensors):
+        group = parse(name, text, {str(i): t for i, t in enumerate(tensors)}, shape, stride,
+                      dtype)
+        written = "written by torchao " + group.torchao
+        cls, row = _checked(name, group, written)
+        here = f"{group.cls}, {written}, read with torchao {_torchao_version()}"
+        decode = _Decoder(f"tensor {name!r} ({here})")
+        attributes = {k: decode(v) for k, v in group.attributes.items()}
+        for k in row.optional_attributes:
+            if k not in attributes:
+                attributes[k] = _default(cls, k)
+        fresh = {k: v for k, v in group.attributes.items() if _mutable(v)}
+        r = _Recipe(cls, tuple(group.tensors), attributes, fresh, here)
+        if len(text) <= 4096:
+            if len(_RECIPES) >= 4096:
+                _RECIPES.clear()
+            _RECIPES[text] = r
+        else:
+            return _unflatten(name, r, tensors, shape, stride, dtype, attributes)
+    attributes = dict(r.attributes)
+    if r.fresh:
+        decode = _Decoder(lambda: f"tensor {name!r} ({r.here})")
+        for k, tree in r.fresh.items():
+            attributes[k] = decode(tree)
+    return _unflatten(name, r, tensors, shape, stride, dtype, attributes)
+
+
+def _unflatten(name, r: _Recipe, tensors, shape, stride, dtype, attributes) -> torch.Tensor:
+    try:
+        out = r.cls.__tensor_unflatten__(dict(zip(r.members, tensors)), attributes,
+                                         torch.Size(shape), tuple(stride))
+    except Exception as e:  # noqa: BLE001 - torchao's own checks, reported as the file's fault
+        raise Error(f"tensor {name!r} ({r.here}): torchao refused its inner tensors and "
+                    f"attributes: {type(e).__name__}: {e}", ErrorCode.INVALID_VALUE) from None
+    with torch._C.DisableTorchFunctionSubclass():  # the subclass's own shape: 0.3 us, not 2.4
+        wrong = out.shape != shape or out.dtype != dtype
+    if wrong:
+        raise Error(f"tensor {name!r} ({r.here}): rebuilt as {list(out.shape)} {out.dtype}, "
+                    f"expected {list(shape)} {dtype}", ErrorCode.INVALID_VALUE)
     return out
 
 
