@@ -112,7 +112,11 @@ class PortableArchive:
         t = self._tables.get(entry)
         if t is None:
             rows = self._file.entry_table(entry, DTYPES)
-            t = (rows, {r[0]: r for r in rows})
+            by_name = {r[0]: r for r in rows}
+            for r in rows:  # a group's members, by their own names (tensors of the table)
+                if r[1] is None and r[2] == _GROUP:
+                    by_name.update((c[0], c) for c in r[5])
+            t = (rows, by_name)
             self._tables[entry] = t
         return t
 
