@@ -4,12 +4,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import torch
 
 import tsar
-from tsar_testutil import child_env, run_python, smaps_of_file, smaps_rollup
+from tsar_testutil import child_env, release_holders, run_python, smaps_of_file, smaps_rollup
 
 HOLDER = r"""
 import sys, tsar
@@ -52,16 +51,7 @@ def test_four_processes_share_one_copy(tmp_path):
         assert pss_sum <= 1.1 * size, f"summed Pss {pss_sum} is more than one copy of {size}"
         assert pss_sum >= 0.9 * size, f"summed Pss {pss_sum}: the archive should be resident once"
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.stdin.close()
-        deadline = time.time() + 30
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        release_holders(procs)
     assert [p.returncode for p in procs] == [0, 0, 0, 0]
 
 

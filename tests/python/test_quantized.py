@@ -12,29 +12,17 @@ import json
 import os
 import subprocess
 import sys
-import time
-import warnings
 
 import pytest
 import torch
 
 import tsar
-from tsar_testutil import child_env, run_cli, smaps_of_file
+from tsar_testutil import child_env, release_holders, run_cli, smaps_of_file
 
 torchao = pytest.importorskip("torchao", reason="torchao is not installed beside this torch")
-warnings.filterwarnings("ignore", module="torchao")
 from torchao.quantization import (  # noqa: E402
-    Float8WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig,
-    IntxWeightOnlyConfig, quantize_)
-from torchao.quantization.granularity import PerGroup  # noqa: E402
-
-CONFIGS = {
-    "int8_weight_only": (lambda: Int8WeightOnlyConfig(), "Int8Tensor"),
-    "int8_dynamic": (lambda: Int8DynamicActivationInt8WeightConfig(), "Int8Tensor"),
-    "int4_intx": (lambda: IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)),
-                  "IntxUnpackedToInt8Tensor"),
-    "float8_weight_only": (lambda: Float8WeightOnlyConfig(), "Float8Tensor"),
-}
+    Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_)
+from torchao_configs import CONFIGS  # noqa: E402
 
 
 def _arch(dtype, device="cpu"):
@@ -329,16 +317,7 @@ def test_two_processes_that_bind_one_quantized_archive_share_it(tmp_path, tsar_p
         total = sum(s.get("Pss", 0) for s in pss) * 1024
         assert total <= 1.1 * size, f"summed Pss {total} is more than one copy of {size}"
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.stdin.close()
-        deadline = time.time() + 30
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        release_holders(procs)
 
 
 def _int4_tensors():

@@ -16,7 +16,6 @@ import importlib
 import json
 import os
 import re
-import warnings
 
 import pytest
 import torch
@@ -26,19 +25,8 @@ from tsar import _torchao
 from tsar_testutil import REPO, bits, run_cli
 
 torchao = pytest.importorskip("torchao", reason="torchao is not installed beside this torch")
-warnings.filterwarnings("ignore", module="torchao")
-from torchao.quantization import (  # noqa: E402
-    Float8WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig,
-    IntxWeightOnlyConfig, quantize_)
-from torchao.quantization.granularity import PerGroup  # noqa: E402
-
-CONFIGS = {
-    "int8_weight_only": (lambda: Int8WeightOnlyConfig(), "Int8Tensor"),
-    "int8_dynamic": (lambda: Int8DynamicActivationInt8WeightConfig(), "Int8Tensor"),
-    "int4_intx": (lambda: IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)),
-                  "IntxUnpackedToInt8Tensor"),
-    "float8_weight_only": (lambda: Float8WeightOnlyConfig(), "Float8Tensor"),
-}
+from torchao.quantization import quantize_  # noqa: E402
+from torchao_configs import CONFIGS  # noqa: E402
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 

@@ -12,7 +12,6 @@ scripts/requirements.txt; without either these tests skip."""
 import json
 import os
 import struct
-import warnings
 
 import pytest
 import torch
@@ -24,22 +23,11 @@ from tsar_testutil import run_cli
 
 torchao = pytest.importorskip("torchao", reason="torchao is not installed beside this torch")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-warnings.filterwarnings("ignore", module="torchao")
-from torchao.quantization import (  # noqa: E402
-    Float8WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig,
-    IntxWeightOnlyConfig)
-from torchao.quantization.granularity import PerGroup  # noqa: E402
+from torchao_configs import CONFIGS  # noqa: E402
 
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
-CONFIGS = {
-    "int8_weight_only": (lambda: Int8WeightOnlyConfig(), "Int8Tensor"),
-    "int8_dynamic": (lambda: Int8DynamicActivationInt8WeightConfig(), "Int8Tensor"),
-    "int4_intx": (lambda: IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)),
-                  "IntxUnpackedToInt8Tensor"),
-    "float8_weight_only": (lambda: Float8WeightOnlyConfig(), "Float8Tensor"),
-}
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 QUANTIZED = [f"model.layers.{i}.{m}.weight" for i in range(2) for m in LINEARS]

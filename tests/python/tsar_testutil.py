@@ -162,6 +162,22 @@ def run_cli(cli, *args, code=0, env=None):
     return r
 
 
+def release_holders(procs, timeout=30.0):
+    """Lets children that hold an archive until their stdin closes go
+    (closing it), waits for them at most ``timeout`` seconds in all, and
+    kills those still running then."""
+    for p in procs:
+        if p.poll() is None:
+            p.stdin.close()
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def run_python(code, *args, timeout=120):
     """Runs `python -c code args...` and returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
