@@ -45,16 +45,28 @@ def _register_parameter(self, name, param):
 
 def _to_meta(param: torch.nn.Parameter) -> torch.nn.Parameter:
     """A meta Parameter of ``param``'s class, shape, dtype, requires_grad and
-    attributes (a subclass's own state, such as a quantizer's, kept)."""
+    attributes (a subclass's own state, such as vLLM's weight loader and
+    dimensions, kept).
+
+    A Parameter subclass is made as ``Parameter.__new__`` makes one,
+    ``Tensor._make_subclass``, and given the original's ``__dict__``: its
+    ``__init__`` is not called, because the arguments it takes cannot be told
+    from what it stored (vLLM's ``RowvLLMParameter(input_dim=...)`` keeps
+    ``_input_dim``; calling it with the ``__dict__`` as keywords failed). A
+    tensor subclass made a parameter (a torchao weight: ``Parameter()`` of it
+    returns the subclass itself, flagged ``_is_param``) moves to meta as
+    itself, inner tensors included, and is flagged again."""
     data = param.data.to(_META)
-    if type(param) is torch.nn.Parameter:
+    cls = type(param)
+    if issubclass(cls, torch.nn.Parameter) and cls is not torch.nn.Parameter:
+        meta = torch.Tensor._make_subclass(cls, data, param.requires_grad)
+    else:
         meta = torch.nn.Parameter(data, requires_grad=param.requires_grad)
-        if param.__dict__:
-            meta.__dict__.update(param.__dict__)
-        return meta
-    kwargs = dict(param.__dict__)
-    kwargs["requires_grad"] = param.requires_grad
-    return type(param)(data, **kwargs)
+        if cls is not torch.nn.Parameter:  # its __dict__ holds its real inner tensors
+            return meta
+    if param.__dict__:
+        meta.__dict__.update(param.__dict__)
+    return meta
 
 
 # Where initializers are reached by name: torch.nn.init itself, the modules

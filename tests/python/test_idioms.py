@@ -285,3 +285,45 @@ def test_a_sparse_parameter_is_refused_naming_it(tmp_path):
     assert e.value.code == tsar.ErrorCode.INVALID_ARGUMENT
     assert '"w"' in str(e.value) and "sparse" in str(e.value) and "Nothing was changed" in str(e.value)
     assert m.w.layout == torch.sparse_coo
+
+
+class _VllmParameter(torch.nn.Parameter):
+    """The shape of vLLM's BasevLLMParameter family (vllm/model_executor/
+    parameter.py): __new__ takes the data, __init__ other keywords, which it
+    keeps under other names (``input_dim`` as ``_input_dim``)."""
+
+    def __new__(cls, data, **kwargs):
+        return super().__new__(cls, data=data, requires_grad=False)
+
+    def __init__(self, data, weight_loader):
+        self._weight_loader = weight_loader
+
+
+class _RowParameter(_VllmParameter):
+    def __init__(self, input_dim, **kwargs):
+        self._input_dim = input_dim
+        super().__init__(**kwargs)
+
+
+def test_empty_parameters_keeps_parameter_subclasses_without_calling_their_init(tmp_path):
+    def loader(param, loaded):  # what vLLM's weight_loader is: a callable it keeps
+        param.data.copy_(loaded)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = _RowParameter(data=torch.empty(4, 6), input_dim=1, weight_loader=loader)
+            self.bias = _VllmParameter(data=torch.empty(4), weight_loader=loader)
+
+    with tsar.empty_parameters():
+        m = Layer()
+    assert type(m.weight) is _RowParameter and type(m.bias) is _VllmParameter
+    assert m.weight.is_meta and m.weight.shape == (4, 6) and not m.weight.requires_grad
+    assert m.weight._input_dim == 1 and m.weight._weight_loader is loader
+    assert m.bias._weight_loader is loader
+    torch.manual_seed(0)
+    tsar.save({"weight": torch.randn(4, 6), "bias": torch.randn(4)}, tmp_path / "l.tsar")
+    before = m.weight
+    tsar.load_into(m.eval(), tmp_path / "l.tsar")
+    assert m.weight is before and type(m.weight) is _RowParameter and not m.weight.is_meta
+    assert torch.equal(m.weight, tsar.open(tmp_path / "l.tsar")["weight"])
