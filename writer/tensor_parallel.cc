@@ -46,7 +46,12 @@ uint32_t ShardDimOf(const std::string& name, const TensorRef& t, bool sparse_com
                     uint32_t world, const std::pair<std::string, int64_t>& pattern) {
   const std::string what =
       "tensor " + format::Quote(name) + " (matched by " + format::Quote(pattern.first) + ")";
-  if (sparse_component) Refuse(what + ": expected a dense tensor, found a sparse one");
+  if (sparse_component) {
+    Refuse(what +
+           ": expected a dense tensor, found a member of a sparse tensor or of a tensor group (a "
+           "quantized weight), which a tensor-parallel layout does not split: narrow the pattern "
+           "so that it leaves the tensor whole");
+  }
   const auto ndim = static_cast<int64_t>(t.sizes.size());
   int64_t dim = pattern.second;
   if (ndim == 0) {

@@ -370,3 +370,17 @@ def test_the_int4_classes_are_stored_and_rebuilt_on_the_cpu(tmp_path, tsar_path,
         assert list(sd) == list(made)
         for name, want in made.items():
             _same_torchao(sd[name], want)
+
+
+def test_a_tensor_parallel_plan_leaves_groups_whole_or_says_why(tmp_path, tsar_path):
+    m = _quantized("int8_weight_only", torch.float32)
+    # Patterns for the plain tensors only: the groups are stored whole beside them.
+    tsar.save(m, tmp_path / "tp.tsar", tp=2, shard={"*.bias": 0})
+    a = tsar.open(tmp_path / "tp.tsar")
+    assert a.tp_world == 2 and a.info("0.bias").shard_dim == 0
+    assert torch.equal(a.state_dict()["0.weight"].qdata, m[0].weight.qdata)
+    with pytest.raises(tsar.Error) as e:
+        tsar.save(m, tmp_path / "no.tsar", tp=2, shard={"*": 0})
+    assert e.value.code == tsar.ErrorCode.INVALID_ARGUMENT
+    assert "0.weight.qdata" in str(e.value) and "tensor group" in str(e.value)
+    assert not (tmp_path / "no.tsar").exists()
