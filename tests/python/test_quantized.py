@@ -384,3 +384,27 @@ def test_a_tensor_parallel_plan_leaves_groups_whole_or_says_why(tmp_path, tsar_p
     assert e.value.code == tsar.ErrorCode.INVALID_ARGUMENT
     assert "0.weight.qdata" in str(e.value) and "tensor group" in str(e.value)
     assert not (tmp_path / "no.tsar").exists()
+
+
+def test_a_quantized_archive_repacks_and_layers(tmp_path, tsar_path, cli):
+    m = _quantized("int4_intx", torch.bfloat16)
+    base = tmp_path / "base.tsar"
+    tsar.save(m, base)
+    again = tmp_path / "again.tsar"
+    run_cli(cli, "pack", str(base), "-o", str(again))
+    assert again.read_bytes() == base.read_bytes()  # the same groups, the same bytes
+    # A variant whose last layer differs, as a layer over the base: the
+    # first group's members come from the base.
+    v = _quantized("int4_intx", torch.bfloat16)
+    with torch.no_grad():
+        v[2].bias.add_(1)
+    layer = tmp_path / "variant.tsar"
+    tsar.save(v, layer, base=base)
+    a = tsar.open(layer)
+    assert a.layers[1].endswith("base.tsar")
+    assert layer.stat().st_size < base.stat().st_size
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    with tsar.empty_parameters():
+        served = _arch(torch.bfloat16)
+    tsar.load_into(served, a)
+    assert torch.equal(served(x), v(x))
