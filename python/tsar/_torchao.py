@@ -179,7 +179,7 @@ def _parsed(name: str, text: str, count: int) -> dict:
                      ErrorCode.INVALID_VALUE)
 
     try:
-        d = json.loads(text, parse_constant=_no_constant)
+        d = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as e:
         raise fail(f"expected JSON, found {type(e).__name__}: {e}") from None
     if type(d) is not dict or sorted(d) != list(_DESCRIPTION_KEYS):
@@ -199,6 +199,17 @@ def _parsed(name: str, text: str, count: int) -> dict:
     if type(d["attributes"]) is not dict:
         raise fail(f"attributes: expected an object, found {type(d['attributes']).__name__}")
     return d
+
+
+def _unique_keys(pairs):
+    """An object of a description, whose keys spec §4.13.2 makes unique
+    (json.loads would keep the last of two silently)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {twice!r} twice in one object")
+    return out
 
 
 def _no_constant(name):

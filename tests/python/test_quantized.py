@@ -205,6 +205,8 @@ def _description(cls="Int8Tensor", attributes=None, members=("qdata", "scale"), 
 LIES = {
     "not_json": ("{", tsar.ErrorCode.INVALID_VALUE, "expected JSON"),
     "nan": ('{"library": NaN}', tsar.ErrorCode.INVALID_VALUE, "expected JSON"),
+    "key_twice": (_description()[:-1] + ', "class": "Int8Tensor"}', tsar.ErrorCode.INVALID_VALUE,
+                  "key 'class' twice"),
     "deep": ("[" * 200_000 + "]" * 200_000, tsar.ErrorCode.INVALID_VALUE, "expected"),
     "extra_key": (_description(module="os"), tsar.ErrorCode.INVALID_VALUE, "exactly"),
     "unknown_class": (_description(cls="system"), tsar.ErrorCode.UNSUPPORTED,
