@@ -13,17 +13,17 @@ each worker, where the model is loaded). :func:`register` adds:
   files (:func:`tsar.transformers.load_tokenizer`: transformers' own classes
   only, nothing from the archive runs).
 
-So an archive packed from a ``save_pretrained`` directory (``tsar pack
-MODEL_DIR -o model.tsar``) is all vLLM needs::
-
-    LLM(model="model.tsar", load_format="tsar", config_format="tsar",
-        tokenizer_mode="tsar")
-    vllm serve model.tsar --load-format tsar --config-format tsar --tokenizer-mode tsar
-
-or, with the directory still there for config and tokenizer::
+With tsar installed, a directory that transformers' ``save_pretrained``
+wrote and its archive (``tsar pack MODEL_DIR -o model.tsar``) run as::
 
     LLM(model=MODEL_DIR, load_format="tsar",
         model_loader_extra_config={"archive": "model.tsar"})
+
+``LLM(model="model.tsar", load_format="tsar", config_format="tsar",
+tokenizer_mode="tsar")``, the archive alone, does not start in vLLM 0.32.0:
+its ``EngineArgs.create_engine_config`` reads ``config.json`` from ``model``
+(``maybe_override_with_speculators``) before any config format is asked. With
+that probe skipped by hand it ran, tokens equal; tsar does not patch vLLM.
 
 Before any weight is loaded the archive is checked: it opens (a file that is
 not an archive, or whose header is damaged, is refused by tsar.open), every
