@@ -360,27 +360,8 @@ def rebuild(name: str, group: Group) -> torch.Tensor:
     class and the torchao version that wrote it: UNSUPPORTED for a class not
     in the table or without torchao, INVALID_VALUE for attributes or inner
     tensors this torchao's class does not take."""
-    written = "written by torchao " + group.torchao
-    cls, row = _checked(name, group, written)
-
-    def here():  # made only for a message
-        return f"tensor {name!r} ({group.cls}, {written}, read with torchao {_torchao_version()})"
-
-    decode = _Decoder(here)
-    attributes = {k: decode(v) for k, v in group.attributes.items()}
-    for k in row.optional_attributes:  # absent: the constructor's default
-        if k not in attributes:
-            attributes[k] = _default(cls, k)
-    try:
-        out = cls.__tensor_unflatten__(dict(group.tensors), attributes, torch.Size(group.shape),
-                                       tuple(group.stride))
-    except Exception as e:  # noqa: BLE001 - torchao's own checks, reported as the file's fault
-        raise Error(f"{here()}: torchao refused its inner tensors and attributes: "
-                    f"{type(e).__name__}: {e}", ErrorCode.INVALID_VALUE) from None
-    if tuple(out.shape) != tuple(group.shape) or out.dtype != group.dtype:
-        raise Error(f"{here()}: rebuilt as {list(out.shape)} {out.dtype}, expected "
-                    f"{list(group.shape)} {group.dtype}", ErrorCode.INVALID_VALUE)
-    return out
+    return _make(name, _recipe(name, group), list(group.tensors.values()), group.shape,
+                 group.stride, group.dtype)
 
 
 class _Recipe(NamedTuple):
@@ -409,6 +390,22 @@ def _mutable(tree) -> bool:
     return False
 
 
+def _recipe(name: str, group: Group) -> _Recipe:
+    """``group``'s class (through CLASSES: _checked), members and attributes,
+    decoded, with the constructor's default for each optional attribute the
+    group leaves out; tsar.Error naming ``name`` otherwise."""
+    written = "written by torchao " + group.torchao
+    cls, row = _checked(name, group, written)
+    here = f"{group.cls}, {written}, read with torchao {_torchao_version()}"
+    decode = _Decoder(f"tensor {name!r} ({here})")
+    attributes = {k: decode(v) for k, v in group.attributes.items()}
+    for k in row.optional_attributes:  # absent: the constructor's default
+        if k not in attributes:
+            attributes[k] = _default(cls, k)
+    fresh = {k: v for k, v in group.attributes.items() if _mutable(v)}
+    return _Recipe(cls, tuple(group.tensors), attributes, fresh, here)
+
+
 def rebuild_described(name: str, text: str, tensors: List[torch.Tensor], shape, stride,
                       dtype: torch.dtype) -> torch.Tensor:
     """What ``rebuild(name, parse(name, text, ...))`` gives, for a group
@@ -417,33 +414,24 @@ def rebuild_described(name: str, text: str, tensors: List[torch.Tensor], shape, 
     what one description decides is worked out once (bounded, as _CHECKED)."""
     r = _RECIPES.get(text)
     if r is None or len(r.members) != len(tensors):
-        group = parse(name, text, {str(i): t for i, t in enumerate(tensors)}, shape, stride,
-                      dtype)
-        written = "written by torchao " + group.torchao
-        cls, row = _checked(name, group, written)
-        here = f"{group.cls}, {written}, read with torchao {_torchao_version()}"
-        decode = _Decoder(f"tensor {name!r} ({here})")
-        attributes = {k: decode(v) for k, v in group.attributes.items()}
-        for k in row.optional_attributes:
-            if k not in attributes:
-                attributes[k] = _default(cls, k)
-        fresh = {k: v for k, v in group.attributes.items() if _mutable(v)}
-        r = _Recipe(cls, tuple(group.tensors), attributes, fresh, here)
+        r = _recipe(name, parse(name, text, {str(i): t for i, t in enumerate(tensors)}, shape,
+                                stride, dtype))
         if len(text) <= 4096:
             if len(_RECIPES) >= 4096:
                 _RECIPES.clear()
             _RECIPES[text] = r
-        else:
-            return _unflatten(name, r, tensors, shape, stride, dtype, attributes)
+    return _make(name, r, tensors, shape, stride, dtype)
+
+
+def _make(name, r: _Recipe, tensors, shape, stride, dtype) -> torch.Tensor:
+    """The tensor of recipe ``r`` over ``tensors`` (in member order): its
+    mutable attributes decoded afresh, the rest shared; its outer shape and
+    dtype checked against the record's."""
     attributes = dict(r.attributes)
     if r.fresh:
         decode = _Decoder(lambda: f"tensor {name!r} ({r.here})")
         for k, tree in r.fresh.items():
             attributes[k] = decode(tree)
-    return _unflatten(name, r, tensors, shape, stride, dtype, attributes)
-
-
-def _unflatten(name, r: _Recipe, tensors, shape, stride, dtype, attributes) -> torch.Tensor:
     try:
         out = r.cls.__tensor_unflatten__(dict(zip(r.members, tensors)), attributes,
                                          torch.Size(shape), tuple(stride))
@@ -451,7 +439,7 @@ def _unflatten(name, r: _Recipe, tensors, shape, stride, dtype, attributes) -> t
         raise Error(f"tensor {name!r} ({r.here}): torchao refused its inner tensors and "
                     f"attributes: {type(e).__name__}: {e}", ErrorCode.INVALID_VALUE) from None
     with torch._C.DisableTorchFunctionSubclass():  # the subclass's own shape: 0.3 us, not 2.4
-        wrong = out.shape != shape or out.dtype != dtype
+        wrong = tuple(out.shape) != tuple(shape) or out.dtype != dtype
     if wrong:
         raise Error(f"tensor {name!r} ({r.here}): rebuilt as {list(out.shape)} {out.dtype}, "
                     f"expected {list(shape)} {dtype}", ErrorCode.INVALID_VALUE)
