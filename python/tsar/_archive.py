@@ -55,6 +55,7 @@ class Archive:
         #: read from the archive's file), ``fill_threads``, ``streams``; None
         #: before.
         self.device_stats = None
+        self._group_rows = {}  # entry -> its tensor groups (_groups_of)
 
     def _a(self):
         if self._impl is None:
@@ -113,10 +114,11 @@ class Archive:
 
         Raises :class:`tsar.Error` with code NOT_FOUND when there is none.
         """
-        if self._a().format_version[1] >= 5:
+        rows = self._groups_of(entry or "")
+        if rows:
             from . import _groups
 
-            g = _groups.find(_groups.groups(self, entry or ""), name)
+            g = _groups.find(rows, name)
             if g is not None:
                 impl = self._a()
                 return _groups.rebuild(self.path, g, {m: impl.tensor(m, entry or "")
@@ -184,13 +186,26 @@ class Archive:
                 int(fill_threads), stage_from == "file", direct)
         else:
             items = self._a().state_dict(entry or "")
-        if self._a().format_version[1] >= 5:  # groups come as their members: rebuilt here
+        rows = self._groups_of(entry or "")
+        if rows:  # groups come as their members: rebuilt here
             from . import _groups
 
-            rows = _groups.groups(self, entry or "")
-            if rows:
-                return _groups.with_groups(self.path, items, rows)
+            return _groups.with_groups(self.path, items, rows)
         return collections.OrderedDict(items)
+
+    def _groups_of(self, entry: str):
+        """The tensor groups of ``entry`` (tsar/_groups.py's GroupRow, format
+        1.5; none in an older archive), listed once per entry: an open
+        archive never changes."""
+        impl = self._a()
+        if impl.format_version[1] < 5:
+            return ()
+        rows = self._group_rows.get(entry)
+        if rows is None:
+            from . import _groups
+
+            rows = self._group_rows.setdefault(entry, _groups.groups(impl, entry))
+        return rows
 
     def shard(self, name: str, rank: int, world: int, dim: Optional[int] = None,
               entry: Optional[str] = None) -> torch.Tensor:

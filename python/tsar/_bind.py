@@ -154,9 +154,9 @@ def load_into(
         # state_dict() (hooks, an overridden _save_to_state_dict...).
         accelerator = _backend.accelerator
         try:
-            rows = _group_rows(archive, entry)
+            bind_entry, rows = _group_rows(archive, entry)
             if rows:
-                report = _bind_groups(module, archive, rows, options)
+                report = _bind_groups(module, archive, bind_entry, rows, options)
             elif accelerator is not None:
                 report = accelerator.bind_module(archive._a(), module, PLAIN, plain, options)
                 if report is None:
@@ -185,23 +185,22 @@ def load_into(
 
 
 def _group_rows(archive: Archive, entry: Optional[str]):
-    """The tensor groups (quantized weights, format 1.5) of the entry
-    load_into binds: [] for every archive before 1.5."""
+    """(the entry load_into binds, its tensor groups: quantized weights,
+    format 1.5), or ("", ()) for every archive before 1.5."""
     if archive._a().format_version[1] < 5:
-        return []
-    from . import _groups
+        return "", ()
+    bind_entry = archive._a().bind_entry(entry or "")
+    return bind_entry, archive._groups_of(bind_entry)
 
-    return _groups.groups(archive, archive._a().bind_entry(entry or ""))
 
-
-def _bind_groups(module, archive: Archive, rows, options):
+def _bind_groups(module, archive: Archive, bind_entry: str, rows, options):
     """load_into of an archive that holds tensor groups: the groups are
     matched and rebuilt in Python (tsar/_groups.py), every other tensor is
     bound by the path's own bind, then the groups take their slots. A
     mismatch under strict, on either side, changes nothing."""
     from . import _groups
 
-    (entry, strict, _allow_training, archive_prefix, module_prefix, rank, world, target,
+    (_entry, strict, _allow_training, archive_prefix, module_prefix, rank, world, target,
      _read_ahead, _direct) = options
     items, training, loose = state_items(module)
     p = _groups.plan(module, rows, items, archive_prefix, module_prefix)
@@ -210,8 +209,8 @@ def _bind_groups(module, archive: Archive, rows, options):
                        f"tensors ({p.assign[0][1].name!r}...), which a tensor-parallel bind does "
                        "not slice yet; bind the whole model (world=0)")
     if strict and (p.unexpected or p.mismatched) or p.left_on_meta:
-        raise _groups.refuse(archive.path, archive._a().bind_entry(entry), p)
-    made = _groups.make(archive, archive._a().bind_entry(entry), p, target)
+        raise _groups.refuse(archive.path, bind_entry, p)
+    made = _groups.make(archive, bind_entry, p, target)
     taken = {name for name, _ in p.assign}
     items = [(n, t) for n, t in items if n not in taken]
     loose = [(n, t) for n, t in loose if n not in taken]

@@ -29,12 +29,9 @@ class GroupRow(NamedTuple):
     description: str
 
 
-def groups(archive, entry: str) -> List[GroupRow]:
-    """The groups of ``entry`` of ``archive`` (a tsar.Archive), none before
-    format 1.5 (not asked: nothing older holds one)."""
-    impl = archive._a()
-    if tuple(impl.format_version) < (1, 5):
-        return []
+def groups(impl, entry: str) -> List[GroupRow]:
+    """The groups of ``entry`` as either extension's archive (``impl``)
+    lists them (tsar.Archive._groups_of asks, once per entry)."""
     rows = []
     for name, members, sizes, strides, dtype, description in impl.groups(entry):
         if not isinstance(dtype, torch.dtype):  # the portable extension names it

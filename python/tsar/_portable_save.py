@@ -44,8 +44,7 @@ class Tensors:
         self._storages = {}
 
     def item(self, name: str, t: torch.Tensor, role: int):
-        if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter \
-                and getattr(type(t), "__tensor_flatten__", None) is not None:
+        if _made_of_inner_tensors(t):
             return self._group(name, t, role)
         if t.layout in _SPARSE:
             return self._sparse(name, t, role)
@@ -103,12 +102,17 @@ class Tensors:
                 str(g.dtype).replace("torch.", ""), g.stride, _torchao.describe(g))
 
 
+def _made_of_inner_tensors(t: torch.Tensor) -> bool:
+    """A tensor subclass made of inner tensors (``__tensor_flatten__``: a
+    torchao weight), stored as a group, or refused naming it."""
+    return (type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter
+            and getattr(type(t), "__tensor_flatten__", None) is not None)
+
+
 def has_groups(entries) -> bool:
     """Whether tsar.save's entries hold a tensor subclass made of inner
-    tensors (``__tensor_flatten__``), which only this writer takes."""
-    return any(type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter
-               and getattr(type(t), "__tensor_flatten__", None) is not None
-               for _, items in entries for _, t, _ in items)
+    tensors, which only this writer takes."""
+    return any(_made_of_inner_tensors(t) for _, items in entries for _, t, _ in items)
 
 
 def save(path: str, entries, metadata, alignment: int, dtype: str, base: str, durable: bool,

@@ -179,13 +179,11 @@ def _stored_dtype(archive, entry):
     A quantized weight (a tensor group) counts with its outer dtype (the
     model's: bfloat16 for an int8 weight of a bf16 model), never with its
     inner tensors' (int8 qdata, float32 scales, float8 values)."""
-    from . import _groups
-
     counts = collections.Counter(i.dtype for i in archive.infos()
                                  if (entry is None or i.entry == entry) and i.dtype.is_floating_point
                                  and i.role != "sparse_component")
     for e in archive.entries if entry is None else [entry]:
-        counts.update(g.dtype for g in _groups.groups(archive, e) if g.dtype.is_floating_point)
+        counts.update(g.dtype for g in archive._groups_of(e) if g.dtype.is_floating_point)
     return counts.most_common(1)[0][0] if counts else None
 
 
