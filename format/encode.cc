@@ -4,6 +4,8 @@
 #include "format/encode.h"
 
 #include <algorithm>
+#include <map>
+#include <string_view>
 #include <unordered_set>
 
 #include "format/checksum.h"
@@ -365,17 +367,24 @@ void IndexBuilder::CheckSparse() const {
 }
 
 void IndexBuilder::CheckGroupDescriptions() const {
+  // The "group:" records by (entry, key), in one pass: a group per record
+  // searched through all of them cost groups x records.
+  const std::string_view prefix = kGroupKeyPrefix;
+  std::map<std::pair<uint32_t, std::string_view>, MetaType> described;
+  for (const MetadataSpec& m : metadata_) {
+    if (std::string_view(m.key).substr(0, prefix.size()) == prefix) {
+      described.emplace(std::make_pair(m.entry, std::string_view(m.key)), m.type);
+    }
+  }
   for (const SparseItem& s : sparse_) {
     if (s.spec.layout != SparseLayout::kGroup) continue;
     const std::string key = kGroupKeyPrefix + s.spec.name;
-    const auto m = std::find_if(metadata_.begin(), metadata_.end(), [&](const MetadataSpec& m) {
-      return m.entry == s.entry && m.key == key;
-    });
-    if (m == metadata_.end() || m->type != MetaType::kString) {  // R112
+    const auto m = described.find({s.entry, key});
+    if (m == described.end() || m->second != MetaType::kString) {  // R112
       Misuse(ErrorCode::kInvalidArgument,
              "group " + Quote(s.spec.name) + ": description: expected a string metadata record " +
                  Quote(key) + " in entry " + Quote(entries_[s.entry].name) + ", found " +
-                 (m == metadata_.end() ? "none" : "another type"));
+                 (m == described.end() ? "none" : "another type"));
     }
   }
 }

@@ -589,6 +589,60 @@ TEST(IndexBuilder, RefusesBadMetadata) {
   EXPECT_EQ(ParseString(Encode(b)).metadata().size(), 2u);
 }
 
+// A tensor group (format 1.5, spec §4.13) "g" of one int8 member "g.q",
+// described (R112) unless `description` is empty; `type` is its record's.
+IndexBuilder GroupBuilder(const std::string& description, MetaType type) {
+  IndexBuilder b;
+  b.AddEntry("m");
+  SparseSpec g;
+  g.name = "g";
+  g.layout = SparseLayout::kGroup;
+  g.dtype = DType::kBFloat16;
+  g.sizes = {2, 4};
+  g.strides = {4, 1};
+  g.component_count = 1;
+  const uint32_t s = b.AddSparse(g);
+  TensorSpec q = Spec("g.q", b.AddStorage(8), DType::kInt8, {2, 4}, {4, 1});
+  q.role = Role::kSparseComponent;
+  q.sparse = s;
+  b.AddTensor(q);
+  if (!description.empty()) {
+    MetadataSpec m;
+    m.entry = 0;
+    m.key = "group:g";
+    m.type = type;
+    m.bytes = description;
+    b.AddMetadata(m);
+  }
+  return b;
+}
+
+TEST(IndexBuilder, RefusesAGroupWithoutItsDescription) {
+  IndexBuilder none = GroupBuilder("", MetaType::kString);
+  EXPECT_TRUE(Refuses([&] { none.Plan(); }, ErrorCode::kInvalidArgument, "group:g"));
+  try {
+    none.Plan();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("description: expected a string metadata record "
+                                         "\"group:g\" in entry \"m\", found none"),
+              std::string::npos)
+        << e.what();
+  }
+  IndexBuilder bytes = GroupBuilder("{}", MetaType::kBytes);
+  EXPECT_TRUE(Refuses([&] { bytes.Plan(); }, ErrorCode::kInvalidArgument, "group:g"));
+  try {
+    bytes.Plan();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("found another type"), std::string::npos) << e.what();
+  }
+  IndexBuilder good = GroupBuilder("{}", MetaType::kString);
+  const Index idx = ParseString(Encode(good));
+  ASSERT_EQ(idx.sparse().size(), 1u);
+  EXPECT_TRUE(idx.IsGroup(0));
+  EXPECT_EQ(idx.header().minor, 5);
+  EXPECT_EQ(idx.GroupDescription(0), "{}");
+}
+
 // Entry "m" with a COO sparse tensor "sp" (indices [1, 2] int64, values [2]
 // float32) and a dense "d" after it.
 void AddCoo(IndexBuilder& b, uint32_t storage) {
