@@ -32,10 +32,16 @@ skips that read of the whole file), it has a ``config.json`` attached, and its
 ``architectures`` and the shape fields of its config equal those of the
 config vLLM runs. Each is a :class:`tsar.Error` naming the archive.
 
-The weights are copied into vLLM's own parameters (vLLM fuses qkv and
-gate/up and narrows for the tensor-parallel rank in each parameter's
-``weight_loader``): replicas do not share them. Binding a runtime-layout
-archive without a copy is issue 59 item 2, not done here.
+A plain archive's weights are copied into vLLM's own parameters (vLLM fuses
+qkv and gate/up and narrows for the tensor-parallel rank in each parameter's
+``weight_loader``): replicas do not share them. A **runtime-layout archive**
+(``tsar-vllm pack MODEL_DIR -o OUT``: vLLM's own parameters, one entry per
+rank, stamped with the vLLM set-up that made it) is bound in place instead, so
+every replica on a host shares one copy: :mod:`tsar._vllm_runtime`.
+``model_loader_extra_config`` for those: ``repack`` (default False: the CPU
+keeps the weights where they are mapped instead of repacking them into
+private oneDNN handles) and ``version_match`` ("exact", the default,
+"release" or "any": how the stamp's vLLM version must match the running one).
 
 Needs vLLM (``import tsar`` never imports this module).
 """
@@ -55,13 +61,13 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.transformers_utils.config import register_config_parser
 from vllm.transformers_utils.config_parser_base import ConfigParserBase
 
-from . import _archive
+from . import _archive, _vllm_runtime
 from ._errors import Error, ErrorCode
 
 __all__ = ["register", "TsarModelLoader", "TsarConfigParser", "TsarTokenizer"]
 
 NAME = "tsar"
-_EXTRA_KEYS = ("archive", "entry", "verify")
+_EXTRA_KEYS = ("archive", "entry", "verify", "repack", "version_match")
 # Config fields that fix the shapes of the weights: an archive whose config
 # differs in one of them holds another model than the one vLLM builds.
 _SHAPE_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -74,12 +80,14 @@ _registered = False
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: registers the load format,
-    config format and tokenizer mode ``"tsar"``. Safe to call more than once."""
+    config format and tokenizer mode ``"tsar"``, and the load format
+    ``"tsar_pack"`` that ``tsar-vllm pack`` runs. Safe to call more than once."""
     global _registered
     if _registered:
         return
     _registered = True
     register_model_loader(NAME)(TsarModelLoader)
+    register_model_loader(_vllm_runtime.PACK_FORMAT)(_vllm_runtime.pack_loader_class())
     register_config_parser(NAME)(TsarConfigParser)
     from vllm.tokenizers.registry import TokenizerRegistry
 
@@ -177,9 +185,12 @@ class TsarTokenizer:
 class TsarModelLoader(BaseModelLoader):
     """``load_format="tsar"``: the weights of a tsar archive, checked before
     any is loaded, then fed to the model's ``load_weights`` as safetensors'
-    are. ``model_loader_extra_config``: ``archive`` (the archive's path; by
-    default vLLM's ``model``), ``entry`` (default: the archive's first),
-    ``verify`` (default True: every checksum before loading)."""
+    are, or, for a runtime-layout archive, bound in place
+    (:func:`tsar._vllm_runtime.load_model`). ``model_loader_extra_config``:
+    ``archive`` (the archive's path; by default vLLM's ``model``), ``entry``
+    (a plain archive's; default: its first), ``verify`` (default True: every
+    checksum before loading), ``repack`` and ``version_match`` (runtime
+    layout only)."""
 
     def __init__(self, load_config):
         super().__init__(load_config)
@@ -191,6 +202,13 @@ class TsarModelLoader(BaseModelLoader):
         self._path = extra.get("archive")
         self._entry = extra.get("entry")
         self._verify = bool(extra.get("verify", True))
+        self._repack = bool(extra.get("repack", False))
+        self._checked = None  # the archive load_model opened and checked
+        self._version_match = str(extra.get("version_match", "exact"))
+        if self._version_match not in _vllm_runtime.VERSION_MATCHES:
+            raise ValueError(f"load_format='tsar': model_loader_extra_config: version_match: "
+                             f"expected one of {list(_vllm_runtime.VERSION_MATCHES)}, found "
+                             f"{self._version_match!r}")
 
     def _archive_path(self, model_config) -> str:
         path = os.fspath(self._path) if self._path is not None else os.fspath(model_config.model)
@@ -205,7 +223,9 @@ class TsarModelLoader(BaseModelLoader):
         """The archive, opened, verified and matched against vLLM's config;
         tsar.Error before any weight is loaded where anything differs."""
         path = self._archive_path(model_config)
-        archive = _archive.open(path)
+        # Copy-on-write: a runtime-layout archive's buffers are written while
+        # vLLM processes them (private pages); unwritten pages stay shared.
+        archive = _archive.open(path, mode="copy_on_write")
         try:
             entries = list(archive.entries)
             if self._entry is not None and self._entry not in entries:
@@ -245,12 +265,47 @@ class TsarModelLoader(BaseModelLoader):
     def download_model(self, model_config) -> None:
         self._open_checked(model_config).close()
 
+    def load_model(self, vllm_config, model_config, prefix: str = ""):
+        """A plain archive: vLLM's own load_model (build, then load_weights
+        copies). A runtime-layout archive: bound in place."""
+        archive = self._open_checked(model_config)
+        try:
+            stamp = _vllm_runtime.read_stamp(archive)
+            if stamp is not None and self._entry is not None:
+                raise _error(archive.path, ErrorCode.INVALID_ARGUMENT,
+                             "model_loader_extra_config 'entry': a runtime-layout archive "
+                             "binds each tensor-parallel rank's own entry; leave it out")
+        except BaseException:
+            archive.close()
+            raise
+        if stamp is None:
+            self._checked = archive  # load_weights takes it: one verify, not two
+            try:
+                return super().load_model(vllm_config, model_config, prefix)
+            finally:
+                if self._checked is not None:
+                    self._checked.close()
+                    self._checked = None
+        try:  # the archive stays open: the model's weights are its mapping
+            return _vllm_runtime.load_model(self, archive, stamp, vllm_config, model_config,
+                                            prefix, self._repack, self._version_match, logger)
+        except BaseException:
+            archive.close()
+            raise
+
     def load_weights(self, model: nn.Module, model_config) -> None:
         start = time.perf_counter()
-        archive = self._open_checked(model_config)
+        archive, self._checked = self._checked, None
+        if archive is None:
+            archive = self._open_checked(model_config)
         path = archive.path
         checked = time.perf_counter()
         try:
+            if _vllm_runtime.read_stamp(archive) is not None:
+                raise _error(path, ErrorCode.UNSUPPORTED,
+                             "a runtime-layout archive holds vLLM's processed names and "
+                             "layout: it is bound when the model is loaded, not fed to "
+                             "load_weights")
             weights = archive.state_dict(self._entry)
             loaded = model.load_weights(weights.items())
         finally:
