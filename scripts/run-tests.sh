@@ -2,8 +2,10 @@
 # run-tests.sh: set-up (scripts/setup.sh), then every test: the main suite
 # (ctest in build/), the build without LibTorch (build-notorch/), the oldest
 # supported torch (scripts/test-oldest-torch.sh: build-oldest/ and the portable
-# path), then everything again under ASan + UBSan with clang, with the
-# libFuzzer targets run for a bounded time (build-fuzz/).
+# path), tsar inside vLLM's CPU build (scripts/test-vllm.sh: the wheel installed
+# into .venv-vllm, tests/python/test_vllm.py there; skipped, saying why, only
+# where vLLM cannot be installed), then everything again under ASan + UBSan
+# with clang, with the libFuzzer targets run for a bounded time (build-fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # ccache keys relative to the checkout (paths under it rewritten, the build
@@ -21,6 +23,7 @@ stage set-up scripts/setup.sh build
 stage "main suite" ctest --test-dir build --output-on-failure -j "$(nproc)"
 stage "without LibTorch" scripts/test-without-torch.sh build-notorch build/cli/tsar
 stage "oldest torch and the wheel" scripts/test-oldest-torch.sh
+stage "vLLM" scripts/test-vllm.sh
 
 # Sanitizers and fuzzing: everything again with clang, ASan + UBSan and
 # libFuzzer coverage (LibTorch-linked tests included), then each fuzzer for
