@@ -1,8 +1,12 @@
-"""vLLM loads a tsar archive through tsar.vllm (issue 59, item 1): greedy
-tokens of a tiny LLaMA from the archive equal those from its save_pretrained
-directory, and a damaged or foreign archive is refused before any weight is
-loaded. Skipped where vLLM cannot be imported (this repository's .venv has
-none; docs/python.md "vLLM" says how the CPU build installs).
+"""vLLM loads a tsar archive through tsar.vllm (issue 59): greedy tokens of a
+tiny LLaMA from a plain archive and from a runtime-layout archive
+(``tsar-vllm pack``) equal those from its save_pretrained directory; a damaged,
+foreign or differently stamped archive is refused before any weight is
+loaded; and two replicas of a ~256 MiB model bound from one runtime-layout
+archive hold one copy of the weights between them (summed Pss). Skipped where
+vLLM cannot be imported (this repository's .venv has none;
+scripts/test-vllm.sh runs this file in a pinned vLLM CPU venv with tsar's
+wheel installed beside it; docs/vllm.md).
 
 vLLM runs its own torch, so tsar runs its portable path here. Each vLLM
 engine runs in a child process (this file run as a script), which vLLM
@@ -12,9 +16,11 @@ as a distribution (the build tree), the test puts a dist-info directory that
 declares that entry point on the children's PYTHONPATH, as ``pip install
 tsar`` would.
 
-Also a script: ``python tests/python/test_vllm.py KIND MODEL_DIR ARCHIVE``
-prints the greedy tokens as JSON (KIND: dir, tsar-dir; tsar, model="model.tsar",
-needs vLLM to skip its speculators probe of `model`, see docs/python.md).
+Also a script: ``python tests/python/test_vllm.py KIND MODEL_DIR ARCHIVE [hold]``
+prints the greedy tokens as JSON (KIND: dir, tsar-dir, tsar-dir-repack,
+tsar-dir-any-version; tsar, model="model.tsar", needs vLLM to skip its
+speculators probe of `model`, see docs/vllm.md); with ``hold`` it then keeps
+the engine until its stdin closes.
 """
 import json
 import os
@@ -33,13 +39,15 @@ def _engine_kwargs(kind, model_dir, archive):
     if kind == "tsar":
         return dict(model=archive, load_format="tsar", config_format="tsar",
                     tokenizer_mode="tsar", **common)
-    if kind == "tsar-dir":
+    extra = {"tsar-dir": {}, "tsar-dir-repack": {"repack": True},
+             "tsar-dir-any-version": {"version_match": "any"}}
+    if kind in extra:
         return dict(model=model_dir, load_format="tsar",
-                    model_loader_extra_config={"archive": archive}, **common)
+                    model_loader_extra_config={"archive": archive, **extra[kind]}, **common)
     raise ValueError(kind)
 
 
-def _child(kind, model_dir, archive):
+def _child(kind, model_dir, archive, hold=""):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
 
@@ -52,10 +60,12 @@ def _child(kind, model_dir, archive):
                                   "tokens": [list(o.outputs[0].token_ids) for o in outs],
                                   "prompt_tokens": [list(o.prompt_token_ids) for o in outs]}),
           flush=True)
+    if hold == "hold":  # the engine stays up (its memory measurable) until stdin closes
+        sys.stdin.read()
 
 
 if __name__ == "__main__":
-    _child(*sys.argv[1:4])
+    _child(*sys.argv[1:5])
     sys.exit(0)
 
 
@@ -92,7 +102,10 @@ def _entry_point_dir(root):
     return d
 
 
-def _save_tiny_llama(directory):
+def _save_llama(directory, **sizes):
+    """A LLaMA with random weights and a tiny BPE tokenizer (vocabulary 100)
+    in ``directory``, as save_pretrained writes it; ``sizes`` override the
+    tiny model's config (hidden 64, 2 layers, vocabulary 128, float32)."""
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -105,13 +118,15 @@ def _save_tiny_llama(directory):
         tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="<s>",
         eos_token="</s>").save_pretrained(directory)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=128,
-        bos_token_id=2, eos_token_id=3, pad_token_id=1))
+    config = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=128,
+                  bos_token_id=2, eos_token_id=3, pad_token_id=1)
+    config.update(sizes)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+    scale = 0.2 if config["hidden_size"] <= 64 else 0.02
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
+            p.copy_(torch.randn_like(p) * scale)
     model.eval().save_pretrained(directory)
 
 
@@ -119,7 +134,7 @@ def _save_tiny_llama(directory):
 def tiny(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("vllm"))
     model_dir = os.path.join(root, "dir")
-    _save_tiny_llama(model_dir)
+    _save_llama(model_dir)
     archive = os.path.join(root, "model.tsar")
     tsar.pack(model_dir, archive)
     env = tsar_testutil.child_env()
@@ -142,22 +157,30 @@ def _run(env, kind, model_dir, archive, timeout=600):
     return r, result
 
 
-def test_tokens_equal_safetensors(tiny):
+def _run_ok(env, kind, model_dir, archive):
+    r, result = _run(env, kind, model_dir, archive)
+    assert r.returncode == 0 and result is not None, (kind, r.stdout[-3000:], r.stderr[-6000:])
+    return r.stdout + r.stderr, result  # vLLM logs to stdout
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    """vLLM's own greedy tokens of the tiny model, from its directory."""
     root, model_dir, archive, env = tiny
-    results = {}
+    _, want = _run_ok(env, "dir", model_dir, archive)
+    assert all(len(t) == MAX_TOKENS for t in want["tokens"])
+    return want
+
+
+def test_tokens_equal_safetensors(tiny, reference):
+    root, model_dir, archive, env = tiny
     # model="model.tsar" (kind "tsar") does not start in vLLM 0.32.0: its
     # EngineArgs reads config.json from `model` (maybe_override_with_speculators)
-    # before any config_format is consulted. docs/python.md "vLLM".
-    for kind in ("dir", "tsar-dir"):
-        r, result = _run(env, kind, model_dir, archive)
-        assert r.returncode == 0 and result is not None, (kind, r.stdout[-3000:],
-                                                          r.stderr[-6000:])
-        results[kind] = result
-    want = results["dir"]
-    assert all(len(t) == MAX_TOKENS for t in want["tokens"])
-    for kind in ("tsar-dir",):
-        assert results[kind]["prompt_tokens"] == want["prompt_tokens"], kind
-        assert results[kind]["tokens"] == want["tokens"], kind
+    # before any config_format is consulted. docs/vllm.md.
+    log, result = _run_ok(env, "tsar-dir", model_dir, archive)
+    assert result["prompt_tokens"] == reference["prompt_tokens"]
+    assert result["tokens"] == reference["tokens"]
+    assert "tsar: checking" in log
 
 
 def _damaged_copy(archive, root):
@@ -190,6 +213,23 @@ def test_damaged_archive_refused_before_loading(tiny):
     assert "tsar: checking" not in log
 
 
+def _checked_by_loader(model_dir, archive):
+    """What the loader does before any weight is loaded (open, verify, match
+    the config), called as vLLM's worker calls it, without starting vLLM:
+    its config of ``model_dir`` as vLLM reads it."""
+    import transformers
+    from vllm.config.load import LoadConfig
+
+    import tsar.vllm
+
+    hf = transformers.AutoConfig.from_pretrained(model_dir)
+    model_config = type("ModelConfig", (), {"model": model_dir, "hf_config": hf,
+                                            "hf_text_config": hf, "quantization": None})()
+    loader = tsar.vllm.TsarModelLoader(LoadConfig(
+        load_format="tsar", model_loader_extra_config={"archive": archive}))
+    loader.download_model(model_config)
+
+
 def test_other_model_refused_before_loading(tiny):
     """An archive of another model (another hidden size) beside the directory vLLM reads."""
     root, model_dir, archive, env = tiny
@@ -201,18 +241,263 @@ def test_other_model_refused_before_loading(tiny):
         num_attention_heads=1, num_key_value_heads=1)).save_pretrained(other_dir)
     other = os.path.join(root, "other.tsar")
     tsar.pack(other_dir, other)
-    r, result = _run(env, "tsar-dir", model_dir, other)
-    assert r.returncode != 0 and result is None
-    log = r.stdout + r.stderr
-    assert "hidden_size: expected 64, found 32" in log, log[-4000:]
+    _checked_by_loader(model_dir, archive)  # its own archive passes
+    with pytest.raises(tsar.Error, match="hidden_size: expected 64, found 32") as e:
+        _checked_by_loader(model_dir, other)
+    assert e.value.code == tsar.ErrorCode.BIND_MISMATCH and other in str(e.value)
 
 
 def test_not_a_model_refused(tiny):
-    """An archive with no config.json attached (tsar.save of plain tensors)."""
+    """An archive with no config.json attached (tsar.save of plain tensors),
+    and a file that is not an archive."""
     root, model_dir, archive, env = tiny
     plain = os.path.join(root, "plain.tsar")
     tsar.save({"w": torch.zeros(4)}, plain)
-    r, result = _run(env, "tsar-dir", model_dir, plain)
-    assert r.returncode != 0 and result is None
+    with pytest.raises(tsar.Error, match="config.json: expected an attached file"):
+        _checked_by_loader(model_dir, plain)
+    with pytest.raises(tsar.Error) as e:
+        _checked_by_loader(model_dir, os.path.join(model_dir, "config.json"))
+    assert e.value.code == tsar.ErrorCode.BAD_MAGIC, e.value
+
+
+# Runtime-layout archives (issue 59, item 2): tsar-vllm pack, bound in place.
+
+def _pack_runtime(env, model_dir, out, *args):
+    """tsar-vllm pack MODEL_DIR -o OUT: the console script beside this Python
+    where tsar is installed (the wheel), else the module."""
+    script = os.path.join(os.path.dirname(sys.executable), "tsar-vllm")
+    cmd = [script] if os.path.exists(script) else [sys.executable, "-m", "tsar._vllm_cli"]
+    r = subprocess.run(cmd + ["pack", model_dir, "-o", out, "--dtype", "float32", *args],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-6000:])
+    assert f"tsar-vllm: wrote {out}: 1 entries" in r.stderr, r.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny):
+    root, model_dir, archive, env = tiny
+    return _pack_runtime(env, model_dir, os.path.join(root, "model.vllm.tsar"))
+
+
+def _stamp(path):
+    from tsar import _vllm_runtime
+
+    with tsar.open(path) as a:
+        return _vllm_runtime.read_stamp(a)
+
+
+def test_runtime_archive_holds_vllms_own_layout(runtime, tiny):
+    root, model_dir, archive, env = tiny
+    with tsar.open(runtime) as a:
+        assert a.entries == ["rank0"]
+        names = set(a.keys("rank0"))
+        files = set(a.file_names())
+        fused = a["model.layers.0.self_attn.qkv_proj.weight"]
+    # vLLM's fused qkv (64 + 64 + 64 rows: one head of 64 each) and gate/up.
+    assert tuple(fused.shape) == (192, 64)
+    assert "model.layers.1.mlp.gate_up_proj.weight" in names
+    assert not any(".q_proj." in n for n in names)
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= files
+    with tsar.open(archive) as plain:
+        q = plain["model.layers.0.self_attn.q_proj.weight"]
+        v = plain["model.layers.0.self_attn.v_proj.weight"]
+    assert torch.equal(fused[:64], q) and torch.equal(fused[128:], v)
+    stamp = _stamp(runtime)
+    assert stamp == {"format": "tsar-vllm-runtime/1", "vllm_version": vllm.__version__,
+                     "architectures": ["LlamaForCausalLM"], "dtype": "float32",
+                     "quantization": None, "tensor_parallel_size": 1,
+                     "torch_version": torch.__version__.split("+")[0]}
+
+
+def test_runtime_layout_tokens_equal(tiny, reference, runtime):
+    """Bound in place, vLLM's repack skipped (the default) and kept
+    (repack=True): the directory's greedy tokens both ways."""
+    root, model_dir, archive, env = tiny
+    log, result = _run_ok(env, "tsar-dir", model_dir, runtime)
+    assert result["tokens"] == reference["tokens"]
+    assert "entry rank0" in log and "layers kept unpacked, shared" in log, log[-3000:]
+    assert "tsar: checking" not in log  # bound, not fed to load_weights
+    log, result = _run_ok(env, "tsar-dir-repack", model_dir, runtime)
+    assert result["tokens"] == reference["tokens"]
+    assert "repacked by vLLM: a private copy" in log, log[-3000:]
+
+
+def _restamped(runtime, path, **changes):
+    """The runtime archive again with its stamp changed (roles and bytes kept)."""
+    from tsar import _vllm_runtime
+
+    with tsar.open(runtime) as a:
+        metadata = {k: v for k, v in a.metadata().items()}
+        stamp = json.loads(metadata[_vllm_runtime.STAMP_KEY])
+        stamp.update(changes)
+        metadata[_vllm_runtime.STAMP_KEY] = json.dumps(stamp)
+        tsar.save({"rank0": a.state_dict("rank0")}, path, metadata=metadata)
+    return path
+
+
+def test_runtime_other_vllm_version_refused(tiny, reference, runtime):
+    """A stamp of another vLLM version: refused by default, before the model
+    is built, naming both versions; version_match="any" binds it."""
+    root, model_dir, archive, env = tiny
+    other = _restamped(runtime, os.path.join(root, "other-version.tsar"), vllm_version="0.1.0")
+    r, result = _run(env, "tsar-dir", model_dir, other)
     log = r.stdout + r.stderr
-    assert "config.json: expected an attached file" in log, log[-4000:]
+    assert r.returncode != 0 and result is None
+    assert "vllm_version: archive '0.1.0', this vLLM" in log, log[-4000:]
+    assert "model built in" not in log
+    log, result = _run_ok(env, "tsar-dir-any-version", model_dir, other)
+    assert result["tokens"] == reference["tokens"]
+
+
+class _Config:
+    """What stamp_of reads of a VllmConfig."""
+
+    def __init__(self, architectures=("LlamaForCausalLM",), dtype=torch.float32,
+                 quantization=None, tp=1):
+        hf = type("HF", (), {"architectures": list(architectures)})()
+        self.model_config = type("MC", (), {"hf_config": hf, "dtype": dtype,
+                                            "quantization": quantization})()
+        self.parallel_config = type("PC", (), {"tensor_parallel_size": tp})()
+
+
+def test_stamp_check_names_every_difference():
+    from tsar import _vllm_runtime
+
+    stamp = _vllm_runtime.stamp_of(_Config())
+    _vllm_runtime.check_stamp("a.tsar", stamp, _Config())  # its own set-up: binds
+    with pytest.raises(tsar.Error) as e:
+        _vllm_runtime.check_stamp("a.tsar", stamp, _Config(
+            architectures=["MistralForCausalLM"], dtype=torch.bfloat16, quantization="fp8", tp=2))
+    assert e.value.code == tsar.ErrorCode.BIND_MISMATCH
+    for diff in ("architectures: archive ['LlamaForCausalLM'], this vLLM ['MistralForCausalLM']",
+                 "dtype: archive 'float32', this vLLM 'bfloat16'",
+                 "quantization: archive None, this vLLM 'fp8'",
+                 "tensor_parallel_size: archive 1, this vLLM 2"):
+        assert diff in str(e.value), str(e.value)
+    assert "vllm_version" not in str(e.value)
+    major, minor = vllm.__version__.split(".")[:2]
+    same_release = dict(stamp, vllm_version=f"{major}.{minor}.999")
+    with pytest.raises(tsar.Error, match="vllm_version: archive '"):
+        _vllm_runtime.check_stamp("a.tsar", same_release, _Config())
+    _vllm_runtime.check_stamp("a.tsar", same_release, _Config(), "release")
+    other_release = dict(stamp, vllm_version=f"{major}.{int(minor) + 1}.0")
+    with pytest.raises(tsar.Error, match="compared release"):
+        _vllm_runtime.check_stamp("a.tsar", other_release, _Config(), "release")
+    _vllm_runtime.check_stamp("a.tsar", other_release, _Config(), "any")
+    with pytest.raises(ValueError, match="version_match"):
+        _vllm_runtime.check_stamp("a.tsar", stamp, _Config(), "newer")
+
+
+@pytest.mark.parametrize("value, why", [
+    ("not json", "expected JSON"),
+    ('["a list"]', "expected a JSON object"),
+    ('{"format": "tsar-vllm-runtime/2"}', "expected a JSON object"),
+    (b"bytes", "expected a string"),
+])
+def test_bad_stamp_refused(tmp_path, value, why):
+    from tsar import _vllm_runtime
+
+    path = str(tmp_path / "bad.tsar")
+    tsar.save({"w": torch.zeros(2)}, path, metadata={_vllm_runtime.STAMP_KEY: value})
+    with tsar.open(path) as a, pytest.raises(tsar.Error, match=why) as e:
+        _vllm_runtime.read_stamp(a)
+    assert e.value.code == tsar.ErrorCode.BAD_INPUT and path in str(e.value)
+
+
+def _tree_pss_kib(pid) -> int:
+    """Summed Pss (KiB) of a process and all its descendants (vLLM's engine
+    core and worker)."""
+    import psutil
+
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0
+    for p in procs:
+        try:
+            total += tsar_testutil.smaps_rollup(p.pid)["Pss"]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            pass  # gone since it was listed
+    return total
+
+
+def _start_replicas(env, kind, model_dir, archive, count):
+    """``count`` engines (this file run as a script, ``hold``), started
+    together; returns them once each has printed its tokens."""
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), kind, model_dir,
+                               archive, "hold"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env, start_new_session=True) for _ in range(count)]
+    results, logs = [], []
+    for p in procs:
+        lines = []
+        for line in p.stdout:  # vLLM's log, then the RESULT line
+            lines.append(line)
+            if line.startswith("RESULT "):
+                results.append(json.loads(line[len("RESULT "):]))
+                break
+        logs.append("".join(lines))
+    return procs, results, logs
+
+
+def _stop_replicas(procs):
+    import signal
+
+    for p in procs:
+        if p.poll() is None:
+            p.stdin.close()
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        p.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def medium(tiny):
+    """A ~256 MiB LLaMA (float32; hidden 1024, 4 layers of 64 MiB, the tiny
+    tokenizer's vocabulary) and its runtime-layout archive."""
+    root, _, _, env = tiny
+    model_dir = os.path.join(root, "medium")
+    _save_llama(model_dir, hidden_size=1024, intermediate_size=4096, num_hidden_layers=4,
+                num_attention_heads=8, num_key_value_heads=8)
+    runtime = _pack_runtime(env, model_dir, os.path.join(root, "medium.vllm.tsar"))
+    return model_dir, runtime
+
+
+def test_replicas_share_one_copy(tiny, medium):
+    """Two replicas bound from one runtime-layout archive, each in its own
+    processes: the same greedy tokens as vLLM loading the directory, and
+    summed Pss <= 1.1 x one copy of the weights + 2 x one replica's private
+    state (one `auto` replica's Pss minus the weights)."""
+    root, _, _, env = tiny
+    model_dir, runtime = medium
+    with tsar.open(runtime) as a:
+        weights_kib = sum(t.numel() * t.element_size()
+                          for t in a.state_dict("rank0").values()) >> 10
+    assert weights_kib > 240 << 10
+    procs, results, logs = _start_replicas(env, "dir", model_dir, runtime, 1)
+    try:
+        assert len(results) == 1, logs[0][-6000:]
+        auto_kib = _tree_pss_kib(procs[0].pid)
+    finally:
+        _stop_replicas(procs)
+    want = results[0]["tokens"]
+    private_kib = auto_kib - weights_kib
+    assert private_kib > 0, (auto_kib, weights_kib)
+    procs, results, logs = _start_replicas(env, "tsar-dir", model_dir, runtime, 2)
+    try:
+        assert len(results) == 2, [log[-6000:] for log in logs]
+        summed_kib = sum(_tree_pss_kib(p.pid) for p in procs)
+    finally:
+        _stop_replicas(procs)
+    for result, log in zip(results, logs):
+        assert result["tokens"] == want
+        assert "layers kept unpacked, shared" in log, log[-3000:]
+    bound_kib = 1.1 * weights_kib + 2 * private_kib
+    print(f"weights {weights_kib >> 10} MiB; one auto replica {auto_kib >> 10} MiB Pss; "
+          f"two tsar replicas {summed_kib >> 10} MiB summed Pss (bound {int(bound_kib) >> 10} "
+          f"MiB; two auto replicas would be about {2 * auto_kib >> 10} MiB)")
+    assert summed_kib <= bound_kib, (summed_kib, bound_kib, auto_kib, weights_kib)
