@@ -1,4 +1,4 @@
-"""tsar.vllm: vLLM loads a model from a tsar archive (issue 59, item 1).
+"""tsar.vllm: vLLM loads a model from a tsar archive (issue 59; docs/vllm.md).
 
 ``pip install tsar`` into a vLLM environment declares the entry point
 ``tsar = "tsar.vllm:register"`` in the group ``vllm.general_plugins``, which
