@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -179,6 +180,7 @@ def _stop(procs):
 
 
 def _tree_pss_kib(pid) -> int:
+    """Summed Pss (KiB) of a replica: its process and every descendant."""
     import psutil
 
     procs = [psutil.Process(pid)]
@@ -186,19 +188,20 @@ def _tree_pss_kib(pid) -> int:
     total = 0
     for q in procs:
         try:
-            with open(f"/proc/{q.pid}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1])
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            total += q.memory_full_info().pss >> 10
+        except psutil.NoSuchProcess:
             pass
     return total
 
 
 def _why(log):
-    for line in reversed(log.splitlines()):
-        if "Error" in line or "error" in line:
-            return line.strip()[-300:]
+    """The root cause in a failed engine's log: the first exception line
+    other than vLLM's own summary of the failure."""
+    pattern = re.compile(r"(?:^|\] |\) )((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)\b.*)")
+    found = [m.group(1) for m in map(pattern.search, log.splitlines()) if m]
+    found = [f for f in found if "Engine core initialization failed" not in f] or found
+    if found:
+        return found[0].strip()[:300]
     return log.strip().splitlines()[-1][-300:] if log.strip() else "no output"
 
 
@@ -241,6 +244,15 @@ def prepare(work, log):
                            capture_output=True, text=True, env=_env(work))
         if r.returncode != 0:
             log(f"tensorizer: tensorize_vllm_model failed: {_why(r.stdout + r.stderr)}")
+        # vLLM serializes the model after processing it: on the CPU its linear
+        # weights are then oneDNN handles, and the file lacks them.
+        with tsar.open(os.path.join(work, "model.tsar")) as a:
+            weights = sum(t.numel() * t.element_size() for t in a.state_dict().values())
+        size = os.path.getsize(tensors) if os.path.exists(tensors) else 0
+        if size < weights:
+            log(f"tensorizer: model.tensors holds {size / 2**20:.0f} MiB of the "
+                f"{weights / 2**20:.0f} MiB of weights (vLLM serializes the processed model; "
+                "on the CPU its linear weights are oneDNN handles): not usable here")
 
 
 def tensorize(work):

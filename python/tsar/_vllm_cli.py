@@ -1,4 +1,5 @@
-"""tsar-vllm: makes a runtime-layout archive for vLLM (issue 59, item 2).
+"""tsar-vllm: makes a runtime-layout archive for vLLM, and serves an archive
+alone (issue 59; docs/vllm.md).
 
 ``tsar-vllm pack MODEL_DIR -o OUT`` starts vLLM once on MODEL_DIR (a directory
 that transformers' ``save_pretrained`` wrote) with tsar's load format
@@ -8,7 +9,14 @@ become one archive: entries ``rank0``... , the stamp ``vllm.runtime`` (this
 vLLM's version, the architectures, dtype, quantization, tensor-parallel size),
 and MODEL_DIR's config and tokenizer files, attached as ``tsar pack`` attaches
 them. The archive is published atomically (``OUT`` is the old file or the
-complete new one). See docs/vllm.md.
+complete new one).
+
+``tsar-vllm serve ARCHIVE [vllm serve options]`` is ``vllm serve`` of the
+archive alone: vLLM takes a directory as its model (it reads config.json from
+it before any plugin could), so the archive's config, generation config and
+tokenizer files are written once into a cache directory (:func:`model_dir`;
+``auto_map`` removed, nothing but those files) that vLLM is given, with the
+load format ``tsar`` reading the weights from the archive.
 """
 from __future__ import annotations
 
@@ -33,7 +41,13 @@ place: every replica on a host maps the same pages, one copy of the weights.
 
 The archive binds only under the set-up in its stamp: the same vLLM version
 (by default), architectures, dtype, quantization and tensor-parallel size.
-Make one archive per set-up you serve."""
+Make one archive per set-up you serve.
+
+  tsar-vllm serve model.vllm.tsar [vllm serve options]
+
+serves an archive alone: its config and tokenizer files (attached by tsar pack
+or tsar-vllm pack) are written once into a cache directory given to vLLM as its
+model, and the weights come from the archive."""
 
 # What tsar pack attaches of a transformers directory (spec §4.7.1): names
 # ending in these, at the top or under additional_chat_templates/, up to 64 MiB.
@@ -84,7 +98,108 @@ def _parser() -> argparse.ArgumentParser:
     pack.add_argument("--engine-args", default="{}", metavar="JSON",
                       help="other keyword arguments of vllm.LLM, as a JSON object "
                            "(for example '{\"quantization\": null}')")
+    serve = sub.add_parser(
+        "serve", help="vllm serve of an archive alone (its attached config and tokenizer)",
+        description="vllm serve ARCHIVE: the archive's config.json, generation_config.json and "
+                    "tokenizer files (auto_map removed) are written once into a cache directory "
+                    "($TSAR_VLLM_CACHE, else $XDG_CACHE_HOME/tsar/vllm, else "
+                    "~/.cache/tsar/vllm) that vLLM takes as its model, with --load-format tsar "
+                    "and the archive in --model-loader-extra-config. Every other option is "
+                    "vllm serve's (--served-model-name defaults to the archive's file name "
+                    "without .tsar). --trust-remote-code is refused: nothing from an archive "
+                    "runs.")
+    serve.add_argument("archive", metavar="ARCHIVE", help="a .tsar archive of a model")
+    serve.add_argument("vllm_args", nargs=argparse.REMAINDER, metavar="...",
+                       help="vllm serve's options")
     return parser
+
+
+# What model_dir writes: the names tsar pack attaches (config, tokenizer, chat
+# templates), never anything else an archive may carry.
+_SERVED_SUFFIXES = _ATTACHED_SUFFIXES
+
+
+def _cache_root() -> str:
+    root = os.environ.get("TSAR_VLLM_CACHE")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "tsar", "vllm")
+    return root
+
+
+def model_dir(archive_path, directory=None) -> str:
+    """A directory vLLM can take as ``model``: the archive's attached
+    config.json, generation_config.json, tokenizer files and chat templates
+    (names ending in .json, .txt, .model, .jinja, .tiktoken), with
+    ``auto_map`` removed from config.json and tokenizer_config.json (noted),
+    and nothing else. ``directory`` None: a cache directory named by the
+    archive's identity (path, size, modification time, index checksum), made
+    once and atomically, shared by every process. NOT_FOUND for an archive
+    with no config.json."""
+    import hashlib
+
+    from ._archive import open as tsar_open
+    from ._transformers_archive import _config_dict, _json
+    from ._transformers_tokenizer import _without_auto_map, _write
+
+    path = os.path.abspath(os.fspath(archive_path))
+    with tsar_open(path) as archive:
+        _config_dict(archive)  # NOT_FOUND: not packed from a model directory
+        names = [n for n in archive.file_names() if n.endswith(_SERVED_SUFFIXES)]
+        if directory is None:
+            st = os.stat(path)
+            key = hashlib.sha256(json.dumps(
+                [path, st.st_size, st.st_mtime_ns, st.st_ino,
+                 [(n, len(archive.file(n))) for n in names]]).encode()).hexdigest()[:32]
+            directory = os.path.join(_cache_root(), key)
+            if os.path.isfile(os.path.join(directory, "config.json")):
+                return directory
+        directory = os.fspath(directory)
+        parent = os.path.dirname(os.path.abspath(directory))
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".tsar-vllm-model-", dir=parent)
+        try:
+            for name in names:
+                data = archive.file(name)
+                if name in ("config.json", "tokenizer_config.json"):
+                    data = _without_auto_map(archive, name, _json(archive, name, data), data)
+                _write(archive, tmp, name, data)
+            try:
+                os.rename(tmp, directory)
+            except OSError:
+                if not os.path.isfile(os.path.join(directory, "config.json")):
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)  # another process made it first
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return directory
+
+
+def serve_argv(archive_path, vllm_args) -> list:
+    """``vllm serve``'s argv (after "vllm") for ``tsar-vllm serve ARCHIVE VLLM_ARGS``."""
+    from ._errors import Error, ErrorCode
+
+    args = list(vllm_args)
+    if args and args[0] == "--":
+        args = args[1:]
+    if any(a == "--trust-remote-code" or a.startswith("--trust-remote-code=") for a in args):
+        raise Error(f"{archive_path}: --trust-remote-code: tsar never runs code from an archive",
+                    ErrorCode.INVALID_ARGUMENT, os.fspath(archive_path))
+    extra = {"archive": os.path.abspath(os.fspath(archive_path))}
+    for i, a in enumerate(args):  # the user's own loader options, merged
+        if a == "--model-loader-extra-config" and i + 1 < len(args):
+            value = args.pop(i + 1)
+            args.pop(i)
+            extra = {**json.loads(value), **extra}
+            break
+    name = os.path.basename(os.fspath(archive_path))
+    name = name[:-len(".tsar")] if name.endswith(".tsar") else name
+    head = ["serve", model_dir(archive_path), "--load-format", "tsar",
+            "--model-loader-extra-config", json.dumps(extra)]
+    if not any(a == "--served-model-name" or a.startswith("--served-model-name=") for a in args):
+        head += ["--served-model-name", name]
+    return head + args
 
 
 def pack(model_dir: str, output: str, *, dtype: str = "auto", tensor_parallel_size: int = 1,
@@ -155,6 +270,17 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from ._errors import Error
 
+    if args.command == "serve":
+        try:
+            argv = serve_argv(args.archive, args.vllm_args)
+        except Error as e:
+            print(f"tsar-vllm: error: {e}", file=sys.stderr)
+            return 1
+        from vllm.entrypoints.cli.main import main as vllm_main
+
+        sys.argv = ["vllm"] + argv
+        print("tsar-vllm: vllm " + " ".join(argv), file=sys.stderr, flush=True)
+        return vllm_main() or 0
     try:
         engine_args = json.loads(args.engine_args)
         if not isinstance(engine_args, dict):

@@ -64,7 +64,7 @@ from vllm.transformers_utils.config_parser_base import ConfigParserBase
 from . import _archive, _vllm_runtime
 from ._errors import Error, ErrorCode
 
-__all__ = ["register", "TsarModelLoader", "TsarConfigParser", "TsarTokenizer"]
+__all__ = ["register", "engine_args", "TsarModelLoader", "TsarConfigParser", "TsarTokenizer"]
 
 NAME = "tsar"
 _EXTRA_KEYS = ("archive", "entry", "verify", "repack", "version_match")
@@ -97,6 +97,27 @@ def register() -> None:
     from vllm.renderers.registry import RENDERER_REGISTRY
 
     RENDERER_REGISTRY.register(NAME, "vllm.renderers.hf", "HfRenderer")
+
+
+def engine_args(archive, **kwargs) -> dict:
+    """Keyword arguments of ``vllm.LLM`` (or ``EngineArgs``) that run the
+    archive alone: ``model`` is a directory of its attached config and
+    tokenizer files (:func:`tsar._vllm_cli.model_dir`, made once, cached),
+    ``load_format="tsar"`` reads the weights from the archive. ``kwargs`` are
+    vLLM's others; a ``model_loader_extra_config`` of theirs is merged::
+
+        llm = LLM(**tsar.vllm.engine_args("model.vllm.tsar", max_model_len=4096))
+    """
+    from ._vllm_cli import model_dir
+
+    if kwargs.get("trust_remote_code"):
+        raise _error(archive, ErrorCode.INVALID_ARGUMENT,
+                     "trust_remote_code: expected False, found True: tsar never runs code "
+                     "from an archive")
+    extra = dict(kwargs.pop("model_loader_extra_config", None) or {})
+    extra["archive"] = os.path.abspath(os.fspath(archive))
+    return dict(kwargs, model=model_dir(archive), load_format=NAME,
+                model_loader_extra_config=extra)
 
 
 def _error(path, code, message) -> Error:

@@ -18,7 +18,7 @@ tsar`` would.
 
 Also a script: ``python tests/python/test_vllm.py KIND MODEL_DIR ARCHIVE [hold]``
 prints the greedy tokens as JSON (KIND: dir, tsar-dir, tsar-dir-repack,
-tsar-dir-any-version; tsar, model="model.tsar", needs vLLM to skip its
+tsar-dir-any-version, archive; tsar, model="model.tsar", needs vLLM to skip its
 speculators probe of `model`, see docs/vllm.md); with ``hold`` it then keeps
 the engine until its stdin closes.
 """
@@ -39,6 +39,10 @@ def _engine_kwargs(kind, model_dir, archive):
     if kind == "tsar":
         return dict(model=archive, load_format="tsar", config_format="tsar",
                     tokenizer_mode="tsar", **common)
+    if kind == "archive":  # the archive alone: tsar.vllm.engine_args
+        import tsar.vllm
+
+        return tsar.vllm.engine_args(archive, **common)
     extra = {"tsar-dir": {}, "tsar-dir-repack": {"repack": True},
              "tsar-dir-any-version": {"version_match": "any"}}
     if kind in extra:
@@ -415,8 +419,8 @@ def _tree_pss_kib(pid) -> int:
     total = 0
     for p in procs:
         try:
-            total += tsar_testutil.smaps_rollup(p.pid)["Pss"]
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            total += p.memory_full_info().pss >> 10
+        except psutil.NoSuchProcess:
             pass  # gone since it was listed
     return total
 
@@ -501,3 +505,78 @@ def test_replicas_share_one_copy(tiny, medium):
           f"two tsar replicas {summed_kib >> 10} MiB summed Pss (bound {int(bound_kib) >> 10} "
           f"MiB; two auto replicas would be about {2 * auto_kib >> 10} MiB)")
     assert summed_kib <= bound_kib, (summed_kib, bound_kib, auto_kib, weights_kib)
+
+
+# The archive alone (tsar.vllm.engine_args, tsar-vllm serve): vLLM is given a
+# directory of the archive's config and tokenizer files.
+
+def test_model_dir_holds_the_archives_config_and_tokenizer(tiny, tmp_path, monkeypatch):
+    from tsar import _vllm_cli
+
+    root, model_dir, archive, env = tiny
+    monkeypatch.setenv("TSAR_VLLM_CACHE", str(tmp_path / "cache"))
+    d = _vllm_cli.model_dir(archive)
+    assert os.path.dirname(d) == str(tmp_path / "cache")
+    want = sorted(n for n in os.listdir(model_dir) if not n.endswith(".safetensors"))
+    assert sorted(os.listdir(d)) == want
+    for name in want:
+        with open(os.path.join(d, name), "rb") as f, open(os.path.join(model_dir, name), "rb") as g:
+            assert f.read() == g.read(), name
+    assert _vllm_cli.model_dir(archive) == d  # made once
+    assert sorted(os.listdir(tmp_path / "cache")) == [os.path.basename(d)]
+
+
+def test_model_dir_writes_no_code(tiny, tmp_path):
+    """An archive someone else packed: its auto_map is dropped (noted) and a
+    .py attached to it is never written."""
+    from tsar import _vllm_cli
+
+    root, model_dir, archive, env = tiny
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["auto_map"] = {"AutoConfig": "evil.EvilConfig"}
+    tok = {"tokenizer_class": "PreTrainedTokenizerFast",
+           "auto_map": {"AutoTokenizer": ["evil.EvilTokenizer", None]}}
+    hostile = str(tmp_path / "hostile.tsar")
+    tsar.save({"w": torch.zeros(2)}, hostile, metadata={
+        "file:config.json": json.dumps(cfg).encode(),
+        "file:tokenizer_config.json": json.dumps(tok).encode(),
+        "file:evil.py": b"raise SystemExit('ran')\n"})
+    with pytest.warns(UserWarning, match="auto_map"):
+        d = _vllm_cli.model_dir(hostile, str(tmp_path / "served"))
+    assert sorted(os.listdir(d)) == ["config.json", "tokenizer_config.json"]
+    for name in ("config.json", "tokenizer_config.json"):
+        with open(os.path.join(d, name)) as f:
+            assert "auto_map" not in json.load(f)
+    plain = str(tmp_path / "plain.tsar")
+    tsar.save({"w": torch.zeros(2)}, plain)
+    with pytest.raises(tsar.Error, match="config.json: expected an attached file"):
+        _vllm_cli.model_dir(plain)
+
+
+def test_serve_argv(tiny, tmp_path, monkeypatch):
+    from tsar import _vllm_cli
+
+    root, model_dir, archive, env = tiny
+    monkeypatch.setenv("TSAR_VLLM_CACHE", str(tmp_path / "cache"))
+    argv = _vllm_cli.serve_argv(archive, ["--port", "8001", "--model-loader-extra-config",
+                                          '{"verify": false}'])
+    d = _vllm_cli.model_dir(archive)
+    assert argv == ["serve", d, "--load-format", "tsar", "--model-loader-extra-config",
+                    json.dumps({"verify": False, "archive": os.path.abspath(archive)}),
+                    "--served-model-name", "model", "--port", "8001"]
+    named = _vllm_cli.serve_argv(archive, ["--served-model-name", "llama"])
+    assert named.count("--served-model-name") == 1 and named[-1] == "llama"
+    with pytest.raises(tsar.Error, match="--trust-remote-code"):
+        _vllm_cli.serve_argv(archive, ["--trust-remote-code"])
+
+
+def test_the_archive_alone(tiny, reference, runtime):
+    """LLM(**tsar.vllm.engine_args("model.vllm.tsar")): no model directory
+    needed beside the archive; vLLM's tokens, bound in place."""
+    root, model_dir, archive, env = tiny
+    env = dict(env, TSAR_VLLM_CACHE=os.path.join(root, "vllm-cache"))
+    log, result = _run_ok(env, "archive", model_dir, runtime)
+    assert result["prompt_tokens"] == reference["prompt_tokens"]
+    assert result["tokens"] == reference["tokens"]
+    assert "layers kept unpacked, shared" in log, log[-3000:]
