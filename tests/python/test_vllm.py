@@ -18,7 +18,7 @@ tsar`` would.
 
 Also a script: ``python tests/python/test_vllm.py KIND MODEL_DIR ARCHIVE [hold]``
 prints the greedy tokens as JSON (KIND: dir, tsar-dir, tsar-dir-repack,
-tsar-dir-any-version, archive; tsar, model="model.tsar", needs vLLM to skip its
+tsar-dir-any-version, archive; KIND@tp2 for 2 tensor-parallel ranks; tsar, model="model.tsar", needs vLLM to skip its
 speculators probe of `model`, see docs/vllm.md); with ``hold`` it then keeps
 the engine until its stdin closes.
 """
@@ -33,7 +33,9 @@ MAX_TOKENS = 12
 
 
 def _engine_kwargs(kind, model_dir, archive):
-    common = dict(enforce_eager=True, max_model_len=64, max_num_seqs=4, seed=0, dtype="float32")
+    kind, _, tp = kind.partition("@tp")  # "tsar-dir@tp2": tensor-parallel size 2
+    common = dict(enforce_eager=True, max_model_len=64, max_num_seqs=4, seed=0, dtype="float32",
+                  tensor_parallel_size=int(tp or 1))
     if kind == "dir":
         return dict(model=model_dir, **common)
     if kind == "tsar":
@@ -634,3 +636,32 @@ def test_tsar_vllm_serve(tiny, reference, runtime):
     assert answer["choices"][0]["text"] == reference["texts"][0]
     assert answer["model"] == "model.vllm"
     assert "layers kept unpacked, shared" in text, text[-3000:]
+
+
+def test_tensor_parallel_ranks_bind_their_own_entries(tiny):
+    """tsar-vllm pack -tp 2: one entry per rank, each only that rank's slice
+    (vLLM's fused qkv of 2 heads of 64: 3 x 64 rows a rank); two ranks bind
+    them and give vLLM's tokens from the directory on 2 ranks."""
+    root, _, _, env = tiny
+    model_dir = os.path.join(root, "two-heads")
+    _save_llama(model_dir, hidden_size=128, intermediate_size=256, num_attention_heads=2,
+                num_key_value_heads=2)
+    runtime = os.path.join(root, "tp2.vllm.tsar")
+    script = os.path.join(os.path.dirname(sys.executable), "tsar-vllm")
+    cmd = [script] if os.path.exists(script) else [sys.executable, "-m", "tsar._vllm_cli"]
+    r = subprocess.run(cmd + ["pack", model_dir, "-o", runtime, "--dtype", "float32",
+                              "--tensor-parallel-size", "2"],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-6000:])
+    with tsar.open(runtime) as a:
+        assert a.entries == ["rank0", "rank1"]
+        shapes = {e: tuple(a.tensor("model.layers.0.self_attn.qkv_proj.weight", e).shape)
+                  for e in a.entries}
+        gate_up = a.tensor("model.layers.0.mlp.gate_up_proj.weight", "rank1").shape
+    assert shapes == {"rank0": (192, 128), "rank1": (192, 128)}
+    assert tuple(gate_up) == (256, 128)  # 2 x 256 / 2
+    assert _stamp(runtime)["tensor_parallel_size"] == 2
+    _, want = _run_ok(env, "dir@tp2", model_dir, runtime)
+    log, result = _run_ok(env, "tsar-dir@tp2", model_dir, runtime)
+    assert result["tokens"] == want["tokens"]
+    assert "entry rank0" in log and "entry rank1" in log, log[-3000:]
