@@ -118,17 +118,26 @@ def register():
 '''
 
 
-def _plugin_dir(work):
-    d = os.path.join(work, "plugin")
-    info = os.path.join(d, "tsar_bench_timing-0.0.dist-info")
+def plugin_dir(directory, dist, name, target, sources=None):
+    """``directory``, to put on PYTHONPATH: it declares the vllm.general_plugins
+    entry point ``name = target`` as the distribution ``dist`` (as ``pip
+    install`` of a package with that entry point would), and holds
+    ``sources`` ({file name: Python source})."""
+    info = os.path.join(directory, f"{dist.replace('-', '_')}-0.0.dist-info")
     os.makedirs(info, exist_ok=True)
-    with open(os.path.join(d, "tsar_bench_timing.py"), "w") as f:
-        f.write(_PLUGIN)
+    for file, text in (sources or {}).items():
+        with open(os.path.join(directory, file), "w") as f:
+            f.write(text)
     with open(os.path.join(info, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: tsar-bench-timing\nVersion: 0.0\n")
+        f.write(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0\n")
     with open(os.path.join(info, "entry_points.txt"), "w") as f:
-        f.write("[vllm.general_plugins]\ntsar_bench_timing = tsar_bench_timing:register\n")
-    return d
+        f.write(f"[vllm.general_plugins]\n{name} = {target}\n")
+    return directory
+
+
+def _plugin_dir(work):
+    return plugin_dir(os.path.join(work, "plugin"), "tsar-bench-timing", "tsar_bench_timing",
+                      "tsar_bench_timing:register", {"tsar_bench_timing.py": _PLUGIN})
 
 
 def _env(work):
@@ -164,7 +173,9 @@ def _read(p):
     return result, load, "".join(lines)
 
 
-def _stop(procs):
+def stop_engines(procs):
+    """Lets engines held after their tokens go (their stdin closed), kills
+    the process group of any still running after 120 s."""
     import signal
 
     for p in procs:
@@ -179,7 +190,7 @@ def _stop(procs):
         p.stdout.close()
 
 
-def _tree_pss_kib(pid) -> int:
+def tree_pss_kib(pid) -> int:
     """Summed Pss (KiB) of a replica: its process and every descendant."""
     import psutil
 
@@ -277,7 +288,7 @@ def measure(loaders, pss_loaders, replicas, runs, work, log):
         for i in range(runs + 1):  # the first run warms the page cache, untimed
             p = _spawn(loader, work, env)
             result, load, out = _read(p)
-            _stop([p])
+            stop_engines([p])
             if result is None:
                 failure = _why(out)
                 break
@@ -301,9 +312,9 @@ def measure(loaders, pss_loaders, replicas, runs, work, log):
             try:
                 read = [_read(p) for p in procs]
                 ok = all(r[0] is not None for r in read)
-                total = sum(_tree_pss_kib(p.pid) for p in procs) if ok else None
+                total = sum(tree_pss_kib(p.pid) for p in procs) if ok else None
             finally:
-                _stop(procs)
+                stop_engines(procs)
             pss[(loader, n)] = total
             log(f"{loader}: {n} replicas: " + (f"{total / 1024:.0f} MiB summed Pss" if ok else
                                                  "FAILED: " + _why(read[0][2])))

@@ -91,6 +91,9 @@ import torch  # noqa: E402
 import tsar  # noqa: E402
 import tsar_testutil  # noqa: E402
 
+sys.path.insert(0, os.path.join(tsar_testutil.REPO, "bench"))
+from peers.vllm_serving import plugin_dir, stop_engines, tree_pss_kib  # noqa: E402
+
 
 def _entry_point_dir(root):
     """A directory to put on PYTHONPATH that declares tsar's vllm.general_plugins
@@ -99,14 +102,8 @@ def _entry_point_dir(root):
 
     if any(ep.value == "tsar.vllm:register" for ep in entry_points(group="vllm.general_plugins")):
         return None
-    d = os.path.join(root, "entry-point")
-    info = os.path.join(d, "tsar_vllm_test_plugin-0.0.dist-info")
-    os.makedirs(info)
-    with open(os.path.join(info, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: tsar-vllm-test-plugin\nVersion: 0.0\n")
-    with open(os.path.join(info, "entry_points.txt"), "w") as f:
-        f.write("[vllm.general_plugins]\ntsar = tsar.vllm:register\n")
-    return d
+    return plugin_dir(os.path.join(root, "entry-point"), "tsar-vllm-test-plugin", "tsar",
+                      "tsar.vllm:register")
 
 
 def _save_llama(directory, **sizes):
@@ -412,22 +409,6 @@ def test_bad_stamp_refused(tmp_path, value, why):
     assert e.value.code == tsar.ErrorCode.BAD_INPUT and path in str(e.value)
 
 
-def _tree_pss_kib(pid) -> int:
-    """Summed Pss (KiB) of a process and all its descendants (vLLM's engine
-    core and worker)."""
-    import psutil
-
-    procs = [psutil.Process(pid)]
-    procs += procs[0].children(recursive=True)
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_full_info().pss >> 10
-        except psutil.NoSuchProcess:
-            pass  # gone since it was listed
-    return total
-
-
 def _start_replicas(env, kind, model_dir, archive, count):
     """``count`` engines (this file run as a script, ``hold``), started
     together; returns them once each has printed its tokens."""
@@ -445,21 +426,6 @@ def _start_replicas(env, kind, model_dir, archive, count):
                 break
         logs.append("".join(lines))
     return procs, results, logs
-
-
-def _stop_replicas(procs):
-    import signal
-
-    for p in procs:
-        if p.poll() is None:
-            p.stdin.close()
-    for p in procs:
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        p.stdout.close()
 
 
 @pytest.fixture(scope="module")
@@ -488,18 +454,18 @@ def test_replicas_share_one_copy(tiny, medium):
     procs, results, logs = _start_replicas(env, "dir", model_dir, runtime, 1)
     try:
         assert len(results) == 1, logs[0][-6000:]
-        auto_kib = _tree_pss_kib(procs[0].pid)
+        auto_kib = tree_pss_kib(procs[0].pid)
     finally:
-        _stop_replicas(procs)
+        stop_engines(procs)
     want = results[0]["tokens"]
     private_kib = auto_kib - weights_kib
     assert private_kib > 0, (auto_kib, weights_kib)
     procs, results, logs = _start_replicas(env, "tsar-dir", model_dir, runtime, 2)
     try:
         assert len(results) == 2, [log[-6000:] for log in logs]
-        summed_kib = sum(_tree_pss_kib(p.pid) for p in procs)
+        summed_kib = sum(tree_pss_kib(p.pid) for p in procs)
     finally:
-        _stop_replicas(procs)
+        stop_engines(procs)
     for result, log in zip(results, logs):
         assert result["tokens"] == want
         assert "layers kept unpacked, shared" in log, log[-3000:]
