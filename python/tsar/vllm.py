@@ -236,12 +236,13 @@ class TsarModelLoader(BaseModelLoader):
         if os.path.isdir(path):
             raise _error(path, ErrorCode.INVALID_ARGUMENT,
                          "load_format='tsar': expected a .tsar archive, found a directory: pass "
-                         "model='model.tsar', or the archive as "
-                         "model_loader_extra_config={'archive': 'model.tsar'}")
+                         "the archive as model_loader_extra_config={'archive': 'model.tsar'} "
+                         "(or run it alone: tsar.vllm.engine_args, tsar-vllm serve)")
         return path
 
-    def _open_checked(self, model_config):
-        """The archive, opened, verified and matched against vLLM's config;
+    def _open_checked(self, model_config, vllm_config=None):
+        """The archive, opened, matched against vLLM's config (and, given
+        ``vllm_config``, a runtime layout's stamp against it), then verified;
         tsar.Error before any weight is loaded where anything differs."""
         path = self._archive_path(model_config)
         # Copy-on-write: a runtime-layout archive's buffers are written while
@@ -254,6 +255,9 @@ class TsarModelLoader(BaseModelLoader):
                              f"entry {self._entry!r}: expected one of {entries}")
             cfg = _archive_config(archive)  # NOT_FOUND: not packed from a model directory
             self._match(path, cfg, model_config)
+            stamp = _vllm_runtime.read_stamp(archive)
+            if stamp is not None and vllm_config is not None:  # before reading the whole file
+                _vllm_runtime.check_stamp(path, stamp, vllm_config, self._version_match)
             if self._verify:
                 archive.verify()  # CHECKSUM_MISMATCH naming the damaged tensors
         except BaseException:
@@ -289,7 +293,7 @@ class TsarModelLoader(BaseModelLoader):
     def load_model(self, vllm_config, model_config, prefix: str = ""):
         """A plain archive: vLLM's own load_model (build, then load_weights
         copies). A runtime-layout archive: bound in place."""
-        archive = self._open_checked(model_config)
+        archive = self._open_checked(model_config, vllm_config)
         try:
             stamp = _vllm_runtime.read_stamp(archive)
             if stamp is not None and self._entry is not None:
