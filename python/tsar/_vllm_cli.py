@@ -49,32 +49,6 @@ serves an archive alone: its config and tokenizer files (attached by tsar pack
 or tsar-vllm pack) are written once into a cache directory given to vLLM as its
 model, and the weights come from the archive."""
 
-# What tsar pack attaches of a transformers directory (spec §4.7.1): names
-# ending in these, at the top or under additional_chat_templates/, up to 64 MiB.
-_ATTACHED_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")
-_ATTACHED_MOST = 64 << 20
-
-
-def _attached_files(model_dir: str) -> dict:
-    files = {}
-    for sub in ("", "additional_chat_templates"):
-        d = os.path.join(model_dir, sub)
-        if not os.path.isdir(d):
-            continue
-        for name in sorted(os.listdir(d)):
-            p = os.path.join(d, name)
-            real = os.path.realpath(p)
-            if (name.startswith(".") or not name.endswith(_ATTACHED_SUFFIXES)
-                    or name.endswith(".safetensors.index.json") or not os.path.isfile(p)
-                    or os.path.commonpath([real, os.path.realpath(model_dir)])
-                    != os.path.realpath(model_dir)
-                    or os.path.getsize(p) > _ATTACHED_MOST):
-                continue
-            with open(p, "rb") as f:
-                files["file:" + (f"{sub}/{name}" if sub else name)] = f.read()
-    return files
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tsar-vllm", description=_DESCRIPTION,
@@ -115,8 +89,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # What model_dir writes: the names tsar pack attaches (config, tokenizer, chat
-# templates), never anything else an archive may carry.
-_SERVED_SUFFIXES = _ATTACHED_SUFFIXES
+# templates; spec §4.7.1), never anything else an archive may carry.
+_SERVED_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")
 
 
 def _cache_root() -> str:
@@ -133,8 +107,8 @@ def model_dir(archive_path, directory=None) -> str:
     (names ending in .json, .txt, .model, .jinja, .tiktoken), with
     ``auto_map`` removed from config.json and tokenizer_config.json (noted),
     and nothing else. ``directory`` None: a cache directory named by the
-    archive's identity (path, size, modification time, index checksum), made
-    once and atomically, shared by every process. NOT_FOUND for an archive
+    archive's identity (path, size, modification time, inode, the names and
+    sizes of those files), made once and atomically, shared by every process. NOT_FOUND for an archive
     with no config.json."""
     import hashlib
 
@@ -188,11 +162,22 @@ def serve_argv(archive_path, vllm_args) -> list:
                     ErrorCode.INVALID_ARGUMENT, os.fspath(archive_path))
     extra = {"archive": os.path.abspath(os.fspath(archive_path))}
     for i, a in enumerate(args):  # the user's own loader options, merged
-        if a == "--model-loader-extra-config" and i + 1 < len(args):
+        option, eq, value = a.partition("=")
+        if option != "--model-loader-extra-config" or (not eq and i + 1 >= len(args)):
+            continue
+        if not eq:
             value = args.pop(i + 1)
-            args.pop(i)
-            extra = {**json.loads(value), **extra}
-            break
+        args.pop(i)
+        try:
+            theirs = json.loads(value)
+        except ValueError as e:
+            theirs = e
+        if not isinstance(theirs, dict):
+            raise Error(f"{archive_path}: --model-loader-extra-config: expected a JSON object, "
+                        f"found {value[:80]!r}", ErrorCode.INVALID_ARGUMENT,
+                        os.fspath(archive_path))
+        extra = {**theirs, **extra}
+        break
     name = os.path.basename(os.fspath(archive_path))
     name = name[:-len(".tsar")] if name.endswith(".tsar") else name
     head = ["serve", model_dir(archive_path), "--load-format", "tsar",
@@ -276,9 +261,10 @@ def pack(model_dir: str, output: str, *, dtype: str = "auto", tensor_parallel_si
             raise Error(f"{model_dir}: vLLM started without saving ranks {missing} (was the "
                         "tsar_pack load format used? pipeline parallelism is not supported)",
                         ErrorCode.IO, model_dir)
-        metadata = {_vllm_runtime.STAMP_KEY: json.dumps(stamp, sort_keys=True)}
-        metadata.update(_attached_files(model_dir))
-        summary = tsar_pack(ranks, output, metadata=metadata)
+        # The directory as one more input, its weights left out (only=): its
+        # config and tokenizer files attached exactly as tsar pack attaches them.
+        summary = tsar_pack({**ranks, "model": model_dir}, output, only=list(ranks),
+                            metadata={_vllm_runtime.STAMP_KEY: json.dumps(stamp, sort_keys=True)})
     finally:
         shutil.rmtree(parts, ignore_errors=True)
     print(f"tsar-vllm: wrote {output}: {len(ranks)} entries, {summary.tensors} tensors, "

@@ -161,12 +161,11 @@ def _keep_weights_unpacked(model) -> int:
     return count
 
 
-def load_model(loader, archive, stamp: dict, vllm_config, model_config, prefix: str,
-               repack: bool, version_match: str, logger):
-    """The model, its rank's entry of the runtime-layout ``archive`` bound in
-    place, processed as vLLM processes loaded weights. Refused before anything
-    is built: a stamp unlike this vLLM's set-up, no entry for this rank, a
-    device other than the CPU."""
+def load_model(loader, archive, vllm_config, model_config, prefix: str, repack: bool, logger):
+    """The model, its rank's entry of the runtime-layout ``archive`` (whose
+    stamp the loader has checked against ``vllm_config``: check_stamp) bound
+    in place, processed as vLLM processes loaded weights. Refused before
+    anything is built: no entry for this rank, a device other than the CPU."""
     import time
 
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
@@ -176,7 +175,6 @@ def load_model(loader, archive, stamp: dict, vllm_config, model_config, prefix: 
     from ._empty import empty_parameters
 
     path = archive.path
-    check_stamp(path, stamp, vllm_config, version_match)
     device = torch.device(vllm_config.load_config.device or vllm_config.device_config.device)
     if device.type != "cpu":
         raise _error(path, ErrorCode.UNSUPPORTED,

@@ -241,9 +241,10 @@ class TsarModelLoader(BaseModelLoader):
         return path
 
     def _open_checked(self, model_config, vllm_config=None):
-        """The archive, opened, matched against vLLM's config (and, given
-        ``vllm_config``, a runtime layout's stamp against it), then verified;
-        tsar.Error before any weight is loaded where anything differs."""
+        """The archive, opened, matched against vLLM's config, then verified,
+        and its runtime-layout stamp (None for a plain archive), checked
+        against ``vllm_config`` where given; tsar.Error before any weight is
+        loaded where anything differs."""
         path = self._archive_path(model_config)
         # Copy-on-write: a runtime-layout archive's buffers are written while
         # vLLM processes them (private pages); unwritten pages stay shared.
@@ -256,6 +257,10 @@ class TsarModelLoader(BaseModelLoader):
             cfg = _archive_config(archive)  # NOT_FOUND: not packed from a model directory
             self._match(path, cfg, model_config)
             stamp = _vllm_runtime.read_stamp(archive)
+            if stamp is not None and self._entry is not None:
+                raise _error(path, ErrorCode.INVALID_ARGUMENT,
+                             "model_loader_extra_config 'entry': a runtime-layout archive "
+                             "binds each tensor-parallel rank's own entry; leave it out")
             if stamp is not None and vllm_config is not None:  # before reading the whole file
                 _vllm_runtime.check_stamp(path, stamp, vllm_config, self._version_match)
             if self._verify:
@@ -263,7 +268,7 @@ class TsarModelLoader(BaseModelLoader):
         except BaseException:
             archive.close()
             raise
-        return archive
+        return archive, stamp
 
     @staticmethod
     def _match(path, cfg: dict, model_config) -> None:
@@ -288,21 +293,12 @@ class TsarModelLoader(BaseModelLoader):
                          "config.json: not the model vLLM runs (" + "; ".join(diffs) + ")")
 
     def download_model(self, model_config) -> None:
-        self._open_checked(model_config).close()
+        self._open_checked(model_config)[0].close()
 
     def load_model(self, vllm_config, model_config, prefix: str = ""):
         """A plain archive: vLLM's own load_model (build, then load_weights
         copies). A runtime-layout archive: bound in place."""
-        archive = self._open_checked(model_config, vllm_config)
-        try:
-            stamp = _vllm_runtime.read_stamp(archive)
-            if stamp is not None and self._entry is not None:
-                raise _error(archive.path, ErrorCode.INVALID_ARGUMENT,
-                             "model_loader_extra_config 'entry': a runtime-layout archive "
-                             "binds each tensor-parallel rank's own entry; leave it out")
-        except BaseException:
-            archive.close()
-            raise
+        archive, stamp = self._open_checked(model_config, vllm_config)
         if stamp is None:
             self._checked = archive  # load_weights takes it: one verify, not two
             try:
@@ -312,21 +308,21 @@ class TsarModelLoader(BaseModelLoader):
                     self._checked.close()
                     self._checked = None
         try:  # the archive stays open: the model's weights are its mapping
-            return _vllm_runtime.load_model(self, archive, stamp, vllm_config, model_config,
-                                            prefix, self._repack, self._version_match, logger)
+            return _vllm_runtime.load_model(self, archive, vllm_config, model_config, prefix,
+                                            self._repack, logger)
         except BaseException:
             archive.close()
             raise
 
     def load_weights(self, model: nn.Module, model_config) -> None:
         start = time.perf_counter()
-        archive, self._checked = self._checked, None
-        if archive is None:
-            archive = self._open_checked(model_config)
+        archive, stamp, self._checked = self._checked, None, None
+        if archive is None:  # called without load_model (a reload)
+            archive, stamp = self._open_checked(model_config)
         path = archive.path
         checked = time.perf_counter()
         try:
-            if _vllm_runtime.read_stamp(archive) is not None:
+            if stamp is not None:
                 raise _error(path, ErrorCode.UNSUPPORTED,
                              "a runtime-layout archive holds vLLM's processed names and "
                              "layout: it is bound when the model is loaded, not fed to "

@@ -536,8 +536,17 @@ def test_serve_argv(tiny, tmp_path, monkeypatch):
                     "--served-model-name", "model", "--port", "8001"]
     named = _vllm_cli.serve_argv(archive, ["--served-model-name", "llama"])
     assert named.count("--served-model-name") == 1 and named[-1] == "llama"
-    with pytest.raises(tsar.Error, match="--trust-remote-code"):
+    joined = _vllm_cli.serve_argv(archive, ['--model-loader-extra-config={"verify": false}'])
+    assert joined[:6] == argv[:6] and len(joined) == 8
+    with pytest.raises(tsar.Error, match="--trust-remote-code") as e:
         _vllm_cli.serve_argv(archive, ["--trust-remote-code"])
+    assert e.value.code == tsar.ErrorCode.INVALID_ARGUMENT and archive in str(e.value)
+    for bad in (["--model-loader-extra-config", "{verify"],
+                ["--model-loader-extra-config=[1]"]):
+        with pytest.raises(tsar.Error, match="--model-loader-extra-config: expected a JSON "
+                                             "object, found") as e:
+            _vllm_cli.serve_argv(archive, bad)
+        assert e.value.code == tsar.ErrorCode.INVALID_ARGUMENT and archive in str(e.value)
 
 
 def test_the_archive_alone(tiny, reference, runtime):
