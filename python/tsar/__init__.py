@@ -42,7 +42,9 @@ def backend() -> str:
 # `import tsar`).
 _LAZY = {"empty_parameters": "_empty",
          "TensorInfo": "_info", "PackSummary": "_save", "pack": "_save", "save": "_save",
-         "LiveEvent": "_live", "LiveModule": "_live"}
+         "LiveEvent": "_live", "LiveModule": "_live",
+         "load_program": "_programs_load", "load_aoti": "_programs_load",
+         "compile_aoti": "_programs"}
 
 
 def __getattr__(name):
@@ -64,6 +66,7 @@ __all__ = [
     "__version__",
     "Archive",
     "backend",
+    "compile_aoti",
     "empty_parameters",
     "BindReport",
     "Error",
@@ -74,7 +77,9 @@ __all__ = [
     "TensorInfo",
     "install_fault_handler",
     "load",
+    "load_aoti",
     "load_into",
+    "load_program",
     "open",
     "pack",
     "save",

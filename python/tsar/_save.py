@@ -9,6 +9,7 @@ from typing import List, NamedTuple, Optional, Sequence
 import torch
 
 from . import _backend
+from ._errors import Error, ErrorCode
 
 _ROLE_TENSOR, _ROLE_PARAMETER, _ROLE_BUFFER = 0, 1, 2
 _INT64 = (-(2**63), 2**63 - 1)
@@ -139,7 +140,8 @@ def _alignment(alignment, tp):
 
 
 def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[int] = None,
-         dtype=None, base=None, tp: Optional[int] = None, shard=None) -> None:
+         dtype=None, base=None, tp: Optional[int] = None, shard=None, programs=None,
+         program_entry: Optional[str] = None) -> None:
     """Writes ``obj`` as a .tsar archive at ``path``, atomically.
 
     ``obj`` is a state_dict (any mapping of str to Tensor; role "tensor", or
@@ -196,6 +198,11 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[
         tsar.Error: INVALID_ARGUMENT (bad names, alignment), UNSUPPORTED
             (quantized or meta tensors), IO.
     """
+    if programs:
+        return _with_programs(path, programs, program_entry or entry, metadata,
+                              lambda tmp, md: save(obj, tmp, metadata=md, entry=entry,
+                                                   alignment=alignment, dtype=dtype, base=base,
+                                                   tp=tp, shard=shard))
     entries, entry_meta = _entries(obj, entry)
     from . import _portable_save
 
@@ -208,6 +215,47 @@ def save(obj, path, *, metadata=None, entry: str = "model", alignment: Optional[
         _backend.accelerator.save(*args)
     else:  # the same writer, fed from Python; the only one that takes groups
         _portable_save.save(*args)
+
+
+def _with_programs(dst, programs, entry, metadata, write):
+    """Writes the archive with the programs' records beside ``dst``, checks
+    the programs against its tensors, then publishes it: a mismatch leaves
+    ``dst`` untouched."""
+    import tempfile
+
+    from . import _programs
+    from ._archive import open as tsar_open
+
+    read = _programs.read_all(programs)
+    extra = _programs.metadata_items(read, entry)
+    merged = dict(metadata or {})
+    clash = sorted(set(merged) & set(extra))
+    if clash:
+        raise Error(f"{os.fspath(dst)}: metadata {clash} would be overwritten by the programs",
+                    ErrorCode.INVALID_ARGUMENT, os.fspath(dst))
+    merged.update(extra)
+    dst = os.fspath(dst)
+    fd, tmp = tempfile.mkstemp(prefix=".tsar-programs-", suffix=".tsar",
+                               dir=os.path.dirname(os.path.abspath(dst)))
+    os.close(fd)
+    try:
+        result = write(tmp, merged)
+        with tsar_open(tmp) as archive:
+            if entry not in archive.entries:
+                raise Error(f"{dst}: the programs bind entry {entry!r}, which the archive lacks "
+                            f"(entries: {list(archive.entries)}; program_entry= names another)",
+                            ErrorCode.NOT_FOUND, dst)
+            _programs.check(read, archive, entry, dst)
+        os.replace(tmp, dst)
+        if isinstance(result, PackSummary):
+            dropped = sum(p.dropped for p in read)
+            result = result._replace(notes=list(result.notes) + [
+                f"programs: {', '.join(f'{p.name} ({p.kind}, {len(p.data)} bytes)' for p in read)}"
+                f" stored without their weights ({dropped} weight bytes left out)"])
+        return result
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 class PackSummary(NamedTuple):
@@ -234,6 +282,8 @@ def pack(
     tp: Optional[int] = None,
     shard=None,
     follow_symlinks: bool = False,
+    programs=None,
+    program_entry: Optional[str] = None,
 ) -> PackSummary:
     """What ``tsar pack`` does: imports files and writes one archive at ``dst``.
 
@@ -264,12 +314,22 @@ def pack(
     ``tp`` and ``shard`` (``--tp``, ``--shard``: lay the archive out for
     tensor-parallel ranks; see :func:`save`), ``follow_symlinks``
     (``--follow-symlinks``: inside a directory input, follow symbolic links
-    that leave it; by default they are refused, naming the link).
+    that leave it; by default they are refused, naming the link),
+    ``programs`` and ``program_entry`` (programs stored without their
+    weights and checked against the archive's tensors: see :func:`save`).
     A .tsar input is repacked: without ``base`` a layer comes out standalone.
 
     Raises tsar.Error: BAD_INPUT naming the input file (and offset where known),
     INVALID_ARGUMENT, IO.
     """
+    if programs:
+        return _with_programs(dst, programs, program_entry or entry, metadata,
+                              lambda tmp, md: pack(src, tmp, entry=entry, strict=strict,
+                                                   alignment=alignment, metadata=md, dtype=dtype,
+                                                   only=only, exclude=exclude,
+                                                   strip_prefix=strip_prefix, arch=arch, base=base,
+                                                   tp=tp, shard=shard,
+                                                   follow_symlinks=follow_symlinks))
     if isinstance(src, collections.abc.Mapping):
         sources = [(str(k), os.fspath(v)) for k, v in src.items()]
     elif isinstance(src, (str, bytes, os.PathLike)):
