@@ -316,12 +316,34 @@ def metadata_items(programs: List[Program], entry: str) -> Dict[str, object]:
     return out
 
 
+def aliases(weights: List[Payload], keys) -> Dict[str, str]:
+    """Tied weights: ``{fqn: fqn it is the same tensor as}`` for each weight
+    the entry lacks that the program stores as the same bytes and view as one
+    the entry has (export keeps both names of a tied ``lm_head.weight``;
+    ``save_pretrained`` stores one)."""
+    present = {}
+    for p in weights:
+        if p.fqn in keys:
+            present.setdefault((p.path_name, p.dtype, tuple(p.shape), tuple(p.stride), p.offset),
+                               p.fqn)
+    out = {}
+    for p in weights:
+        if p.fqn not in keys:
+            same = present.get((p.path_name, p.dtype, tuple(p.shape), tuple(p.stride), p.offset))
+            if same is not None:
+                out[p.fqn] = same
+    return out
+
+
 def mismatches(weights: List[Payload], archive, entry: str) -> List[str]:
-    """What keeps ``weights`` from binding to ``entry``: names it lacks,
-    dtypes and shapes that differ."""
+    """What keeps ``weights`` from binding to ``entry``: names it lacks
+    (tied names apart), dtypes and shapes that differ."""
     keys = set(archive.keys(entry))
+    tied = aliases(weights, keys)
     out = []
     for p in weights:
+        if p.fqn in tied:
+            continue
         if p.fqn not in keys:
             out.append(f"{p.fqn}: not in entry {entry!r}")
             continue

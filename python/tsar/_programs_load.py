@@ -132,7 +132,10 @@ def _weights(archive, entry, files, prefix, model, where) -> Tuple[List[P.Payloa
         raise _error(where, ErrorCode.BIND_MISMATCH,
                      f"{len(problems)} weight(s) do not match entry {entry!r}: "
                      + "; ".join(problems[:20]))
-    return weights, {p.fqn: archive.tensor(p.fqn, entry) for p in weights}
+    tied = P.aliases(weights, set(archive.keys(entry)))
+    tensors = {p.fqn: archive.tensor(p.fqn, entry) for p in weights if p.fqn not in tied}
+    tensors.update({fqn: tensors[same] for fqn, same in tied.items()})
+    return weights, tensors
 
 
 def _constants(files, prefix, model, where) -> Dict[str, torch.Tensor]:
@@ -186,8 +189,14 @@ def load_program(path_or_archive, name: Optional[str] = None, *, torch_match: st
     model = stamp["model"]
     prefix = _prefix(files, model, where, f"models/{model}.json")
     weights, tensors = _weights(archive, stamp["entry"], files, prefix, model, where)
-    state_dict = {p.fqn: torch.nn.Parameter(tensors[p.fqn], requires_grad=False) if p.is_param
-                  else tensors[p.fqn] for p in weights}
+    # One Parameter per tensor: tied names stay one object in the module.
+    made = {}
+    state_dict = {}
+    for p in weights:
+        t = tensors[p.fqn]
+        if p.is_param:
+            t = made.setdefault(id(t), torch.nn.Parameter(t, requires_grad=False))
+        state_dict[p.fqn] = t
     constants = _constants(files, prefix, model, where)
 
     from torch._export.serde import schema

@@ -169,7 +169,7 @@ def load_tokenizer(path, **kwargs: Any):
     return _transformers_tokenizer.load(path, kwargs)
 
 
-def pack(model_dir, dst, *, model_class=None, **pack_kwargs):
+def pack(model_dir, dst, *, model_class=None, program=None, **pack_kwargs):
     """``tsar.pack(model_dir, dst)`` of a directory transformers'
     ``save_pretrained`` wrote, with the weights in the names and layout that
     this transformers' model class has: where transformers 5 converts a
@@ -187,9 +187,27 @@ def pack(model_dir, dst, *, model_class=None, **pack_kwargs):
     arguments go to :func:`tsar.pack` (``alignment``, ``dtype``...).
     Returns :class:`tsar.PackSummary` (a note says when it converted).
     Also ``python -m tsar.transformers pack MODEL_DIR -o ARCHIVE``.
+
+    ``program="exported"`` also exports the model once (``torch.export``,
+    batch and sequence dimensions dynamic) as ``forward(input_ids,
+    attention_mask)`` returning its first output (the logits of a
+    ``*ForCausalLM``, the last hidden state of a base model), and stores it in
+    the archive without its weights as the program ``model``:
+    ``tsar.load_program(ARCHIVE)`` then gives a runnable module bound to the
+    mapped weights in a process that imports torch only, not transformers.
+    ``program="aoti"`` also compiles it with AOTInductor
+    (:func:`tsar.compile_aoti`; minutes for a large model) as the program
+    ``model_aoti``, which :func:`tsar.load_aoti` and C++ ``tsar::load_aoti``
+    load. docs/programs.md.
     """
     from . import _transformers_pack
 
+    if program is not None:
+        from . import _transformers_program
+
+        return _transformers_program.pack(
+            model_dir, dst, program,
+            lambda d, out: _transformers_pack.pack(d, out, model_class, pack_kwargs))
     return _transformers_pack.pack(model_dir, dst, model_class, pack_kwargs)
 
 
@@ -208,9 +226,14 @@ def _main(argv=None) -> int:
                        description="tsar.transformers.pack(MODEL_DIR, ARCHIVE)")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     p.add_argument("-o", "--output", required=True, metavar="ARCHIVE")
+    p.add_argument("--program", choices=("exported", "aoti"),
+                   help="also store the model as a program that runs without transformers: "
+                        "'exported' (torch.export; tsar.load_program) or 'aoti' (that, and "
+                        "compiled by AOTInductor, for tsar.load_aoti and C++ tsar::load_aoti; "
+                        "minutes for a large model)")
     args = ap.parse_args(argv)
     try:
-        summary = pack(args.model_dir, args.output)
+        summary = pack(args.model_dir, args.output, program=args.program)
     except Error as e:
         print(f"tsar: {e}", file=sys.stderr)
         return 3
