@@ -64,6 +64,9 @@ tsar_fixture_suite(tsar_pickle_tests writer/pickle_test.cc pickles
   ${CMAKE_CURRENT_SOURCE_DIR}/writer/make_pickle_fixtures.py ${CMAKE_BINARY_DIR}/pickle_fixtures TSAR_PICKLE_FIXTURES)
 # torchao's tensors in hand-written pickles (no fixture: in the same suite).
 target_sources(tsar_pickle_tests PRIVATE writer/pickle_torchao_test.cc)
+# AOTInductor programs stored in an archive (issue 60; the fixture compiles one).
+tsar_fixture_suite(tsar_aoti_tests loader/aoti_test.cc aoti
+  ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/make_aoti_fixtures.py ${CMAKE_BINARY_DIR}/aoti_fixtures TSAR_AOTI_FIXTURES)
 tsar_fixture_suite(tsar_import_tests writer/import_test.cc imports
   ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/make_import_fixtures.py ${CMAKE_BINARY_DIR}/import_fixtures TSAR_IMPORT_FIXTURES)
 

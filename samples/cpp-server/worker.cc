@@ -15,6 +15,12 @@
 //
 // With --baseline FILE it loads weights the usual way instead (torch::jit::load
 // of FILE, a private copy per process), for comparison.
+//
+// With --aoti (instead of --model) it serves the archive's AOTInductor
+// program (tsar::load_aoti, include/tsar/aoti.h): compiled code, no
+// TorchScript, its constants the archive's tensors, shared as above.
+//
+//   tsar_worker --archive model.tsar --aoti
 #include <torch/script.h>
 
 #include <chrono>
@@ -22,9 +28,40 @@
 #include <iostream>
 #include <string>
 
+#include "tsar/aoti.h"
 #include "tsar/tsar.h"
 
 namespace {
+
+// Answers requests on stdin with `forward` of the fixed input.
+template <class Forward>
+void Serve(double load_ms, const Forward& forward) {
+  std::printf("ready load_ms=%.3f\n", load_ms);
+  std::fflush(stdout);
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line == "run") {
+      std::printf("out %.6f\n", forward().sum().template item<double>());
+    } else {
+      std::printf("error unknown request\n");
+    }
+    std::fflush(stdout);
+  }
+}
+
+int ServeAoti(const std::string& archive, const std::string& name) {
+  const auto t0 = std::chrono::steady_clock::now();
+  tsar::AotiOptions options;
+  options.name = name;
+  const tsar::AotiProgram program = tsar::load_aoti(tsar::Archive::open(archive), options);
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  const auto x = torch::randn({1, 3, 64, 64});
+  program.run({x});  // first request: touches every weight page
+  Serve(load_ms, [&] { return program.run({x}).at(0); });
+  return 0;
+}
 
 // Follows the archive and serves each request on the version current when it
 // starts.
@@ -80,12 +117,17 @@ int Watch(const std::string& archive, const std::string& model, const torch::Ten
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string archive, model, baseline;
-  bool watch = false;
+  std::string archive, model, baseline, aoti_name;
+  bool watch = false, aoti = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--watch") {
       watch = true;
+      continue;
+    }
+    if (flag == "--aoti") {
+      aoti = true;
+      if (i + 1 < argc && argv[i + 1][0] != '-') aoti_name = argv[++i];
       continue;
     }
     if (i + 1 >= argc) break;
@@ -93,13 +135,16 @@ int main(int argc, char** argv) {
     if (flag == "--model") model = argv[++i];
     if (flag == "--baseline") baseline = argv[++i];
   }
-  if (model.empty() || (archive.empty() && baseline.empty()) || (watch && archive.empty())) {
+  if (aoti ? (archive.empty() || watch) :
+      (model.empty() || (archive.empty() && baseline.empty()) || (watch && archive.empty()))) {
     std::fprintf(stderr,
-                 "usage: tsar_worker --archive A.tsar --model M_arch_ts.pt [--watch]\n"
+                 "usage: tsar_worker --archive A.tsar --aoti [NAME]\n"
+                 "       tsar_worker --archive A.tsar --model M_arch_ts.pt [--watch]\n"
                  "       tsar_worker --baseline M_ts.pt --model M_ts.pt\n");
     return 2;
   }
   try {
+    if (aoti) return ServeAoti(archive, aoti_name);
     if (watch) {
       torch::NoGradGuard no_grad;
       torch::manual_seed(0);
@@ -127,17 +172,7 @@ int main(int argc, char** argv) {
     torch::manual_seed(0);
     const auto x = torch::randn({1, 3, 64, 64});
     m.forward({x});  // first request: touches every weight page
-    std::printf("ready load_ms=%.3f\n", load_ms);
-    std::fflush(stdout);
-    for (std::string line; std::getline(std::cin, line);) {
-      if (line == "run") {
-        const auto y = m.forward({x}).toTensor();
-        std::printf("out %.6f\n", y.sum().item<double>());
-      } else {
-        std::printf("error unknown request\n");
-      }
-      std::fflush(stdout);
-    }
+    Serve(load_ms, [&] { return m.forward({x}).toTensor(); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tsar_worker: %s\n", e.what());
     return 3;
