@@ -181,6 +181,7 @@ void CheckTorch(const Json& stamp, TorchMatch match, const std::string& where) {
              "TorchMatch::kAny tries anyway)");
 }
 
+#if TSAR_HAVE_AOTI
 struct TempFile {
   std::string path;
   ~TempFile() {
@@ -207,6 +208,7 @@ std::string Write(const std::string& bytes, const std::string& where) {
   ::close(fd);
   return name;
 }
+#endif
 
 }  // namespace
 

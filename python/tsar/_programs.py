@@ -50,6 +50,37 @@ def _error(where, code, message) -> Error:
     return Error(f"{where}: {message}", code, str(where))
 
 
+def unsupported(aoti: bool = False) -> Optional[str]:
+    """Why this torch cannot store or load programs, or None: tsar reads
+    torch's PT2 archives (weights apart, with a payload config) and, for
+    AOTInductor, gives a package user-managed constants."""
+    try:
+        import torch._export.serde.serialize as serde
+        import torch.export.pt2_archive._package as package
+    except ImportError as e:
+        return (f"torch {torch.__version__} lacks what tsar's programs need ({e.name or e}): "
+                "a newer torch (tsar is tested with 2.15)")
+    lacking = [n for n in ("ExportedProgramDeserializer", "_bytes_to_dataclass",
+                           "deserialize_scalar_type") if not hasattr(serde, n)]
+    if lacking:
+        return (f"torch {torch.__version__} lacks what tsar's programs need "
+                f"({', '.join(lacking)}): a newer torch (tsar is tested with 2.15)")
+    if aoti:
+        import inspect
+
+        model = getattr(package, "AOTICompiledModel", None)
+        if model is None or "user_managed" not in inspect.signature(model.load_constants).parameters:
+            return (f"torch {torch.__version__}'s AOTInductor cannot take user-managed constants: "
+                    "a newer torch (tsar is tested with 2.15)")
+    return None
+
+
+def require(where, aoti: bool = False) -> None:
+    why = unsupported(aoti)
+    if why:
+        raise _error(where, ErrorCode.UNSUPPORTED, why)
+
+
 def stamp_key(name: str) -> str:
     return STAMP_PREFIX + name
 
@@ -220,6 +251,7 @@ def read(name: str, source) -> Program:
     ``torch.export.save`` wrote, or to an AOTInductor package that
     :func:`compile_aoti` wrote) for the program ``name``."""
     check_name(name)
+    require(f"program {name!r}")
     if isinstance(source, torch.export.ExportedProgram):
         buf = io.BytesIO()
         torch.export.save(source, buf)
@@ -403,6 +435,7 @@ def compile_aoti(program, package_path, *, inductor_configs=None) -> str:
     and ``tsar_aoti.json``, which ``tsar.pack(..., programs=)`` reads to check
     it against the archive. Compiling takes tens of seconds to minutes.
     Returns ``package_path``."""
+    require(os.fspath(package_path), aoti=True)
     if not isinstance(program, torch.export.ExportedProgram):
         program = torch.export.load(os.fspath(program))
     from torch._inductor import aoti_compile_and_package

@@ -185,6 +185,7 @@ def load_program(path_or_archive, name: Optional[str] = None, *, torch_match: st
     archive and the program.
     """
     archive = _open(path_or_archive)
+    P.require(archive.path)
     name, where, stamp, files = _stamp(archive, name, "exported", torch_match)
     model = stamp["model"]
     prefix = _prefix(files, model, where, f"models/{model}.json")
@@ -296,6 +297,7 @@ def load_aoti(path_or_archive, name: Optional[str] = None, *, torch_match: str =
     weight's name, dtype and shape against the archive.
     """
     archive = _open(path_or_archive)
+    P.require(archive.path, aoti=True)
     name, where, stamp, files = _stamp(archive, name, "aoti", torch_match)
     check_machine(stamp, where)
     model = stamp["model"]

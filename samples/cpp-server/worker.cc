@@ -21,6 +21,10 @@
 // TorchScript, its constants the archive's tensors, shared as above.
 //
 //   tsar_worker --archive model.tsar --aoti
+//   tsar_worker --archive llm.tsar --aoti --tokens 16   # a language model's program
+//
+// A language model's program (tsar.transformers.pack(..., program="aoti"))
+// takes (input_ids, attention_mask): --tokens N serves N fixed token ids.
 #include <torch/script.h>
 
 #include <chrono>
@@ -48,7 +52,7 @@ void Serve(double load_ms, const Forward& forward) {
   }
 }
 
-int ServeAoti(const std::string& archive, const std::string& name) {
+int ServeAoti(const std::string& archive, const std::string& name, int64_t tokens) {
   const auto t0 = std::chrono::steady_clock::now();
   tsar::AotiOptions options;
   options.name = name;
@@ -57,9 +61,15 @@ int ServeAoti(const std::string& archive, const std::string& name) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
-  const auto x = torch::randn({1, 3, 64, 64});
-  program.run({x});  // first request: touches every weight page
-  Serve(load_ms, [&] { return program.run({x}).at(0); });
+  std::vector<at::Tensor> inputs;
+  if (tokens > 0) {
+    const auto ids = torch::arange(tokens, torch::kLong).remainder(100).add(1).unsqueeze(0);
+    inputs = {ids, torch::ones_like(ids)};
+  } else {
+    inputs = {torch::randn({1, 3, 64, 64})};
+  }
+  program.run(inputs);  // first request: touches every weight page
+  Serve(load_ms, [&] { return program.run(inputs).at(0).to(torch::kFloat); });
   return 0;
 }
 
@@ -119,6 +129,7 @@ int Watch(const std::string& archive, const std::string& model, const torch::Ten
 int main(int argc, char** argv) {
   std::string archive, model, baseline, aoti_name;
   bool watch = false, aoti = false;
+  int64_t tokens = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--watch") {
@@ -134,17 +145,18 @@ int main(int argc, char** argv) {
     if (flag == "--archive") archive = argv[++i];
     if (flag == "--model") model = argv[++i];
     if (flag == "--baseline") baseline = argv[++i];
+    if (flag == "--tokens") tokens = std::stoll(argv[++i]);
   }
   if (aoti ? (archive.empty() || watch) :
       (model.empty() || (archive.empty() && baseline.empty()) || (watch && archive.empty()))) {
     std::fprintf(stderr,
-                 "usage: tsar_worker --archive A.tsar --aoti [NAME]\n"
+                 "usage: tsar_worker --archive A.tsar --aoti [NAME] [--tokens N]\n"
                  "       tsar_worker --archive A.tsar --model M_arch_ts.pt [--watch]\n"
                  "       tsar_worker --baseline M_ts.pt --model M_ts.pt\n");
     return 2;
   }
   try {
-    if (aoti) return ServeAoti(archive, aoti_name);
+    if (aoti) return ServeAoti(archive, aoti_name, tokens);
     if (watch) {
       torch::NoGradGuard no_grad;
       torch::manual_seed(0);

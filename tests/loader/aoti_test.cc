@@ -10,6 +10,7 @@
 #include <ATen/ops/sub.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "tsar/archive.h"
@@ -21,6 +22,15 @@ std::string Fixture(const std::string& name) {
   const char* dir = std::getenv("TSAR_AOTI_FIXTURES");
   return std::string(dir ? dir : "/nonexistent-TSAR_AOTI_FIXTURES") + "/" + name;
 }
+
+// The fixture script writes unsupported.txt instead of archives beside a
+// torch too old for programs (torch 2.7: no user-managed constants).
+#define SKIP_IF_UNSUPPORTED()                                           \
+  do {                                                                  \
+    std::ifstream why(Fixture("unsupported.txt"));                      \
+    std::string reason;                                                 \
+    if (why && std::getline(why, reason)) GTEST_SKIP() << reason;       \
+  } while (0)
 
 template <class F>
 tsar::Error Throws(F&& f) {
@@ -34,6 +44,7 @@ tsar::Error Throws(F&& f) {
 }
 
 TEST(LoadAoti, RunsTheCompiledCodeOnTheArchivesWeights) {
+  SKIP_IF_UNSUPPORTED();
   const auto expected = tsar::Archive::open(Fixture("expected.tsar"));
   const auto archive = tsar::Archive::open(Fixture("aoti.tsar"));
   EXPECT_EQ(tsar::program_names(archive), (std::vector<std::string>{"model", "model_aoti"}));
@@ -52,6 +63,7 @@ TEST(LoadAoti, RunsTheCompiledCodeOnTheArchivesWeights) {
 }
 
 TEST(LoadAoti, TheConstantsAreTheMappedTensorsNotCopies) {
+  SKIP_IF_UNSUPPORTED();
   tsar::OpenOptions options;
   options.mode = tsar::MapMode::kCopyOnWrite;  // private pages this test may write
   const auto archive = tsar::Archive::open(Fixture("aoti.tsar"), options);
@@ -68,6 +80,7 @@ TEST(LoadAoti, TheConstantsAreTheMappedTensorsNotCopies) {
 }
 
 TEST(LoadAoti, ChecksTheTorchReleaseItWasCompiledWith) {
+  SKIP_IF_UNSUPPORTED();
   const auto archive = tsar::Archive::open(Fixture("old_torch.tsar"));
   const auto e = Throws([&] { tsar::load_aoti(archive); });
   EXPECT_EQ(e.code(), tsar::ErrorCode::kUnsupported);
@@ -76,6 +89,7 @@ TEST(LoadAoti, ChecksTheTorchReleaseItWasCompiledWith) {
 }
 
 TEST(LoadAoti, RefusesWeightsThatDoNotMatchBeforeLoadingCode) {
+  SKIP_IF_UNSUPPORTED();
   const auto archive = tsar::Archive::open(Fixture("mismatch.tsar"));
   const auto e = Throws([&] { tsar::load_aoti(archive); });
   EXPECT_EQ(e.code(), tsar::ErrorCode::kBindMismatch);
@@ -85,6 +99,7 @@ TEST(LoadAoti, RefusesWeightsThatDoNotMatchBeforeLoadingCode) {
 }
 
 TEST(LoadAoti, NamesWhatIsMissingOrOfAnotherKind) {
+  SKIP_IF_UNSUPPORTED();
   const auto none = tsar::Archive::open(Fixture("no_programs.tsar"));
   EXPECT_EQ(Throws([&] { tsar::load_aoti(none); }).code(), tsar::ErrorCode::kNotFound);
   const auto archive = tsar::Archive::open(Fixture("aoti.tsar"));

@@ -16,6 +16,9 @@ import tsar
 from tsar import _programs as P
 from tsar_testutil import child_env, in_mapping, mapped_ranges, run_python, smaps_of_file
 
+if P.unsupported(aoti=True):
+    pytest.skip(P.unsupported(aoti=True), allow_module_level=True)
+
 X = torch.randn(5, 16, generator=torch.Generator().manual_seed(1))
 
 
