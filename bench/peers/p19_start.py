@@ -126,7 +126,7 @@ def make(work):
         tsar.pack(os.path.join(work, "resnet50_ts.pt"), os.path.join(work, "resnet50_ts.tsar"),
                   arch=os.path.join(work, "resnet50_arch_ts.pt"))
         t = time.time()
-        ep = torch.export.export(m, (torch.randn(1, 3, 64, 64),), dynamic_shapes=(
+        ep = torch.export.export(m, (torch.randn(2, 3, 64, 64),), dynamic_shapes=(
             {0: torch.export.Dim("batch", max=256)},))
         package = tsar.compile_aoti(ep, os.path.join(work, "resnet50.aoti.pt2"))
         tsar.save(m, resnet, programs={"model": ep, "model_aoti": package})

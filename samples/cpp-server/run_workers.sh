@@ -55,6 +55,11 @@ run_group() {  # label, worker args...
   rm -f "$work"/in.* "$work"/out.* "$work"/err.*
 }
 
-echo "model: resnet18, $(du -h "$work/resnet18.tsar" | cut -f1) of weights; start = torch::jit::load (tsar: of the weightless architecture, then open + bind)"
-run_group "tsar (mmap, shared page cache)" --archive "$work/resnet18.tsar" --model "$work/resnet18_arch_ts.pt"
+if [ -e "$work/resnet18.aoti.pt2" ]; then  # the archive holds the compiled program (make_model.py)
+  echo "model: resnet18, $(du -h "$work/resnet18.tsar" | cut -f1) of weights; start = tsar: open + tsar::load_aoti (AOTInductor, the archive's tensors as constants); baseline: torch::jit::load"
+  run_group "tsar (AOTInductor, shared)" --archive "$work/resnet18.tsar" --aoti
+else
+  echo "model: resnet18, $(du -h "$work/resnet18.tsar" | cut -f1) of weights; start = torch::jit::load (tsar: of the weightless architecture, then open + bind)"
+  run_group "tsar (mmap, shared page cache)" --archive "$work/resnet18.tsar" --model "$work/resnet18_arch_ts.pt"
+fi
 run_group "baseline (torch::jit::load)" --baseline "$work/resnet18_ts.pt" --model "$work/resnet18_ts.pt"

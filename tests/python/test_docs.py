@@ -50,6 +50,11 @@ transformers.LlamaForCausalLM(transformers.LlamaConfig(
 tsar.pack("MODEL_DIR", "model.tsar")
 """,
 }
+# docs/programs.md: the same directory, packed with its exported program.
+SETUPS["transformers-program"] = SETUPS["transformers"].replace(
+    'tsar.pack("MODEL_DIR", "model.tsar")',
+    'import tsar.transformers\n'
+    'tsar.transformers.pack("MODEL_DIR", "model.tsar", program="exported")')
 
 
 def read(path):
