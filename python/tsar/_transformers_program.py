@@ -64,12 +64,11 @@ def export(model, where):
         model.__class__ = base
 
 
-def pack(model_dir, dst, program, pack_one):
+def pack(model_dir, dst, program, pack_one, load_model):
     """Packs with ``pack_one(model_dir, path)`` (tsar.transformers.pack's own
-    path), exports the packed model, and writes ``dst`` with the program(s)."""
+    path), loads it with ``load_model`` (tsar.transformers.load_model), exports
+    it, and writes ``dst`` with the program(s)."""
     import tsar
-
-    from . import transformers as tt
 
     if program not in PROGRAMS:
         raise Error(f"{dst}: program={program!r}: expected one of {PROGRAMS} (or None)",
@@ -83,7 +82,7 @@ def pack(model_dir, dst, program, pack_one):
         summary = pack_one(model_dir, plain)
         with tsar.open(plain) as archive:
             entry = archive.entries[0] if len(archive.entries) == 1 else "model"
-            model = tt.load_model(archive)
+            model = load_model(archive)
             ep = export(model, model_dir)
             programs = {"model": ep}
             if program == "aoti":

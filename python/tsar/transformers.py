@@ -207,7 +207,8 @@ def pack(model_dir, dst, *, model_class=None, program=None, **pack_kwargs):
 
         return _transformers_program.pack(
             model_dir, dst, program,
-            lambda d, out: _transformers_pack.pack(d, out, model_class, pack_kwargs))
+            lambda d, out: _transformers_pack.pack(d, out, model_class, pack_kwargs),
+            lambda archive: load_model(archive, model_class=model_class))
     return _transformers_pack.pack(model_dir, dst, model_class, pack_kwargs)
 
 

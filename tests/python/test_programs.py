@@ -390,3 +390,51 @@ def test_aoti_in_a_process_without_transformers(aoti_archive):
         want = float(model()(torch.ones(2, 16)).sum())
     got, imported = r.stdout.split()
     assert abs(float(got) - want) < 1e-4 and imported == "False"
+
+
+# --- a transformers directory, exported at pack time ----------------------------------
+
+LOGITS = """
+import sys, torch, tsar
+model = tsar.load_program(sys.argv[1], sys.argv[2])
+ids = torch.tensor([[1, 17, 200, 42, 7, 250, 3], [5, 6, 7, 8, 9, 10, 11]])
+mask = torch.ones_like(ids)
+mask[1, :3] = 0  # a padded row
+with torch.no_grad():
+    torch.save(model(ids, mask), sys.argv[3])
+print("transformers" in sys.modules)
+"""
+
+
+def test_transformers_directory_exported_at_pack_time_runs_without_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import tsar.transformers as tt
+
+    torch.manual_seed(0)
+    m = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=True)).eval()
+    m.save_pretrained(tmp_path / "dir")
+    out = tmp_path / "m.tsar"
+    r = subprocess.run([sys.executable, "-m", "tsar.transformers", "pack", str(tmp_path / "dir"),
+                        "-o", str(out), "--program", "exported"],
+                       capture_output=True, text=True, env=child_env(), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "programs: model (exported" in r.stderr
+    with tsar.open(out) as a:
+        assert "lm_head.weight" not in a.keys()  # tied: stored once, as save_pretrained does
+        assert set(a.files()) >= {"config.json", "programs/model.pt2"}
+    r = run_python(LOGITS, out, "model", tmp_path / "logits.pt")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False"]  # no transformers in that process
+    ids = torch.tensor([[1, 17, 200, 42, 7, 250, 3], [5, 6, 7, 8, 9, 10, 11]])
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    reference = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "dir").eval()
+    with torch.no_grad():
+        want = reference(ids, attention_mask=mask).logits
+    assert torch.equal(torch.load(tmp_path / "logits.pt"), want)  # bit-exact
+    with pytest.raises(tsar.Error) as e:
+        tt.pack(tmp_path / "dir", tmp_path / "x.tsar", program="onnx")
+    assert e.value.code == tsar.ErrorCode.INVALID_ARGUMENT and not (tmp_path / "x.tsar").exists()
