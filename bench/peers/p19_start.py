@@ -12,13 +12,14 @@ transformers ``save_pretrained`` directory packed once with
 - ``from_pretrained``: transformers' ``AutoModelForCausalLM.from_pretrained``;
 - ``tsar.transformers.load_model``: the archive, bound into transformers' class;
 - ``tsar.load_program``: the exported program, torch only (no transformers);
+- ``tsar.load_aoti``: the AOTInductor program, from Python, torch only;
 - ``tsar_worker --aoti`` (C++): the AOTInductor program, no Python.
 
 ResNet-50 (torchvision, random weights, seed 0), saved with both programs:
 
 - ``torchvision + torch.load``: ``resnet50()`` and ``load_state_dict`` of a
   torch.save file (``mmap=True``);
-- ``tsar.load_program`` and ``tsar_worker --aoti`` as above;
+- ``tsar.load_program``, ``tsar.load_aoti`` and ``tsar_worker --aoti`` as above;
 - TorchScript (C++): ``tsar_worker --baseline`` (``torch::jit::load`` of the
   scripted model with its weights) and ``tsar_worker --model ARCH --archive``
   (the weightless architecture bound to the archive).
@@ -65,6 +66,24 @@ with torch.no_grad():
     y = m(ids, torch.ones_like(ids))
 print("out", float(y.float().sum()), "transformers" in sys.modules, flush=True)
 """ % SEQ
+
+LLAMA_AOTI = r"""
+import sys, torch, tsar
+m = tsar.load_aoti(sys.argv[1], "model_aoti")
+ids = (torch.arange(%d) %% 100 + 1).unsqueeze(0)
+with torch.no_grad():
+    y = m(ids, torch.ones_like(ids))
+print("out", float(y.float().sum()), "transformers" in sys.modules, flush=True)
+""" % SEQ
+
+RESNET_AOTI = r"""
+import sys, torch, tsar
+m = tsar.load_aoti(sys.argv[1], "model_aoti")
+torch.manual_seed(0)
+with torch.no_grad():
+    y = m(torch.randn(1, 3, 64, 64))
+print("out", float(y.sum()), flush=True)
+"""
 
 RESNET_TORCHVISION = r"""
 import sys, torch, torchvision
@@ -171,6 +190,48 @@ def measure(cases, runs, env):
     return rows
 
 
+def pss_of(pid, path=None):
+    """Pss in KiB: the process's whole, or only its mappings of ``path``."""
+    total, inside = 0, path is None
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                if path is not None:
+                    parts = line.rstrip("\n").split(None, 5)
+                    inside = len(parts) == 6 and parts[5] == os.path.realpath(path)
+            elif inside and head == "Pss:":
+                total += int(line.split()[1])
+    return total
+
+
+def replicas(label, argv, n, env, stdin_run, archive=None):
+    """Summed Pss of ``n`` processes of ``argv`` after each gave its first
+    output (and of their mappings of ``archive``)."""
+    procs = []
+    try:
+        for _ in range(n):
+            p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True, env=env)
+            if stdin_run:
+                p.stdin.write("run\n")
+                p.stdin.flush()
+            procs.append(p)
+        for p in procs:
+            for line in p.stdout:
+                if line.startswith("out"):
+                    break
+        total = sum(pss_of(p.pid) for p in procs)
+        mapped = sum(pss_of(p.pid, archive) for p in procs) if archive else None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    log(f"  {n} x {label}: summed Pss {total / 1024:,.0f} MiB"
+        + (f", of it the archive's pages {mapped / 1024:,.0f} MiB" if archive else ""))
+    return label, total, mapped
+
+
 def table(title, rows, base):
     lines = [f"**{title}**", "", "| process start to first output | median | best | vs "
              f"{base} | output |", "|---|---|---|---|---|"]
@@ -186,6 +247,7 @@ def main():
     ap.add_argument("--worker", required=True, help="build/samples/cpp-server/tsar_worker")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--work", default="/tmp/tsar-p19")
+    ap.add_argument("--replicas", type=int, default=4)
     args = ap.parse_args()
     make(args.work)
     w = args.work
@@ -195,12 +257,14 @@ def main():
         ("from_pretrained", [py, "-c", LLAMA_FROM_PRETRAINED, f"{w}/llama"], False),
         ("tsar.transformers.load_model", [py, "-c", LLAMA_TSAR_TRANSFORMERS, f"{w}/llama.tsar"], False),
         ("tsar.load_program (torch only)", [py, "-c", LLAMA_PROGRAM, f"{w}/llama.tsar"], False),
+        ("tsar.load_aoti (Python, torch only)", [py, "-c", LLAMA_AOTI, f"{w}/llama.tsar"], False),
         ("tsar_worker --aoti (C++)", [args.worker, "--archive", f"{w}/llama.tsar", "--aoti",
                                       "--tokens", str(SEQ)], True),
     ]
     resnet = [
         ("torchvision + torch.load", [py, "-c", RESNET_TORCHVISION, f"{w}/resnet50.pt"], False),
         ("tsar.load_program (torch only)", [py, "-c", RESNET_PROGRAM, f"{w}/resnet50.tsar"], False),
+        ("tsar.load_aoti (Python, torch only)", [py, "-c", RESNET_AOTI, f"{w}/resnet50.tsar"], False),
         ("tsar_worker --aoti (C++)", [args.worker, "--archive", f"{w}/resnet50.tsar", "--aoti"], True),
         ("TorchScript: torch::jit::load (C++)", [args.worker, "--baseline", f"{w}/resnet50_ts.pt",
                                                  "--model", f"{w}/resnet50_ts.pt"], True),
@@ -209,11 +273,20 @@ def main():
     ]
     log("LLaMA 1 GiB:")
     a = measure(llama, args.runs, env)
+    held = [replicas("from_pretrained", llama[0][1], args.replicas, env, False),
+            replicas("tsar_worker --aoti", llama[4][1], args.replicas, env, True,
+                     f"{w}/llama.tsar")]
     log("ResNet-50:")
     b = measure(resnet, args.runs, env)
     print(table("LLaMA, 1.04 GiB bf16", a, "from_pretrained"))
     print()
     print(table("ResNet-50, 98 MiB float32", b, "torchvision + torch.load"))
+    print()
+    print(f"**LLaMA, {args.replicas} processes after their first output**\n\n"
+          "| processes | summed Pss | of it the archive's pages |\n|---|---|---|")
+    for label, total, mapped in held:
+        print(f"| {args.replicas} x {label} | {total / 1024:,.0f} MiB | "
+              f"{'' if mapped is None else f'{mapped / 1024:,.0f} MiB'} |")
 
 
 if __name__ == "__main__":

@@ -51,27 +51,31 @@ def _error(where, code, message) -> Error:
 
 
 def unsupported(aoti: bool = False) -> Optional[str]:
-    """Why this torch cannot store or load programs, or None: tsar reads
-    torch's PT2 archives (weights apart, with a payload config) and, for
-    AOTInductor, gives a package user-managed constants."""
+    """Why this torch cannot store or load programs, or None. An exported
+    program needs torch's PT2 archives (weights apart, with a payload
+    config) and its deserializer; an AOTInductor one only LibTorch's package
+    loader with user-managed constants, checked without importing torch's
+    Python AOTInductor and export modules (over a second of a process's start)."""
+    if aoti:
+        loader = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
+        doc = getattr(getattr(loader, "load_constants", None), "__doc__", "") or ""
+        if "user_managed" not in doc:
+            return (f"torch {torch.__version__}'s AOTInductor cannot take user-managed constants: "
+                    "a newer torch (tsar is tested with 2.15)")
+        return None
+    import importlib
+
     try:
-        import torch._export.serde.serialize as serde
-        import torch.export.pt2_archive._package as package
+        serde = importlib.import_module("torch._export.serde.serialize")
+        importlib.import_module("torch.export.pt2_archive._package")  # torch.export.save's layout
     except ImportError as e:
         return (f"torch {torch.__version__} lacks what tsar's programs need ({e.name or e}): "
                 "a newer torch (tsar is tested with 2.15)")
-    lacking = [n for n in ("ExportedProgramDeserializer", "_bytes_to_dataclass",
-                           "deserialize_scalar_type") if not hasattr(serde, n)]
+    lacking = [n for n in ("ExportedProgramDeserializer", "_bytes_to_dataclass")
+               if not hasattr(serde, n)]
     if lacking:
         return (f"torch {torch.__version__} lacks what tsar's programs need "
                 f"({', '.join(lacking)}): a newer torch (tsar is tested with 2.15)")
-    if aoti:
-        import inspect
-
-        model = getattr(package, "AOTICompiledModel", None)
-        if model is None or "user_managed" not in inspect.signature(model.load_constants).parameters:
-            return (f"torch {torch.__version__}'s AOTInductor cannot take user-managed constants: "
-                    "a newer torch (tsar is tested with 2.15)")
     return None
 
 
@@ -174,14 +178,20 @@ def _json(files, name, where):
 
 # --- payload configs (torch's PT2 schema, read as plain JSON) ---------------
 
-def _dtype(code, where):
-    from torch._export.serde.serialize import deserialize_scalar_type
+# torch.export's serialized ScalarType codes (torch/_export/serde/schema.py).
+_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float16",
+           7: "float32", 8: "float64", 9: "complex32", 10: "complex64", 11: "complex128",
+           12: "bool", 13: "bfloat16", 28: "uint16", 29: "float8_e4m3fn", 30: "float8_e5m2",
+           31: "float8_e4m3fnuz", 32: "float8_e5m2fnuz", 33: "float8_e8m0fnu", 34: "uint32",
+           35: "uint64"}
 
-    try:
-        return deserialize_scalar_type(code)
-    except Exception:  # noqa: BLE001  (torch raises KeyError or its own)
-        raise _error(where, ErrorCode.BAD_INPUT, f"dtype code {code!r} unknown to torch "
-                     f"{torch.__version__}") from None
+
+def _dtype(code, where):
+    dtype = getattr(torch, _DTYPES.get(code, "") if isinstance(code, int) else "", None)
+    if not isinstance(dtype, torch.dtype):
+        raise _error(where, ErrorCode.BAD_INPUT, f"dtype code {code!r} unknown to tsar and "
+                     f"torch {torch.__version__}")
+    return dtype
 
 
 def _ints(values, where, what) -> List[int]:
@@ -435,6 +445,7 @@ def compile_aoti(program, package_path, *, inductor_configs=None) -> str:
     and ``tsar_aoti.json``, which ``tsar.pack(..., programs=)`` reads to check
     it against the archive. Compiling takes tens of seconds to minutes.
     Returns ``package_path``."""
+    require(os.fspath(package_path))
     require(os.fspath(package_path), aoti=True)
     if not isinstance(program, torch.export.ExportedProgram):
         program = torch.export.load(os.fspath(program))

@@ -281,13 +281,51 @@ def check_machine(stamp, where) -> None:
                      f"{', '.join(missing)}: compile it again on (or for) this machine")
 
 
+class AotiModel:
+    """An AOTInductor model: what torch's ``AOTICompiledModel`` is (the same
+    calls: ``__call__``, ``load_constants``, ``get_constant_fqns``,
+    ``get_metadata``, ``loader``), made over LibTorch's loader directly, so
+    that a process that only runs it does not import torch's Python
+    AOTInductor and export modules (a second and more of its start)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        import torch.utils._pytree as pytree
+
+        self._pytree = pytree
+        in_spec, out_spec = loader.get_call_spec()
+        self._in = pytree.treespec_loads(in_spec)
+        self._out = pytree.treespec_loads(out_spec)
+
+    def __call__(self, *args, **kwargs):
+        if kwargs:  # in the order the program was exported with
+            context = self._in.children_specs[1].context if self._in.num_children == 2 else None
+            order = list(context) if context is not None else sorted(kwargs)
+            if sorted(order) != sorted(kwargs):
+                raise TypeError(f"expected keyword arguments {order}, found {sorted(kwargs)}")
+            kwargs = {k: kwargs[k] for k in order}
+        flat = [x for x in self._pytree.tree_flatten((args, kwargs))[0]
+                if isinstance(x, torch.Tensor)]
+        return self._pytree.tree_unflatten(self.loader.boxed_run(flat), self._out)
+
+    def load_constants(self, constants_map, *, check_full_update: bool, user_managed: bool = False):
+        self.loader.load_constants(constants_map, False, check_full_update, user_managed)
+
+    def get_constant_fqns(self):
+        return self.loader.get_constant_fqns()
+
+    def get_metadata(self):
+        return self.loader.get_metadata()
+
+
 def load_aoti(path_or_archive, name: Optional[str] = None, *, torch_match: str = "release"):
     """The AOTInductor program ``name`` (the archive's only one by default),
     loaded with torch's ``aoti_load_package`` and given the archive's tensors
     as its constants, ``user_managed``: the compiled code reads the mapping,
     no copy (the program's own small constants, such as rotary frequencies,
-    are private copies). Returns torch's ``AOTICompiledModel`` (call it with
-    the inputs it was exported with; it returns a flat list of tensors).
+    are private copies). Returns an :class:`AotiModel`, which is called as
+    torch's ``AOTICompiledModel`` is (the inputs it was exported with; its
+    outputs as the exported module returned them).
 
     This loads native code from the archive (the compiled shared object):
     call it on archives you trust. Checked first: the torch release it was
@@ -304,14 +342,12 @@ def load_aoti(path_or_archive, name: Optional[str] = None, *, torch_match: str =
     prefix = _prefix(files, model, where, P._TSAR_AOTI)
     weights, tensors = _weights(archive, stamp["entry"], files, prefix, model, where)
     constants = _constants(files, prefix, model, where)
-    from torch._inductor import aoti_load_package
-
     fd, tmp = tempfile.mkstemp(prefix="tsar-aoti-", suffix=".pt2")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(archive.file(P.file_name(name)))
-        try:
-            compiled = aoti_load_package(tmp)
+        try:  # LibTorch's loader extracts the package; the file can go after
+            compiled = AotiModel(torch._C._aoti.AOTIModelPackageLoader(tmp, model))
         except Exception as e:  # noqa: BLE001
             raise _error(where, ErrorCode.BAD_INPUT,
                          f"torch {torch.__version__} cannot load the package: {e}") from None
