@@ -39,71 +39,46 @@ import time
 
 SEQ = 16
 
-LLAMA_FROM_PRETRAINED = r"""
+# Each child loads the model its own way (LOAD: the lines that make ``m``),
+# then runs one input and prints "out <sum of the output> [imports transformers]".
+LLAMA = r"""
 import sys, torch
-from transformers import AutoModelForCausalLM
-m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16).eval()
+LOAD
 ids = (torch.arange(%d) %% 100 + 1).unsqueeze(0)
 with torch.no_grad():
-    y = m(ids, attention_mask=torch.ones_like(ids)).logits
-print("out", float(y.float().sum()), flush=True)
-""" % SEQ
-
-LLAMA_TSAR_TRANSFORMERS = r"""
-import sys, torch, tsar.transformers
-m = tsar.transformers.load_model(sys.argv[1])
-ids = (torch.arange(%d) %% 100 + 1).unsqueeze(0)
-with torch.no_grad():
-    y = m(ids, attention_mask=torch.ones_like(ids)).logits
-print("out", float(y.float().sum()), flush=True)
-""" % SEQ
-
-LLAMA_PROGRAM = r"""
-import sys, torch, tsar
-m = tsar.load_program(sys.argv[1], "model")
-ids = (torch.arange(%d) %% 100 + 1).unsqueeze(0)
-with torch.no_grad():
-    y = m(ids, torch.ones_like(ids))
+    y = m(ids, ARGS)
+    y = getattr(y, "logits", y)
 print("out", float(y.float().sum()), "transformers" in sys.modules, flush=True)
 """ % SEQ
-
-LLAMA_AOTI = r"""
-import sys, torch, tsar
-m = tsar.load_aoti(sys.argv[1], "model_aoti")
-ids = (torch.arange(%d) %% 100 + 1).unsqueeze(0)
-with torch.no_grad():
-    y = m(ids, torch.ones_like(ids))
-print("out", float(y.float().sum()), "transformers" in sys.modules, flush=True)
-""" % SEQ
-
-RESNET_AOTI = r"""
-import sys, torch, tsar
-m = tsar.load_aoti(sys.argv[1], "model_aoti")
+RESNET = r"""
+import sys, torch
+LOAD
 torch.manual_seed(0)
 with torch.no_grad():
     y = m(torch.randn(1, 3, 64, 64))
 print("out", float(y.sum()), flush=True)
 """
 
-RESNET_TORCHVISION = r"""
-import sys, torch, torchvision
-m = torchvision.models.resnet50()
-m.load_state_dict(torch.load(sys.argv[1], mmap=True, weights_only=True), assign=True)
-m.eval()
-torch.manual_seed(0)
-with torch.no_grad():
-    y = m(torch.randn(1, 3, 64, 64))
-print("out", float(y.sum()), flush=True)
-"""
 
-RESNET_PROGRAM = r"""
-import sys, torch, tsar
-m = tsar.load_program(sys.argv[1], "model")
-torch.manual_seed(0)
-with torch.no_grad():
-    y = m(torch.randn(1, 3, 64, 64))
-print("out", float(y.sum()), flush=True)
-"""
+def child(template, load, args="torch.ones_like(ids)"):
+    return template.replace("LOAD", load).replace("ARGS", args)
+
+
+LLAMA_FROM_PRETRAINED = child(
+    LLAMA, "from transformers import AutoModelForCausalLM\n"
+    "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16).eval()",
+    "attention_mask=torch.ones_like(ids)")
+LLAMA_TSAR_TRANSFORMERS = child(LLAMA, "import tsar.transformers\n"
+                                "m = tsar.transformers.load_model(sys.argv[1])",
+                                "attention_mask=torch.ones_like(ids)")
+LLAMA_PROGRAM = child(LLAMA, 'import tsar\nm = tsar.load_program(sys.argv[1], "model")')
+LLAMA_AOTI = child(LLAMA, 'import tsar\nm = tsar.load_aoti(sys.argv[1], "model_aoti")')
+RESNET_TORCHVISION = child(
+    RESNET, "import torchvision\nm = torchvision.models.resnet50()\n"
+    "m.load_state_dict(torch.load(sys.argv[1], mmap=True, weights_only=True), assign=True)\n"
+    "m.eval()")
+RESNET_PROGRAM = child(RESNET, 'import tsar\nm = tsar.load_program(sys.argv[1], "model")')
+RESNET_AOTI = child(RESNET, 'import tsar\nm = tsar.load_aoti(sys.argv[1], "model_aoti")')
 
 
 def log(*a):
