@@ -286,7 +286,16 @@ class AotiModel:
     calls: ``__call__``, ``load_constants``, ``get_constant_fqns``,
     ``get_metadata``, ``loader``), made over LibTorch's loader directly, so
     that a process that only runs it does not import torch's Python
-    AOTInductor and export modules (a second and more of its start)."""
+    AOTInductor and export modules (a second and more of its start).
+
+    After :func:`load_aoti`: ``bound`` maps each constant bound to the
+    archive to its tensor (a view of the mapping, zero copy);
+    ``private_constant_bytes`` counts the program's own constants (private
+    copies: rotary frequencies and the like); ``archive`` is the archive."""
+
+    archive = None
+    bound: dict = {}
+    private_constant_bytes = 0
 
     def __init__(self, loader):
         self.loader = loader
@@ -362,6 +371,8 @@ def load_aoti(path_or_archive, name: Optional[str] = None, *, torch_match: str =
                      f"nor the program holds: {', '.join(missing[:10])}")
     compiled.load_constants({fqn: given[fqn] for fqn in wanted}, check_full_update=True,
                             user_managed=True)
-    compiled._tsar_archive = archive
-    compiled._tsar_bound = {fqn: tensors[fqn] for fqn in wanted if fqn in tensors}
+    compiled.archive = archive
+    compiled.bound = {fqn: tensors[fqn] for fqn in wanted if fqn in tensors}
+    compiled.private_constant_bytes = sum(
+        t.untyped_storage().nbytes() for fqn, t in constants.items() if fqn in wanted)
     return compiled

@@ -334,8 +334,9 @@ def test_aoti_binds_the_archives_tensors(aoti_archive):
         assert torch.equal(compiled(X), own(X))
         assert torch.allclose(compiled(X), m(X), atol=1e-5)
     ranges = mapped_ranges(path)
-    assert sorted(compiled._tsar_bound) == sorted(m.state_dict())
-    assert all(in_mapping(t.data_ptr(), ranges) for t in compiled._tsar_bound.values())
+    assert sorted(compiled.bound) == sorted(m.state_dict())
+    assert all(in_mapping(t.data_ptr(), ranges) for t in compiled.bound.values())
+    assert compiled.private_constant_bytes == 16  # freq: 4 floats, outside the state_dict
 
 
 def test_aoti_reads_the_mapping_itself(aoti_archive):
@@ -344,7 +345,7 @@ def test_aoti_reads_the_mapping_itself(aoti_archive):
     compiled = tsar.load_aoti(archive)
     with torch.no_grad():
         before = compiled(X).clone()
-        compiled._tsar_bound["m.2.bias"].add_(1.0)  # 4 elements: inductor would inline them
+        compiled.bound["m.2.bias"].add_(1.0)  # 4 elements: inductor would inline them
         assert torch.allclose(compiled(X) - before, torch.arange(4.0).expand_as(before))
 
 
