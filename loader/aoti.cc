@@ -292,8 +292,13 @@ AotiProgram load_aoti(const Archive& archive, const AotiOptions& options) {
          "a '" + stamp->value("kind", "") + "' program, not an AOTInductor one (Python: tsar.load_program)");
   const std::string file = "programs/" + name + ".pt2";
   const std::string entry = stamp->value("entry", ""), model = stamp->value("model", "");
-  if (stamp->value("file", "") != file || entry.empty() || model.empty() ||
-      model.find_first_of("/\\") != std::string::npos)
+  // A model name as the writer's grammar has it (spec §4.7.2's NAME): it
+  // names members of the package and LibTorch's folder for it.
+  const bool model_ok =
+      !model.empty() && model.size() <= 128 && model[0] != '.' && model[0] != '-' &&
+      model.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") ==
+          std::string::npos;
+  if (stamp->value("file", "") != file || entry.empty() || !model_ok)
     Fail(ErrorCode::kBadInput, where, "stamp: file, entry or model malformed");
   CheckTorch(*stamp, options.torch_match, where);
   CheckMachine(*stamp, where);

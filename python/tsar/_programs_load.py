@@ -307,12 +307,10 @@ class AotiModel:
         self._out = pytree.treespec_loads(out_spec)
 
     def __call__(self, *args, **kwargs):
-        if kwargs:  # in the order the program was exported with
-            context = self._in.children_specs[1].context if self._in.num_children == 2 else None
-            order = list(context) if context is not None else sorted(kwargs)
-            if sorted(order) != sorted(kwargs):
-                raise TypeError(f"expected keyword arguments {order}, found {sorted(kwargs)}")
-            kwargs = {k: kwargs[k] for k in order}
+        if kwargs:  # in the order the program was exported with, as torch orders them
+            from torch.export._tree_utils import reorder_kwargs
+
+            kwargs = reorder_kwargs(kwargs, self._in)
         flat = [x for x in self._pytree.tree_flatten((args, kwargs))[0]
                 if isinstance(x, torch.Tensor)]
         return self._pytree.tree_unflatten(self.loader.boxed_run(flat), self._out)
