@@ -22,12 +22,11 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ._errors import Error, ErrorCode
+from ._errors import ErrorCode
 from . import _programs as P
 
 
-def _error(where, code, message) -> Error:
-    return Error(f"{where}: {message}", code, str(where))
+_error = P._error
 
 
 def _open(path_or_archive):
@@ -38,9 +37,9 @@ def _open(path_or_archive):
     return tsar_open(path_or_archive)
 
 
-def names(archive) -> List[str]:
+def names(archive, metadata=None) -> List[str]:
     """The programs an archive holds (the names of its ``program:`` stamps)."""
-    return sorted(k[len(P.STAMP_PREFIX):] for k in archive.metadata()
+    return sorted(k[len(P.STAMP_PREFIX):] for k in (metadata or archive.metadata())
                   if k.startswith(P.STAMP_PREFIX))
 
 
@@ -54,9 +53,10 @@ def _stamp(archive, name: Optional[str], kind: str, torch_match: str):
     if torch_match not in P.TORCH_MATCHES:
         raise _error(where, ErrorCode.INVALID_ARGUMENT,
                      f"torch_match={torch_match!r}: expected one of {P.TORCH_MATCHES}")
-    held = names(archive)
+    metadata = archive.metadata()  # read once: it holds every attached file's bytes
+    held = names(archive, metadata)
     if name is None:
-        of_kind = [n for n in held if _kind_of(archive, n) == kind]
+        of_kind = [n for n in held if _kind_of(metadata, n) == kind]
         if len(of_kind) != 1:
             raise _error(where, ErrorCode.NOT_FOUND if not of_kind else ErrorCode.INVALID_ARGUMENT,
                          f"{len(of_kind)} {kind} program(s) in the archive"
@@ -64,7 +64,7 @@ def _stamp(archive, name: Optional[str], kind: str, torch_match: str):
                             f"; programs: {held or 'none'} (tsar.pack(..., programs=) adds one)"))
         name = of_kind[0]
     where = f"{archive.path}: program {name!r}"
-    raw = archive.metadata().get(P.stamp_key(name))
+    raw = metadata.get(P.stamp_key(name))
     if raw is None:
         raise _error(where, ErrorCode.NOT_FOUND, f"not in the archive (programs: {held or 'none'})")
     try:
@@ -101,15 +101,15 @@ def _stamp(archive, name: Optional[str], kind: str, torch_match: str):
             raise _error(where, ErrorCode.UNSUPPORTED,
                          f"made with torch {made}, needs {need}; this is torch {here} "
                          "(torch_match='any' tries anyway)")
-    data = archive.file(P.file_name(name))
-    if data is None:
+    data = metadata.get("file:" + P.file_name(name))
+    if not isinstance(data, bytes):
         raise _error(where, ErrorCode.BAD_INPUT, f"stamp without its file {P.file_name(name)!r}")
-    return name, where, stamp, P.members(data, f"{where}: {P.file_name(name)}")
+    return name, where, stamp, data, P.members(data, f"{where}: {P.file_name(name)}")
 
 
-def _kind_of(archive, name) -> Optional[str]:
+def _kind_of(metadata, name) -> Optional[str]:
     try:
-        return json.loads(archive.metadata().get(P.stamp_key(name), "")).get("kind")
+        return json.loads(metadata.get(P.stamp_key(name), "")).get("kind")
     except (TypeError, ValueError, AttributeError):
         return None
 
@@ -186,7 +186,7 @@ def load_program(path_or_archive, name: Optional[str] = None, *, torch_match: st
     """
     archive = _open(path_or_archive)
     P.require(archive.path)
-    name, where, stamp, files = _stamp(archive, name, "exported", torch_match)
+    name, where, stamp, _, files = _stamp(archive, name, "exported", torch_match)
     model = stamp["model"]
     prefix = _prefix(files, model, where, f"models/{model}.json")
     weights, tensors = _weights(archive, stamp["entry"], files, prefix, model, where)
@@ -327,7 +327,7 @@ class AotiModel:
 
 def load_aoti(path_or_archive, name: Optional[str] = None, *, torch_match: str = "release"):
     """The AOTInductor program ``name`` (the archive's only one by default),
-    loaded with torch's ``aoti_load_package`` and given the archive's tensors
+    loaded with LibTorch's package loader and given the archive's tensors
     as its constants, ``user_managed``: the compiled code reads the mapping,
     no copy (the program's own small constants, such as rotary frequencies,
     are private copies). Returns an :class:`AotiModel`, which is called as
@@ -343,7 +343,7 @@ def load_aoti(path_or_archive, name: Optional[str] = None, *, torch_match: str =
     """
     archive = _open(path_or_archive)
     P.require(archive.path, aoti=True)
-    name, where, stamp, files = _stamp(archive, name, "aoti", torch_match)
+    name, where, stamp, package, files = _stamp(archive, name, "aoti", torch_match)
     check_machine(stamp, where)
     model = stamp["model"]
     prefix = _prefix(files, model, where, P._TSAR_AOTI)
@@ -352,7 +352,7 @@ def load_aoti(path_or_archive, name: Optional[str] = None, *, torch_match: str =
     fd, tmp = tempfile.mkstemp(prefix="tsar-aoti-", suffix=".pt2")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(archive.file(P.file_name(name)))
+            f.write(package)
         try:  # LibTorch's loader extracts the package; the file can go after
             compiled = AotiModel(torch._C._aoti.AOTIModelPackageLoader(tmp, model))
         except Exception as e:  # noqa: BLE001
