@@ -282,21 +282,29 @@ def read(name: str, source) -> Program:
     model = model_json.rsplit("/", 1)[1][:-len(".json")]
     prefix = model_json[:-len(f"models/{model}.json")]
     program = _json(files, model_json, where)
-    weights_config = f"{prefix}data/weights/{model}_weights_config.json"
-    if weights_config not in files:
-        raise _error(where, ErrorCode.BAD_INPUT, f"no {weights_config}: a PT2 archive from an "
-                     "older torch (weights as one pickle) is not supported; save it again with "
-                     "torch.export.save")
-    weights = payloads(_json(files, weights_config, where), f"{where}: {weights_config}")
-    constants_config = f"{prefix}data/constants/{model}_constants_config.json"
-    if constants_config in files:  # refuses pickled constants now, not at load
-        payloads(_json(files, constants_config, where), f"{where}: {constants_config}")
-    kept = {n: b for n, b in files.items() if not _WEIGHT_PAYLOAD.search(n)}
+    weights, kept, dropped = _without_weights(
+        files, prefix, model, where, ": a PT2 archive from an older torch (weights as one "
+        "pickle) is not supported; save it again with torch.export.save")
     # The example inputs are a pickle that torch.export.load would run: left out.
     kept[f"{prefix}data/sample_inputs/{model}.pt"] = b""
-    dropped = sum(len(b) for n, b in files.items() if _WEIGHT_PAYLOAD.search(n))
     return Program(name, "exported", zip_bytes(kept), model, weights,
                    str(program.get("torch_version") or torch.__version__), {}, dropped)
+
+
+def _without_weights(files, prefix, model, where, missing_config=""):
+    """(the weights a program binds, its members without their payloads, the
+    payload bytes left out), refusing pickled weights and constants now
+    rather than at load."""
+    weights_config = f"{prefix}data/weights/{model}_weights_config.json"
+    if weights_config not in files:
+        raise _error(where, ErrorCode.BAD_INPUT, f"no {weights_config}{missing_config}")
+    weights = payloads(_json(files, weights_config, where), f"{where}: {weights_config}")
+    constants_config = f"{prefix}data/constants/{model}_constants_config.json"
+    if constants_config in files:
+        payloads(_json(files, constants_config, where), f"{where}: {constants_config}")
+    kept = {n: b for n, b in files.items() if not _WEIGHT_PAYLOAD.search(n)}
+    dropped = sum(len(b) for n, b in files.items() if _WEIGHT_PAYLOAD.search(n))
+    return weights, kept, dropped
 
 
 _TSAR_AOTI = "tsar_aoti.json"  # the member compile_aoti adds: what the package binds
@@ -316,16 +324,8 @@ def _read_aoti(name, files, where) -> Program:
     model = info.get("model")
     if not isinstance(model, str) or not _NAME.fullmatch(model):
         raise _error(where, ErrorCode.BAD_INPUT, f"{marker[0]}: bad model name {model!r}")
-    weights_config = f"{prefix}data/weights/{model}_weights_config.json"
-    if weights_config not in files:
-        raise _error(where, ErrorCode.BAD_INPUT, f"no {weights_config}")
-    weights = payloads(_json(files, weights_config, where), f"{where}: {weights_config}")
-    constants_config = f"{prefix}data/constants/{model}_constants_config.json"
-    if constants_config in files:
-        payloads(_json(files, constants_config, where), f"{where}: {constants_config}")
+    weights, kept, dropped = _without_weights(files, prefix, model, where)
     metadata = {k: str(v) for k, v in (info.get("aoti") or {}).items()}
-    kept = {n: b for n, b in files.items() if not _WEIGHT_PAYLOAD.search(n)}
-    dropped = sum(len(b) for n, b in files.items() if _WEIGHT_PAYLOAD.search(n))
     return Program(name, "aoti", zip_bytes(kept), model, weights,
                    str(info.get("torch_version") or ""), metadata, dropped)
 
